@@ -1,0 +1,3 @@
+from linker.cli.main import main
+
+main()

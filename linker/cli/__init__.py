@@ -1,0 +1,1 @@
+"""Thin typer commands over the library: one module per command group, registered in `main`."""

@@ -1,0 +1,88 @@
+"""`linker dict build|info|merge`: concept tables from terminology distributions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from linker.cli.common import echo_json, split_csv
+from linker.cli.main import app
+from linker.dictionary import SourceSpec, build_dictionary, describe, merge_tables
+from linker.sources import SourceOptions, available_sources
+
+dict_app = typer.Typer(help="Build and inspect concept tables.", no_args_is_help=True)
+app.add_typer(dict_app, name="dict")
+
+
+@dict_app.command("build")
+def build_cli(
+    paths: list[Path] = typer.Argument(None, help="Files or folders of the source (none for `default`)."),
+    source: str = typer.Option(..., "--source", "-s", help=f"Source format: one of the names listed by `linker dict sources`."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output concept table (.parquet)."),
+    lang: list[str] = typer.Option(None, "--lang", help="Keep these languages (ISO 639-1, e.g. en,es)."),
+    sab: list[str] = typer.Option(None, "--sab", help="UMLS: keep these source vocabularies (e.g. MDR,MSH)."),
+    sty: list[str] = typer.Option(None, "--sty", help="UMLS: keep these semantic types (TUI or name)."),
+    group: list[str] = typer.Option(None, "--group", help="UMLS: keep these semantic groups (e.g. DISO)."),
+    current_only: bool = typer.Option(False, "--current-only", help="Drop non-current LLTs and other retired names."),
+    include_suppressed: bool = typer.Option(False, "--include-suppressed", help="UMLS: keep suppressible rows."),
+    synonyms: list[str] = typer.Option(["EXACT"], "--synonyms", help="OBO: synonym scopes to read (EXACT,RELATED,NARROW,BROAD)."),
+    meddra_target: str = typer.Option("pt", "--meddra-target", help="MedDRA: link names to their PT (pt) or to the LLT (llt)."),
+) -> None:
+    """Read a terminology distribution into a concept table."""
+    options = SourceOptions(
+        langs=split_csv(lang),
+        vocabularies=split_csv(sab),
+        semantic_types=split_csv(sty),
+        semantic_groups=split_csv(group),
+        current_only=current_only,
+        include_suppressed=include_suppressed,
+        synonym_scopes=tuple(s.upper() for s in split_csv(synonyms)),
+        meddra_target=meddra_target,
+    )
+    summary = build_dictionary([SourceSpec(source, tuple(paths or ()))], out, options=options)
+    typer.echo(
+        f"wrote {summary.out}: {summary.rows:,} names of {summary.concepts:,} concepts "
+        f"({summary.duplicates_dropped:,} duplicates dropped, {summary.filtered_out:,} filtered out"
+        + (f", {summary.hierarchy_rows:,} hierarchy rows" if summary.hierarchy_rows else "")
+        + f") in {summary.seconds:.1f}s"
+    )
+
+
+@dict_app.command("merge")
+def merge_cli(
+    tables: list[Path] = typer.Argument(..., help="Concept tables to merge, first one wins on duplicates."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output concept table (.parquet)."),
+) -> None:
+    """Merge concept tables (e.g. HPO with its translations plus Disease Ontology)."""
+    summary = merge_tables(tables, out)
+    typer.echo(f"wrote {summary.out}: {summary.rows:,} names of {summary.concepts:,} concepts")
+
+
+@dict_app.command("sources")
+def sources_cli() -> None:
+    """List the source formats `dict build --source` accepts."""
+    for name in available_sources():
+        typer.echo(name)
+
+
+@dict_app.command("info")
+def info_cli(
+    table: Path = typer.Argument(..., help="A concept table (.parquet)."),
+    samples: int = typer.Option(5, "--samples", help="Sample rows to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Concepts and names per source, language and term type, and sample rows."""
+    info = describe(table, samples=samples)
+    if as_json:
+        echo_json(info)
+        return
+    typer.echo(f"{info['path']}: {info['names']:,} names, {info['concepts']:,} concepts, "
+               f"{info['non_current_names']:,} non-current names, {info['hierarchy_rows']:,} hierarchy rows")
+    for title, key in (("source", "by_source"), ("language", "by_lang"), ("term type", "by_term_type")):
+        typer.echo(f"\n{'by ' + title:<24}{'names':>12}{'concepts':>12}")
+        for value, c in info[key].items():
+            typer.echo(f"  {value:<22}{c['names']:>12,}{c['concepts']:>12,}")
+    typer.echo("\nsample rows")
+    for row in info["samples"]:
+        typer.echo(f"  {row['concept_id']}\t{row['lang']}\t{row['term_type']}\t{row['name']}")

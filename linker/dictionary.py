@@ -1,0 +1,271 @@
+"""Concept tables: build from sources, write and read parquet, describe.
+
+A concept table is one parquet file with `CONCEPT_SCHEMA`, plus JSON metadata (what was read,
+with which options, by which library version). MedDRA's hierarchy goes to a sibling file
+``<name>.hierarchy.parquet``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import linker
+from linker.errors import InputFormatError, LinkerError, MissingInputError
+from linker.fileio import atomic_file
+from linker.schema import CONCEPT_SCHEMA, HIERARCHY_SCHEMA, ConceptName, HierarchyRow, validate_concept_table
+from linker.sources import SourceOptions, get_source
+
+log = logging.getLogger(__name__)
+
+META_KEY = b"linker"
+BATCH_ROWS = 65_536  # rows per parquet row group written; bounds the builder's buffer
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One `--source NAME PATH...` of a build."""
+
+    name: str
+    paths: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    out: Path
+    rows: int
+    concepts: int
+    duplicates_dropped: int
+    filtered_out: int
+    hierarchy_rows: int
+    seconds: float
+
+
+@dataclass
+class ConceptTable:
+    """A concept table read back from parquet, with its metadata and optional hierarchy."""
+
+    path: Path
+    table: pa.Table
+    meta: dict
+    hierarchy: pa.Table | None
+
+    @property
+    def sha256(self) -> str:
+        return sha256_file(self.path)
+
+
+def hierarchy_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name.removesuffix(".parquet") + ".hierarchy.parquet")
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _keep(name: ConceptName, options: SourceOptions) -> bool:
+    if options.langs and name.lang not in options.langs:
+        return False
+    if options.current_only and not name.current:
+        return False
+    return bool(name.name.strip()) and bool(name.concept_id.strip())
+
+
+def _batches(names: Iterable[ConceptName]) -> Iterator[pa.RecordBatch]:
+    buffer: list[ConceptName] = []
+    for name in names:
+        buffer.append(name)
+        if len(buffer) >= BATCH_ROWS:
+            yield _to_batch(buffer)
+            buffer = []
+    if buffer:
+        yield _to_batch(buffer)
+
+
+def _to_batch(rows: list[ConceptName]) -> pa.RecordBatch:
+    columns = {f.name: [getattr(r, f.name) for r in rows] for f in CONCEPT_SCHEMA}
+    columns["xrefs"] = [list(r.xrefs) for r in rows]
+    return pa.RecordBatch.from_pydict(columns, schema=CONCEPT_SCHEMA)
+
+
+def build_dictionary(
+    sources: Sequence[SourceSpec],
+    out: str | Path,
+    *,
+    options: SourceOptions = SourceOptions(),
+) -> BuildSummary:
+    """Read every source, filter, drop duplicate (concept_id, name, lang) rows, write parquet atomically.
+
+    The first occurrence of a duplicate wins, so sources yield a concept's preferred name first.
+    Memory grows with the output only (one 8-byte key per kept row), never with the input.
+    """
+    started = dt.datetime.now(dt.timezone.utc)
+    out = Path(out)
+    if not sources:
+        raise LinkerError("no source given; pass --source NAME PATH...")
+    outputs = []
+    for spec in sources:
+        reader = get_source(spec.name)
+        for path in spec.paths:
+            if not Path(path).exists():
+                raise MissingInputError(f"{path}: no such file or folder (source {spec.name})")
+        outputs.append((spec, reader(list(spec.paths), options)))
+
+    seen: set[int] = set()
+    concepts: set[str] = set()
+    counts = Counter()
+    hierarchy: list[HierarchyRow] = []
+
+    def kept() -> Iterator[ConceptName]:
+        for _spec, output in outputs:
+            for name in output.names:
+                if not _keep(name, options):
+                    counts["filtered"] += 1
+                    continue
+                key = hash((name.concept_id, name.name, name.lang))
+                if key in seen:
+                    counts["duplicates"] += 1
+                    continue
+                seen.add(key)
+                concepts.add(name.concept_id)
+                counts["rows"] += 1
+                yield name
+            if output.hierarchy is not None:
+                hierarchy.extend(output.hierarchy())
+
+    meta = {
+        "library_version": linker.__version__,
+        "built_at": started.isoformat(timespec="seconds"),
+        "sources": [
+            {"name": spec.name, "paths": [str(p) for p in spec.paths], **output.description}
+            for spec, output in outputs
+        ],
+        "options": asdict(options),
+    }
+    schema = CONCEPT_SCHEMA.with_metadata({META_KEY: json.dumps(meta).encode()})
+    with atomic_file(out) as tmp:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for batch in _batches(kept()):
+                writer.write_batch(batch)
+        if counts["rows"] == 0:
+            raise LinkerError(
+                f"no concept names left after reading and filtering {', '.join(s.name for s in sources)}; "
+                "check the paths and the --lang/--sab/--sty/--group filters"
+            )
+        if hierarchy:
+            with atomic_file(hierarchy_path(out)) as tmp_h:
+                pq.write_table(_hierarchy_table(hierarchy), tmp_h, compression="zstd")
+    if not hierarchy:
+        hierarchy_path(out).unlink(missing_ok=True)  # a stale side table must not outlive its table
+    seconds = (dt.datetime.now(dt.timezone.utc) - started).total_seconds()
+    summary = BuildSummary(
+        out=out,
+        rows=counts["rows"],
+        concepts=len(concepts),
+        duplicates_dropped=counts["duplicates"],
+        filtered_out=counts["filtered"],
+        hierarchy_rows=len(hierarchy),
+        seconds=round(seconds, 3),
+    )
+    log.info("wrote %s: %d names of %d concepts in %.1fs", out, summary.rows, summary.concepts, seconds)
+    return summary
+
+
+def _hierarchy_table(rows: list[HierarchyRow]) -> pa.Table:
+    unique = list(dict.fromkeys(rows))
+    return pa.Table.from_pydict(
+        {f.name: [getattr(r, f.name) for r in unique] for f in HIERARCHY_SCHEMA}, schema=HIERARCHY_SCHEMA
+    )
+
+
+def read_concept_table(path: str | Path) -> ConceptTable:
+    """Read a concept table written by `build_dictionary` (or any parquet with the concept schema)."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingInputError(f"{path}: no such concept table; build one with `linker dict build`")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputFormatError(path, "a parquet concept table", f"unreadable file ({exc})") from None
+    raw_meta = (table.schema.metadata or {}).get(META_KEY)
+    meta = json.loads(raw_meta) if raw_meta else {}
+    table = validate_concept_table(table, str(path))
+    side = hierarchy_path(path)
+    hierarchy = pq.read_table(side) if side.exists() else None
+    return ConceptTable(path=path, table=table, meta=meta, hierarchy=hierarchy)
+
+
+def describe(path: str | Path, *, samples: int = 5) -> dict:
+    """Counts of concepts and names per source, language and term type, and a few sample rows."""
+    ct = read_concept_table(path)
+    table = ct.table
+
+    def counts_by(column: str) -> dict[str, dict[str, int]]:
+        grouped = table.group_by(column).aggregate([("name", "count"), ("concept_id", "count_distinct")])
+        rows = sorted(grouped.to_pylist(), key=lambda r: (-r["name_count"], str(r[column])))
+        return {str(r[column]): {"names": r["name_count"], "concepts": r["concept_id_count_distinct"]} for r in rows}
+
+    step = max(1, table.num_rows // max(samples, 1))
+    sample_rows = [table.slice(i, 1).to_pylist()[0] for i in range(0, table.num_rows, step)][:samples]
+    return {
+        "path": str(ct.path),
+        "names": table.num_rows,
+        "concepts": len(set(table.column("concept_id").to_pylist())),
+        "non_current_names": table.num_rows - sum(table.column("current").to_pylist()),
+        "by_source": counts_by("source"),
+        "by_lang": counts_by("lang"),
+        "by_term_type": counts_by("term_type"),
+        "hierarchy_rows": 0 if ct.hierarchy is None else ct.hierarchy.num_rows,
+        "meta": ct.meta,
+        "samples": sample_rows,
+    }
+
+
+def merge_tables(paths: Sequence[str | Path], out: str | Path) -> BuildSummary:
+    """Concatenate concept tables, dropping duplicate (concept_id, name, lang) rows; first table wins."""
+    started = dt.datetime.now(dt.timezone.utc)
+    if not paths:
+        raise LinkerError("no concept table given to merge")
+    tables = [read_concept_table(p) for p in paths]
+    combined = pa.concat_tables([t.table for t in tables])
+    keys = [hash(k) for k in zip(*(combined.column(c).to_pylist() for c in ("concept_id", "name", "lang")))]
+    first: dict[int, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    merged = combined.take(sorted(first.values()))
+    meta = {
+        "library_version": linker.__version__,
+        "built_at": started.isoformat(timespec="seconds"),
+        "merged_from": [{"path": str(t.path), **t.meta} for t in tables],
+    }
+    hierarchies = [t.hierarchy for t in tables if t.hierarchy is not None]
+    with atomic_file(out) as tmp:
+        pq.write_table(merged.replace_schema_metadata({META_KEY: json.dumps(meta).encode()}), tmp, compression="zstd")
+        if hierarchies:
+            with atomic_file(hierarchy_path(out)) as tmp_h:
+                pq.write_table(pa.concat_tables(hierarchies), tmp_h, compression="zstd")
+    if not hierarchies:
+        hierarchy_path(out).unlink(missing_ok=True)
+    return BuildSummary(
+        out=Path(out),
+        rows=merged.num_rows,
+        concepts=len(set(merged.column("concept_id").to_pylist())),
+        duplicates_dropped=combined.num_rows - merged.num_rows,
+        filtered_out=0,
+        hierarchy_rows=sum(h.num_rows for h in hierarchies),
+        seconds=round((dt.datetime.now(dt.timezone.utc) - started).total_seconds(), 3),
+    )

@@ -1,0 +1,79 @@
+"""Terminology sources: raw distribution files -> `ConceptName` records (and side tables).
+
+Each source module defines a `Source` and registers it in `SOURCES` by name. A source is a
+function `read(paths, options) -> SourceOutput`; `SourceOutput.names` is an iterator so that
+large inputs (a 15-million-line MRCONSO.RRF) stream through in bounded memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from linker.errors import UnknownNameError
+from linker.schema import ConceptName, HierarchyRow
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Filters common to all sources; a source ignores the ones that do not apply to it."""
+
+    langs: tuple[str, ...] = ()  # ISO 639-1 codes to keep; empty keeps all
+    vocabularies: tuple[str, ...] = ()  # UMLS SABs to keep; empty keeps all
+    semantic_types: tuple[str, ...] = ()  # UMLS TUIs or type names
+    semantic_groups: tuple[str, ...] = ()  # UMLS semantic group abbreviations, e.g. DISO
+    current_only: bool = False  # drop non-current / obsolete / suppressible names
+    include_suppressed: bool = False  # UMLS: keep SUPPRESS O/E/Y rows
+    synonym_scopes: tuple[str, ...] = ("EXACT",)  # OBO synonym scopes to read
+    meddra_target: str = "pt"  # MedDRA: link names to their PT ("pt") or keep LLT codes ("llt")
+
+
+@dataclass
+class SourceOutput:
+    """What a source yields: concept names (streamed) and, for MedDRA, the hierarchy side table."""
+
+    names: Iterator[ConceptName]
+    hierarchy: Callable[[], list[HierarchyRow]] | None = None  # called after `names` is exhausted
+    description: dict = field(default_factory=dict)  # e.g. release version, files read
+
+
+Reader = Callable[[Sequence[Path], SourceOptions], SourceOutput]
+
+SOURCES: dict[str, Reader] = {}
+
+
+def register(name: str) -> Callable[[Reader], Reader]:
+    def wrap(reader: Reader) -> Reader:
+        SOURCES[name] = reader
+        return reader
+
+    return wrap
+
+
+def get_source(name: str) -> Reader:
+    _load_all()
+    try:
+        return SOURCES[name]
+    except KeyError:
+        raise UnknownNameError("source", name, SOURCES) from None
+
+
+def available_sources() -> list[str]:
+    _load_all()
+    return sorted(SOURCES)
+
+
+def _load_all() -> None:
+    # Imported lazily so that `import linker` stays fast; each module registers itself.
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def iter_all(outputs: Iterable[SourceOutput]) -> Iterator[ConceptName]:
+    for output in outputs:
+        yield from output.names
