@@ -147,20 +147,22 @@ def build_dictionary(
             if output.hierarchy is not None:
                 hierarchy.extend(output.hierarchy())
 
-    meta = {
-        "library_version": linker.__version__,
-        "built_at": started.isoformat(timespec="seconds"),
-        "sources": [
-            {"name": spec.name, "paths": [str(p) for p in spec.paths], **output.description}
-            for spec, output in outputs
-        ],
-        "options": asdict(options),
-    }
-    schema = CONCEPT_SCHEMA.with_metadata({META_KEY: json.dumps(meta).encode()})
     with atomic_file(out) as tmp:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        with pq.ParquetWriter(tmp, CONCEPT_SCHEMA, compression="zstd") as writer:
             for batch in _batches(kept()):
                 writer.write_batch(batch)
+            # Sources fill their description (counts, skipped rows) while streaming, so the
+            # metadata goes into the footer once every name has been read.
+            meta = {
+                "library_version": linker.__version__,
+                "built_at": started.isoformat(timespec="seconds"),
+                "sources": [
+                    {"name": spec.name, "paths": [str(p) for p in spec.paths], **output.description}
+                    for spec, output in outputs
+                ],
+                "options": asdict(options),
+            }
+            writer.add_key_value_metadata({META_KEY: json.dumps(meta).encode()})
         if counts["rows"] == 0:
             raise LinkerError(
                 f"no concept names left after reading and filtering {', '.join(s.name for s in sources)}; "
@@ -201,7 +203,9 @@ def read_concept_table(path: str | Path) -> ConceptTable:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputFormatError(path, "a parquet concept table", f"unreadable file ({exc})") from None
-    raw_meta = (table.schema.metadata or {}).get(META_KEY)
+    # The footer's key-value metadata: `build_dictionary` adds it after streaming the rows, where
+    # the Arrow schema stored in the file can no longer carry it.
+    raw_meta = (pq.read_metadata(path).metadata or {}).get(META_KEY)
     meta = json.loads(raw_meta) if raw_meta else {}
     table = validate_concept_table(table, str(path))
     side = hierarchy_path(path)

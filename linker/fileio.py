@@ -18,6 +18,13 @@ from linker.errors import MissingInputError
 FALLBACK_ENCODING = "cp1252"
 
 
+def _umask_mode(mode: int) -> int:
+    # mkstemp/mkdtemp create 0600/0700 entries; give finished outputs the permissions a plain open() would.
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
 def decode_line(raw: bytes) -> str:
     """Decode one line: UTF-8 when valid, else cp1252 (latin-1 for its five undefined bytes)."""
     try:
@@ -66,6 +73,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        os.chmod(tmp, _umask_mode(0o666))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -79,6 +87,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        os.chmod(tmp, _umask_mode(0o777))
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old")

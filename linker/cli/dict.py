@@ -17,10 +17,10 @@ app.add_typer(dict_app, name="dict")
 
 @dict_app.command("build")
 def build_cli(
-    paths: list[Path] = typer.Argument(None, help="Files or folders of the source (none for `default`)."),
+    paths: list[Path] = typer.Argument(None, help="Files or folders of the source (none for `default`, and for `icd10` to read ICD-10-CM from simple-icd-10-cm)."),
     source: str = typer.Option(..., "--source", "-s", help=f"Source format: one of the names listed by `linker dict sources`."),
     out: Path = typer.Option(..., "--out", "-o", help="Output concept table (.parquet)."),
-    lang: list[str] = typer.Option(None, "--lang", help="Keep these languages (ISO 639-1, e.g. en,es)."),
+    lang: list[str] = typer.Option(None, "--lang", help="Keep these languages (ISO 639-1, e.g. en,es); files that do not say their language (tsv, icdo, icd10 TSV) take the first one."),
     sab: list[str] = typer.Option(None, "--sab", help="UMLS: keep these source vocabularies (e.g. MDR,MSH)."),
     sty: list[str] = typer.Option(None, "--sty", help="UMLS: keep these semantic types (TUI or name)."),
     group: list[str] = typer.Option(None, "--group", help="UMLS: keep these semantic groups (e.g. DISO)."),
@@ -79,10 +79,13 @@ def info_cli(
         return
     typer.echo(f"{info['path']}: {info['names']:,} names, {info['concepts']:,} concepts, "
                f"{info['non_current_names']:,} non-current names, {info['hierarchy_rows']:,} hierarchy rows")
+    # One width for all three tables, wide enough for the longest value (e.g. SY_EXACT/allelic_requirement).
+    width = max([22] + [len(str(v)) + 1 for key in ("by_source", "by_lang", "by_term_type") for v in info[key]])
     for title, key in (("source", "by_source"), ("language", "by_lang"), ("term type", "by_term_type")):
-        typer.echo(f"\n{'by ' + title:<24}{'names':>12}{'concepts':>12}")
+        typer.echo(f"\n{'by ' + title:<{width + 2}}{'names':>12}{'concepts':>12}")
         for value, c in info[key].items():
-            typer.echo(f"  {value:<22}{c['names']:>12,}{c['concepts']:>12,}")
-    typer.echo("\nsample rows")
+            typer.echo(f"  {value:<{width}}{c['names']:>12,}{c['concepts']:>12,}")
+    if info["samples"]:
+        typer.echo("\nsample rows")
     for row in info["samples"]:
         typer.echo(f"  {row['concept_id']}\t{row['lang']}\t{row['term_type']}\t{row['name']}")
