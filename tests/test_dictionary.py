@@ -141,15 +141,15 @@ def test_cli_build_info_and_json(tmp_path, capsys):
     out = tmp_path / "medic.parquet"
     code, stdout, _ = cli(capsys, "dict", "build", "--source", "tsv", MEDIC, "--out", out)
     assert code == 0
-    assert stdout.startswith(f"wrote {out}: 103 names of 9 concepts (0 duplicates dropped, 0 filtered out) in ")
+    assert stdout.startswith(f"wrote {out}: 46 names of 5 concepts (0 duplicates dropped, 0 filtered out) in ")
 
     code, stdout, _ = cli(capsys, "dict", "info", out, "--samples", "2")
     assert code == 0
     lines = stdout.splitlines()
-    assert lines[0] == f"{out}: 103 names, 9 concepts, 0 non-current names, 0 hierarchy rows"
-    assert "  medic                          103           9" in lines
-    assert "  PT                               9           9" in lines
-    assert "  SY                              94           7" in lines
+    assert lines[0] == f"{out}: 46 names, 5 concepts, 0 non-current names, 0 hierarchy rows"
+    assert "  medic                           46           5" in lines
+    assert "  PT                               5           5" in lines
+    assert "  SY                              41           3" in lines
     assert lines[-2] == "  C565588\ten\tPT\tEpidermolysis Bullosa With Diaphragmatic Hernia"
 
     code, stdout, _ = cli(capsys, "dict", "info", out, "--samples", "0")
@@ -157,8 +157,8 @@ def test_cli_build_info_and_json(tmp_path, capsys):
 
     code, stdout, _ = cli(capsys, "dict", "info", out, "--json")
     info = json.loads(stdout)
-    assert (info["names"], info["concepts"]) == (103, 9)
-    assert info["by_lang"] == {"en": {"names": 103, "concepts": 9}}
+    assert (info["names"], info["concepts"]) == (46, 5)
+    assert info["by_lang"] == {"en": {"names": 46, "concepts": 5}}
     assert info["meta"]["sources"][0]["files"][0]["format"] == "pipe"
 
 
@@ -207,8 +207,8 @@ def test_cli_merge_and_sources(tmp_path, capsys):
     cli(capsys, "dict", "build", "-s", "tsv", NAMES, "-o", tmp_path / "a.parquet")
     cli(capsys, "dict", "build", "-s", "tsv", MEDIC, "-o", tmp_path / "b.parquet")
     code, stdout, _ = cli(capsys, "dict", "merge", tmp_path / "a.parquet", tmp_path / "b.parquet", "-o", tmp_path / "ab.parquet")
-    assert code == 0 and stdout == f"wrote {tmp_path / 'ab.parquet'}: 108 names of 11 concepts\n"
-    assert pq.read_metadata(tmp_path / "ab.parquet").num_rows == 108
+    assert code == 0 and stdout == f"wrote {tmp_path / 'ab.parquet'}: 51 names of 7 concepts\n"
+    assert pq.read_metadata(tmp_path / "ab.parquet").num_rows == 51
 
     code, stdout, _ = cli(capsys, "dict", "sources")
     assert code == 0

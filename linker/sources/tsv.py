@@ -6,9 +6,11 @@ The format is chosen per file by its first non-empty line:
   dictionary format (``CUI||name``, one name per line) and CTD's MEDIC as shipped with
   NCBI-disease (``C567755|613097||Tooth Agenesis, Selective, 6|STHAG6``: a MeSH id, then OMIM
   numbers, then the preferred name and synonyms). Rules:
-  every id on the line becomes a concept with all the line's names; an id of digits only is an
-  OMIM number and becomes ``OMIM:<n>``, as the NCBI-disease corpus writes it (``OMIM:215600``),
-  while MeSH ids stay bare (``D001943``, ``C567755``); HTML entities in names (``Gelineau&apos;s``,
+  the first MeSH id on the line (else the first id) is the concept and carries all the line's names; the other ids are
+  alternative ids of the same disease and go to ``xrefs`` (one concept, not several: otherwise a
+  MeSH id and its OMIM twin would take two of the top-k slots with tied scores). An id of digits
+  only is an OMIM number and becomes ``OMIM:<n>``, as the NCBI-disease corpus writes it
+  (``OMIM:215600``), while MeSH ids stay bare (``D001943``, ``C567755``); HTML entities in names (``Gelineau&apos;s``,
   ``Alstr&#246;m``) are decoded. The first name of a concept is its preferred name (``PT``), the
   others are ``SY``. Language: ``--lang``'s first value, else ``en``.
 - **tsv** (otherwise): ``concept_id<TAB>name[<TAB>lang]``; an optional header row starts with
@@ -57,12 +59,15 @@ def iter_pipe(path: Path, lang: str, source: str, counts: dict) -> Iterator[Conc
         if not sep or not ids or not names:
             raise InputFormatError(path, "ID[|ID...]||name[|synonym...]", shorten(line), line=number)
         counts["lines"] += 1
-        for concept_id in ids:
-            first = concept_id not in seen
-            seen.add(concept_id)
-            for i, name in enumerate(names):
-                preferred = first and i == 0
-                yield ConceptName(concept_id, name, lang, source, concept_id, "PT" if preferred else "SY", preferred)
+        primary = next((i for i in ids if not i.startswith("OMIM:")), ids[0])
+        concept_id, xrefs = primary, tuple(i for i in ids if i != primary)
+        first = concept_id not in seen
+        seen.add(concept_id)
+        for i, name in enumerate(names):
+            preferred = first and i == 0
+            yield ConceptName(
+                concept_id, name, lang, source, concept_id, "PT" if preferred else "SY", preferred, xrefs=xrefs
+            )
 
 
 def iter_tsv(path: Path, lang: str, counts: dict) -> Iterator[ConceptName]:
