@@ -38,3 +38,86 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def fixtures() -> Path:
     return FIXTURES
+
+
+# --- tiny sentence-transformers model (helper D; used by encoder, dense, link, service, train tests) ---
+
+TINY_WORDS = (
+    "hair loss alopecia fracture of femur broken leg bone headache cephalalgia migraine nausea vomiting "
+    "fever pyrexia pain arthralgia joint rash skin itch pruritus cough dry heart attack myocardial "
+    "infarction chest diabetes mellitus type high blood pressure hypertension kidney renal failure "
+    "liver hepatic injury sleep insomnia dizziness vertigo fatigue tiredness perte de cheveux haaruitval"
+).split()
+
+
+def make_tiny_encoder(folder: Path, *, prompts: dict[str, str] | None = None, seed: int = 0) -> Path:
+    """Write a tiny random BERT (hidden 32, 2 layers) as a sentence-transformers folder.
+
+    WordPiece vocabulary: the special tokens, TINY_WORDS, and every letter and digit as a
+    word start and as a "##" continuation, so any ASCII text tokenises without [UNK] floods.
+    Weights come from a fixed seed, so vectors are the same on every run. With prompts, the
+    folder declares them like e5 does ({"query": "query: ", "passage": "passage: "}).
+    """
+    import json
+    import string
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    chars = string.ascii_lowercase + string.digits + ":-'"
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    for token in [*TINY_WORDS, "query", "passage", *chars, *(f"##{c}" for c in chars)]:
+        if token not in vocab:
+            vocab.append(token)
+    ids = {token: i for i, token in enumerate(vocab)}
+    tokenizer = Tokenizer(models.WordPiece(ids, unk_token="[UNK]", max_input_chars_per_word=100))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    special = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]"}
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 64, **special}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config), encoding="utf-8")
+    (folder / "special_tokens_map.json").write_text(json.dumps(special), encoding="utf-8")
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
+    )
+    BertModel(config).save_pretrained(str(folder))
+    st_files = {
+        "modules.json": [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ],
+        "sentence_bert_config.json": {"max_seq_length": 64, "do_lower_case": False},
+        "config_sentence_transformers.json": {"prompts": prompts or {}, "default_prompt_name": None},
+        "1_Pooling/config.json": {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True},
+    }
+    for name, content in st_files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(content), encoding="utf-8")
+    (folder / "2_Normalize").mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight sentence-transformers folder (32-d, mean pooling, no prompts)."""
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny_encoder") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_e5_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny model declaring e5-style prompts ("query: " / "passage: ")."""
+    return make_tiny_encoder(
+        tmp_path_factory.mktemp("tiny_e5_encoder") / "model", prompts={"query": "query: ", "passage": "passage: "}
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import sys
 
-import click
 import typer
 
 from linker.errors import LinkerError
@@ -35,24 +34,26 @@ def _global_options(
 def _register() -> None:
     # Each group lives in its own module; importing it adds its commands to `app`.
     from linker.cli import dict as _dict  # noqa: F401
+    from linker.cli import eval as _eval  # noqa: F401
+    from linker.cli import train as _train  # noqa: F401
+    from linker.cli import normalize as _normalize, serve as _serve  # noqa: F401
+    from linker.cli import index as _index, link as _link  # noqa: F401
 
 
 _register()
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the CLI. Typer's own handling covers usage errors (usage line, exit 2) and --help;
+    a LinkerError from the library becomes one `error: ...` line on stderr and exit 1."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="linker")
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+        # Success returns normally, so tests and embedding code can call main([...]) in-process.
     except LinkerError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        typer.echo("aborted", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)

@@ -1,0 +1,101 @@
+"""`linker index build|info|kinds`: index folders over concept tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from linker.cli.common import echo_json
+from linker.cli.main import app
+from linker.errors import ConfigError
+from linker.index import available_kinds, build_index
+from linker.index.manifest import read_manifest, verify
+
+index_app = typer.Typer(help="Build and inspect index folders.", no_args_is_help=True)
+app.add_typer(index_app, name="index")
+
+
+def _ngram_range(text: str) -> tuple[int, int]:
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"--ngram: expected MIN,MAX such as 1,2, found {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _tfidf_config(ngram: str, analyzer: str, threads: int | None):
+    from linker.index.tfidf import TfidfConfig
+
+    low, high = _ngram_range(ngram)
+    extra = {} if threads is None else {"threads": threads}
+    return TfidfConfig(analyzer=analyzer, ngram_min=low, ngram_max=high, **extra)
+
+
+def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None):
+    from linker.index.dense import DenseConfig
+
+    options = {"encoder": encoder, "faiss_kind": faiss_index, "batch_size": batch_size, "threads": threads}
+    return DenseConfig(**{key: value for key, value in options.items() if value is not None})
+
+
+@index_app.command("build")
+def build_cli(
+    dict_path: Path = typer.Option(..., "--dict", "-d", help="Concept table (.parquet) from `linker dict build`."),
+    kind: str = typer.Option("tfidf", "--kind", "-k", help=f"Index kind: {', '.join(available_kinds())}."),
+    out: Path = typer.Option(..., "--out", "-o", help="Index folder to write (replaced whole when it exists)."),
+    ngram: str = typer.Option("1,2", "--ngram", help="tf-idf: character n-gram range MIN,MAX."),
+    analyzer: str = typer.Option("char", "--analyzer", help="tf-idf: char or char_wb (n-grams inside word boundaries)."),
+    threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
+    encoder: str = typer.Option(None, "--encoder", help="dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."),
+    faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type (flat, hnsw, ivf-sq8, ivf-pq)."),
+    batch_size: int = typer.Option(None, "--batch-size", help="dense/hybrid: encoding batch size."),
+    sparse_weight: float = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score."),
+) -> None:
+    """Build an index folder (tfidf, dense or hybrid) over a concept table."""
+    if kind == "tfidf":
+        config = _tfidf_config(ngram, analyzer, threads)
+    elif kind == "dense":
+        config = _dense_config(encoder, faiss_index, batch_size, threads)
+    elif kind == "hybrid":
+        from linker.index.hybrid import HybridConfig
+
+        extra = {} if sparse_weight is None else {"sparse_weight": sparse_weight}
+        config = HybridConfig(tfidf=_tfidf_config(ngram, analyzer, threads),
+                              dense=_dense_config(encoder, faiss_index, batch_size, threads), **extra)
+    else:
+        config = None  # build_index names the valid kinds
+    manifest = build_index(dict_path, kind=kind, out=out, config=config)
+    counts = manifest["counts"]
+    typer.echo(f"wrote {out}: {kind} index of {counts['names']:,} names of {counts['concepts']:,} concepts "
+               f"in {manifest['build_seconds']:.1f}s")
+
+
+@index_app.command("info")
+def info_cli(
+    folder: Path = typer.Argument(..., help="An index folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+    no_check: bool = typer.Option(False, "--no-check", help="Do not verify the files against the manifest."),
+) -> None:
+    """Show an index folder's manifest and check its files."""
+    manifest = read_manifest(folder)
+    if not no_check:
+        verify(folder, manifest)
+    if as_json:
+        echo_json(manifest)
+        return
+    counts, concepts = manifest["counts"], manifest["concepts"]
+    typer.echo(f"{folder}: {manifest['kind']} index, {counts['names']:,} names of {counts['concepts']:,} concepts")
+    typer.echo(f"  built {manifest['built_at']} by linker {manifest['library_version']} in {manifest['build_seconds']}s")
+    typer.echo(f"  concept table {concepts['source_path']} (sha256 {concepts['sha256'][:12]})")
+    if manifest.get("encoder"):
+        typer.echo(f"  encoder {manifest['encoder']}")
+    typer.echo(f"  parameters {manifest['parameters']}")
+    size = sum(entry["size"] for entry in manifest["files"].values())
+    typer.echo(f"  {len(manifest['files'])} files, {size / 2**20:.1f} MiB" + ("" if no_check else ", verified"))
+
+
+@index_app.command("kinds")
+def kinds_cli() -> None:
+    """List the index kinds `index build --kind` accepts."""
+    for name in available_kinds():
+        typer.echo(name)

@@ -1,0 +1,51 @@
+"""`linker normalize`: link every span of a JSONL, brat or ADE-Eval/TAC-2017 XML input."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from linker.cli.main import app
+from linker.errors import ConfigError
+from linker.fileio import atomic_file, iter_lines
+from linker.link import Linker
+from linker.normalize import FORMATS, normalize_jsonl_lines, normalize_path
+
+
+@app.command("normalize")
+def normalize_cli(
+    index: Path = typer.Option(..., "--index", "-i", help="Index folder from `linker index build`."),
+    input_path: str = typer.Option(..., "--input", help="Input file or folder; `-` = stdin (jsonl only)."),
+    fmt: str = typer.Option(..., "--format", "-f", help=f"Input format: {', '.join(FORMATS)}."),
+    output: str = typer.Option(..., "--output", "-o", help="Output file or folder (mirrors the input); `-` = stdout (jsonl only)."),
+    k: int = typer.Option(1, "--k", "-k", help="Candidates per span (jsonl); brat and ade-xml write the best one."),
+    lang: str = typer.Option(None, "--lang", help="Restrict candidates to names in this language (a JSONL span's own lang wins)."),
+    db: str = typer.Option(None, "--db", help="brat: database name in `Reference T1 DB:ID` (default: the concept's source)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty output folder whole."),
+) -> None:
+    """Normalise predicted spans: add ranked concepts (jsonl), brat normalisation lines, or TAC/ADE-Eval Reactions."""
+    if (input_path == "-" or output == "-") and fmt != "jsonl":
+        raise ConfigError(f"`-` (stdin/stdout) works with --format jsonl only, found --format {fmt}")
+    started = time.perf_counter()
+    linker = Linker.load(index)
+    if input_path == "-" or output == "-":
+        if input_path == "-":
+            lines = [(n, line.rstrip("\r\n")) for n, line in enumerate(sys.stdin, start=1)]
+            source, where = (lambda: lines), "<stdin>"
+        else:
+            source, where = (lambda: iter_lines(input_path)), input_path
+        if output == "-":
+            summary = normalize_jsonl_lines(linker, source, where, sys.stdout, k=k, lang=lang)
+        else:
+            with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+                summary = normalize_jsonl_lines(linker, source, where, handle, k=k, lang=lang)
+    else:
+        summary = normalize_path(linker, input_path, output, fmt=fmt, k=k, db=db, lang=lang, overwrite=overwrite)
+    typer.echo(
+        f"normalised {summary.mentions:,} spans ({summary.linked:,} linked) in {summary.documents:,} "
+        f"document(s) -> {output} in {time.perf_counter() - started:.1f}s",
+        err=True,
+    )

@@ -1,0 +1,75 @@
+"""`linker train biosyn|sap`: fine-tune a dense encoder; the result is a model folder for `index build --encoder`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from linker.cli.common import echo_json, progress_enabled
+from linker.cli.main import app
+
+train_app = typer.Typer(help="Train dense encoders (BioSyn, SapBERT-style self-alignment).", no_args_is_help=True)
+app.add_typer(train_app, name="train")
+
+_DEVICE_HELP = "cpu, cuda, or auto (a GPU when present)."
+
+
+@train_app.command("biosyn")
+def biosyn_cli(
+    train: str = typer.Option(..., "--train", help="Training mentions as a dataset spec, e.g. pubtator:NCBItrainset_corpus.txt."),
+    dict_path: Path = typer.Option(..., "--dict", help="Concept table (.parquet) to link to."),
+    encoder: str = typer.Option(..., "--encoder", help="Base encoder: minilm, e5-small, a model folder or a hub name."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output model folder, e.g. models/ncbi-biosyn."),
+    topk: int = typer.Option(20, "--topk", help="Candidates per mention (BioSyn: 20)."),
+    dense_ratio: float = typer.Option(0.5, "--dense-ratio", help="Share of candidates from the dense encoder (BioSyn: 0.5)."),
+    lr: float = typer.Option(1e-5, "--lr", help="Learning rate (BioSyn: 1e-5)."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Mentions per step (BioSyn: 16)."),
+    epochs: int = typer.Option(10, "--epochs", help="Epochs; candidates are retrieved afresh each (BioSyn NCBI: 10)."),
+    freeze_layers: int = typer.Option(0, "--freeze-layers", help="Freeze embeddings and the first N transformer layers."),
+    freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Freeze the token embeddings."),
+    max_queries: int = typer.Option(None, "--max-queries", help="Train on a seeded sample of this many mentions."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
+    threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
+) -> None:
+    """Fine-tune an encoder BioSyn-style (synonym marginalisation, candidates refreshed every epoch)."""
+    from linker.train.biosyn import BiosynConfig, train_biosyn
+
+    config = BiosynConfig(
+        lr=lr, batch_size=batch_size, epochs=epochs, topk=topk, dense_ratio=dense_ratio,
+        freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, max_queries=max_queries,
+        seed=seed, device=device, threads=threads,
+    )
+    summary = train_biosyn(train, dict_path, encoder=encoder, out=out, config=config, resume=resume,
+                           show_progress=progress_enabled())
+    echo_json(summary)
+
+
+@train_app.command("sap")
+def sap_cli(
+    dict_path: Path = typer.Option(..., "--dict", help="Concept table (.parquet) whose synonyms are the training pairs."),
+    encoder: str = typer.Option(..., "--encoder", help="Base encoder: minilm, e5-small, a model folder or a hub name."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output model folder, e.g. models/medic-sap."),
+    max_pairs: int = typer.Option(None, "--max-pairs", help="Use at most this many synonym pairs (seeded sample)."),
+    pairs_per_concept: int = typer.Option(50, "--pairs-per-concept", help="Cap of pairs per concept (SapBERT: 50)."),
+    lr: float = typer.Option(2e-5, "--lr", help="Learning rate (SapBERT: 2e-5)."),
+    batch_size: int = typer.Option(256, "--batch-size", help="Pairs per step (SapBERT: 256)."),
+    epochs: int = typer.Option(1, "--epochs", help="Epochs (SapBERT: 1)."),
+    freeze_layers: int = typer.Option(0, "--freeze-layers", help="Freeze embeddings and the first N transformer layers."),
+    freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Freeze the token embeddings (for e5-small the 250k-token matrix dominates the cost)."),
+    seed: int = typer.Option(33, "--seed", help="Random seed (SapBERT: 33)."),
+    device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
+    threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
+) -> None:
+    """Self-alignment pretraining on the dictionary's own synonym pairs (SapBERT-style, cross-lingual when it can)."""
+    from linker.train.sap import SapConfig, train_sap
+
+    config = SapConfig(
+        lr=lr, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
+        freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, seed=seed, device=device, threads=threads,
+    )
+    summary = train_sap(dict_path, encoder=encoder, out=out, config=config, resume=resume, show_progress=progress_enabled())
+    echo_json(summary)

@@ -1,0 +1,1 @@
+"""Evaluation: datasets, Medical Crossing filters, Acc@k metrics, reports."""

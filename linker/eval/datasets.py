@@ -1,0 +1,342 @@
+"""Evaluation datasets: annotated corpora -> a flat list of `Mention`s with gold concept ids.
+
+A dataset is named by a spec ``FORMAT:PATH[#OPTIONS]``; OPTIONS are ``&``-separated flags or
+``key=value`` pairs (``brat:Mantra-GSC-brat.zip#lang=es``, ``codiesp:testX.tsv#P``).
+
+Gold ids keep two different kinds of "several ids" apart, because they score differently
+(see `linker.eval.metrics`): ``Mention.gold`` is a tuple of *parts*; every part must be found
+(a composite mention names several concepts), and each part is a tuple of *alternative* ids,
+any one of which is right. How each format spells them, read from the data itself:
+
+- ``pubtator`` (NCBI-disease, BC5CDR): ``A|B`` is a composite mention (NCBI marks all of them
+  ``CompositeMention`` or ``Modifier``, e.g. "breast and ovarian cancer" ``D001943|D010051``;
+  BC5CDR adds the part texts in a 7th column) and ``A+B`` is one mention that only the two
+  concepts together describe ("renal hamartomas" ``D007674+D006222``); both are parts that must
+  all be right. The corpora have no alternatives. Mentions whose id is ``-1`` (BC5CDR: no
+  concept) are left out, and counted in the log. NCBI ids ``MESH:D…`` and bare ``D…`` are the same
+  concept in MEDIC; the ``MESH:`` prefix is removed so that both compare equal.
+- ``biosyn`` (BioSyn's processed ``*.concept`` files ``doc||start|end||type||mention||cui``):
+  ``|`` separates alternatives, as BioSyn's own ``check_label`` treats it, and ``+`` parts.
+- ``tsv`` (``id<TAB>mention[<TAB>lang]``) and ``query`` (``id||mention``): as ``biosyn``.
+- ``brat`` (Cantemist, Mantra GSC): one id per text-bound annotation, from its ``AnnotatorNotes``:
+  the whole note for Cantemist (an ICD-O-3 morphology code ``8000/3``; the 307 ``/H`` codes, a
+  Cantemist extension for codes absent from the official list, are read without ``/H`` because
+  only the base codes have names), the first quoted field for Mantra
+  (``"C0030705", "Patients", …``). Discontinuous spans ``10 20;30 40`` give start 10, end 40.
+  The language comes from a folder named after it (``Mantra-GSC/Spanish/…`` -> ``es``);
+  option ``lang=xx`` keeps that language only, and gives it to files whose folders name none.
+- ``codiesp`` (``*X.tsv``): option ``D`` (diagnoses, the default) or ``P`` (procedures);
+  language ``es``; codes as written (``s22.49xa``); metrics compare them through
+  `linker.text.code_key`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import re
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from linker.errors import InputFormatError, MissingInputError, UnknownNameError, shorten
+from linker.fileio import decode_line, iter_lines
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Mention:
+    """One test mention: its text, its gold ids (parts x alternatives), language and place."""
+
+    text: str
+    gold: tuple[tuple[str, ...], ...]
+    lang: str = "en"
+    doc_id: str = ""
+    start: int = -1
+    end: int = -1
+
+    @property
+    def composite(self) -> bool:
+        return len(self.gold) > 1
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    format: str
+    path: Path
+    options: dict[str, str]
+
+    def __str__(self) -> str:
+        opts = "&".join(k if v == "" else f"{k}={v}" for k, v in self.options.items())
+        return f"{self.format}:{self.path}" + (f"#{opts}" if opts else "")
+
+
+LANGUAGE_FOLDERS = {"english": "en", "spanish": "es", "french": "fr", "german": "de", "dutch": "nl",
+                    "italian": "it", "portuguese": "pt"}
+
+Loader = Callable[[DatasetSpec], list[Mention]]
+LOADERS: dict[str, Loader] = {}
+
+
+def _loader(name: str) -> Callable[[Loader], Loader]:
+    def wrap(fn: Loader) -> Loader:
+        LOADERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def parse_spec(spec: str) -> DatasetSpec:
+    """Split ``FORMAT:PATH[#OPTIONS]``; an unknown format lists the known ones."""
+    fmt, sep, rest = spec.partition(":")
+    if not sep or not rest:
+        raise InputFormatError("dataset spec", "FORMAT:PATH[#OPTIONS], e.g. pubtator:NCBItestset_corpus.txt",
+                               shorten(spec), fix=f"FORMAT is one of {', '.join(sorted(LOADERS))}")
+    if fmt not in LOADERS:
+        raise UnknownNameError("dataset format", fmt, LOADERS)
+    path, _, opts = rest.partition("#")
+    options: dict[str, str] = {}
+    for item in filter(None, opts.split("&")):
+        key, _, value = item.partition("=")
+        options[key.strip()] = value.strip()
+    return DatasetSpec(fmt, Path(path), options)
+
+
+def load_dataset(spec: str) -> list[Mention]:
+    """Read the mentions of a dataset spec (see the module docstring for the formats)."""
+    parsed = parse_spec(spec)
+    if not parsed.path.exists():
+        raise MissingInputError(f"{parsed.path}: no such file or folder (dataset {spec})")
+    mentions = LOADERS[parsed.format](parsed)
+    log.info("read %d mentions from %s", len(mentions), spec)
+    return mentions
+
+
+def _check_options(spec: DatasetSpec, allowed: set[str]) -> None:
+    unknown = set(spec.options) - allowed
+    if unknown:
+        raise UnknownNameError(f"{spec.format} option", sorted(unknown)[0], allowed or {"(none)"})
+
+
+def _parts(ids: str, *, part_seps: str, alt_sep: str | None) -> tuple[tuple[str, ...], ...]:
+    """'A|B+C' -> parts, each a tuple of alternatives, split by the format's separators."""
+    parts = [ids]
+    for sep in part_seps:
+        parts = [p for chunk in parts for p in chunk.split(sep)]
+    out = []
+    for part in parts:
+        alts = part.split(alt_sep) if alt_sep else [part]
+        alts = tuple(dict.fromkeys(a.strip() for a in alts if a.strip()))
+        if alts:
+            out.append(alts)
+    return tuple(out)
+
+
+def _files(path: Path, suffix: str) -> list[Path]:
+    return sorted(path.rglob(f"*{suffix}")) if path.is_dir() else [path]
+
+
+# --------------------------------------------------------------------------- pubtator
+
+
+def _mesh(code: str) -> str:
+    return code[5:] if code.startswith("MESH:") else code
+
+
+@_loader("pubtator")
+def _load_pubtator(spec: DatasetSpec) -> list[Mention]:
+    _check_options(spec, {"lang"})
+    lang = spec.options.get("lang", "en")
+    mentions: list[Mention] = []
+    skipped = 0
+    for file in _files(spec.path, ".txt"):
+        for number, line in iter_lines(file):
+            if not line.strip() or "|t|" in line[:40] or "|a|" in line[:40]:
+                continue
+            fields = line.split("\t")
+            if len(fields) == 4 and fields[1] == "CID":  # BC5CDR chemical-induced-disease relation
+                continue
+            if len(fields) < 6:
+                raise InputFormatError(file, "a PubTator title/abstract line or "
+                                       "'doc<TAB>start<TAB>end<TAB>mention<TAB>type<TAB>ids'",
+                                       shorten(line), line=number)
+            doc, start, end, text, _type, ids = fields[:6]
+            if not (start.isdigit() and end.isdigit()):
+                raise InputFormatError(file, "integer start and end offsets", f"{start!r} {end!r}", line=number)
+            if ids.strip() in {"", "-1"}:
+                skipped += 1
+                continue
+            gold = _parts(ids, part_seps="|+", alt_sep=None)
+            gold = tuple(tuple(_mesh(a) for a in part) for part in gold)
+            mentions.append(Mention(text, gold, lang, doc, int(start), int(end)))
+    if skipped:
+        log.info("%s: left out %d mentions without a concept id (-1)", spec.path, skipped)
+    return mentions
+
+
+# --------------------------------------------------------------------------- brat
+
+
+def _brat_sources(path: Path) -> Iterator[tuple[str, Callable[[], list[str]]]]:
+    """(name, reader of lines) for every .ann file in a folder or a zip, read in place."""
+    if path.is_dir():
+        for file in sorted(path.rglob("*.ann")):
+            yield str(file), lambda file=file: [line for _, line in iter_lines(file)]
+        return
+    if not zipfile.is_zipfile(path):
+        if path.suffix == ".ann":
+            yield str(path), lambda: [line for _, line in iter_lines(path)]
+            return
+        raise InputFormatError(path, "a folder or zip of brat .ann files, or one .ann file", "another kind of file")
+    archive = zipfile.ZipFile(path)
+    for name in sorted(archive.namelist()):
+        if name.endswith(".ann") and "__MACOSX" not in name.split("/"):
+            yield f"{path}!{name}", lambda name=name: [
+                decode_line(raw) for raw in archive.read(name).splitlines()
+            ]
+
+
+def _language_of(name: str) -> str | None:
+    for folder in re.split(r"[/\\!]", name):
+        if folder.lower() in LANGUAGE_FOLDERS:
+            return LANGUAGE_FOLDERS[folder.lower()]
+    return None
+
+
+_SPAN = re.compile(r"^(\d+) (\d+)((?:;\d+ \d+)*)$")
+
+
+def _note_id(note: str) -> str:
+    note = note.strip()
+    if note.startswith('"'):
+        first = next(csv.reader(io.StringIO(note), skipinitialspace=True), [""])
+        return first[0].strip() if first else ""
+    if note.endswith("/H"):
+        note = note[:-2]
+    return note
+
+
+@_loader("brat")
+def _load_brat(spec: DatasetSpec) -> list[Mention]:
+    _check_options(spec, {"lang"})
+    wanted = spec.options.get("lang")
+    mentions: list[Mention] = []
+    unnoted = 0
+    for name, read in _brat_sources(spec.path):
+        lang = _language_of(name) or wanted or "und"
+        if wanted and lang != wanted:
+            continue
+        spans: dict[str, tuple[str, int, int, int]] = {}
+        notes: dict[str, str] = {}
+        for number, line in enumerate(read(), start=1):
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if line.startswith("T"):
+                if len(fields) < 3:
+                    raise InputFormatError(name, "'Tn<TAB>TYPE START END[;START END]<TAB>text'", shorten(line), line=number)
+                type_span = fields[1].split(" ", 1)
+                match = _SPAN.match(type_span[1]) if len(type_span) == 2 else None
+                if not match:
+                    raise InputFormatError(name, "'TYPE START END[;START END]' in a text-bound annotation",
+                                           shorten(fields[1]), line=number)
+                offsets = [int(x) for x in re.findall(r"\d+", type_span[1])]
+                spans[fields[0]] = ("\t".join(fields[2:]), min(offsets), max(offsets), number)
+            elif line.startswith("#"):
+                target = fields[1].split(" ") if len(fields) > 1 else []
+                if len(target) != 2 or target[0] != "AnnotatorNotes":
+                    continue  # other comment kinds carry no gold id
+                notes[target[1]] = fields[2] if len(fields) > 2 else ""
+            elif line[0] not in "RAEMN*":
+                raise InputFormatError(name, "a brat annotation line (T, R, E, A, M, N, *, #)", shorten(line), line=number)
+        for tid, (text, start, end, _number) in spans.items():
+            code = _note_id(notes.get(tid, ""))
+            if not code:
+                unnoted += 1
+                continue
+            mentions.append(Mention(text, ((code,),), lang, Path(name.split("!")[-1]).stem, start, end))
+    if unnoted:
+        log.info("%s: left out %d annotations without an AnnotatorNotes id", spec.path, unnoted)
+    return mentions
+
+
+# --------------------------------------------------------------------------- codiesp
+
+
+@_loader("codiesp")
+def _load_codiesp(spec: DatasetSpec) -> list[Mention]:
+    _check_options(spec, {"D", "P", "lang"})
+    if "D" in spec.options and "P" in spec.options:
+        raise InputFormatError("codiesp options", "D (diagnoses) or P (procedures)", "both")
+    label = "PROCEDIMIENTO" if "P" in spec.options else "DIAGNOSTICO"
+    lang = spec.options.get("lang", "es")
+    mentions = []
+    for number, line in iter_lines(spec.path):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 5 or fields[1] not in {"DIAGNOSTICO", "PROCEDIMIENTO"}:
+            raise InputFormatError(spec.path, "'doc<TAB>DIAGNOSTICO|PROCEDIMIENTO<TAB>code<TAB>mention<TAB>start end[;start end]'",
+                                   shorten(line), line=number)
+        if fields[1] != label:
+            continue
+        offsets = [int(x) for x in re.findall(r"\d+", fields[4])]
+        if not offsets:
+            raise InputFormatError(spec.path, "character offsets 'start end'", shorten(fields[4]), line=number)
+        mentions.append(Mention(fields[3], ((fields[2],),), lang, fields[0], min(offsets), max(offsets)))
+    return mentions
+
+
+# --------------------------------------------------------------------------- biosyn, tsv, query
+
+
+@_loader("biosyn")
+def _load_biosyn(spec: DatasetSpec) -> list[Mention]:
+    _check_options(spec, {"lang"})
+    lang = spec.options.get("lang", "en")
+    mentions = []
+    for file in _files(spec.path, ".concept"):
+        for number, line in iter_lines(file):
+            if not line.strip():
+                continue
+            fields = line.split("||")
+            if len(fields) != 5 or "|" not in fields[1]:
+                raise InputFormatError(file, "'doc||start|end||type||mention||cui'", shorten(line), line=number)
+            start, _, end = fields[1].partition("|")
+            gold = _parts(fields[4], part_seps="+", alt_sep="|")
+            mentions.append(Mention(fields[3], gold, lang, fields[0],
+                                    int(start) if start.isdigit() else -1, int(end) if end.isdigit() else -1))
+    return mentions
+
+
+def _simple(spec: DatasetSpec, sep: str, expected: str) -> list[Mention]:
+    _check_options(spec, {"lang"})
+    default_lang = spec.options.get("lang", "en")
+    mentions = []
+    for number, line in iter_lines(spec.path):
+        if not line.strip():
+            continue
+        fields = line.split(sep)
+        if len(fields) not in (2, 3) or not fields[0].strip() or not fields[1].strip():
+            raise InputFormatError(spec.path, expected, shorten(line), line=number)
+        lang = fields[2].strip() if len(fields) == 3 else default_lang
+        mentions.append(Mention(fields[1].strip(), _parts(fields[0], part_seps="+", alt_sep="|"), lang,
+                                spec.path.name, number, number))
+    return mentions
+
+
+@_loader("tsv")
+def _load_tsv(spec: DatasetSpec) -> list[Mention]:
+    return _simple(spec, "\t", "'id<TAB>mention[<TAB>lang]'")
+
+
+@_loader("query")
+def _load_query(spec: DatasetSpec) -> list[Mention]:
+    return _simple(spec, "||", "'id||mention'")
+
+
+def available_formats() -> list[str]:
+    return sorted(LOADERS)

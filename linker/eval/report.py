@@ -1,0 +1,352 @@
+"""`evaluate`: one index, one test set, one or more filters -> Acc@k table, JSON, Markdown, PNG.
+
+The test mentions are linked once (top max(k), each distinct (text, language) once) and every
+filter scores a subset of the same predictions, so Full / Filtered / Filtered0.2 differ only
+in which mentions count. The report records the resolved configuration (index manifest,
+dataset and training specs, filter mode, composite rule, seeds), the subset sizes, the share
+of mentions whose gold id the dictionary can reach at all, and the seconds each stage took.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import linker
+from linker.errors import ConfigError, UnknownNameError
+from linker.eval.datasets import Mention, load_dataset
+from linker.eval.filters import FILTERS, Normaliser, ReferenceSet, filter_indices, read_abbreviations
+from linker.eval.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Accuracy, accuracy, mention_hits
+from linker.fileio import atomic_file
+from linker.text import code_key
+
+log = logging.getLogger(__name__)
+
+LINK_BATCH = 512  # mentions per Linker call: a progress step, small enough to keep memory flat
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """Acc@k of one (filter, language) subset; lang "all" is the whole subset."""
+
+    filter: str
+    lang: str
+    n: int
+    accuracies: tuple[Accuracy, ...]
+    reachable: float = math.nan  # share of the subset whose gold ids are all in the dictionary
+
+    def acc(self, k: int) -> Accuracy:
+        return next(a for a in self.accuracies if a.k == k)
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    dataset: str
+    index: str
+    ks: tuple[int, ...]
+    rows: tuple[EvalRow, ...]
+    reachable: float  # share of test mentions whose every part has a gold id present in the dictionary
+    seconds: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    files: tuple[str, ...] = ()
+
+    def row(self, filter_name: str, lang: str = "all") -> EvalRow:
+        return next(r for r in self.rows if r.filter == filter_name and r.lang == lang)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_filters(filters: Sequence[str], *, have_train: bool) -> tuple[str, ...]:
+    """Expand ``all`` (dictionary filters, plus training filters when training mentions are given)."""
+    out: list[str] = []
+    for name in filters:
+        if name == "all":
+            out += ["full", "dict", "dict0.2"] + (["train", "train0.2"] if have_train else [])
+        elif name in FILTERS:
+            out.append(name)
+        else:
+            raise UnknownNameError("filter", name, [*FILTERS, "all"])
+    return tuple(dict.fromkeys(out))
+
+
+def _xref_map(linker_, prefix: str) -> dict[str, tuple[str, ...]]:
+    """concept_id -> ids in the `prefix` id space named by the concept's xrefs (``UMLS:C…`` -> ``C…``)."""
+    table = linker_.concepts.table
+    tag = prefix.rstrip(":") + ":"
+    out: dict[str, set[str]] = {}
+    for concept_id, xrefs in zip(table.column("concept_id").to_pylist(), table.column("xrefs").to_pylist()):
+        for x in xrefs or ():
+            if x.upper().startswith(tag.upper()):
+                out.setdefault(concept_id, set()).add(x[len(tag):])
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def read_same_as(path: str | Path) -> dict[str, tuple[str, ...]]:
+    """Groups of ids that name one concept, one group a line: ``ID|ID|...`` (anything after ``||`` ignored).
+
+    MEDIC's own file is such a list (``C565846|215600||Copper Toxicosis, Idiopathic``: a MeSH id
+    and its OMIM alternative), and NCBI-disease annotates with either id; bare numbers are OMIM
+    ids, written ``OMIM:<n>`` as the corpus writes them (the MEDIC source's rule).
+    """
+    from linker.fileio import iter_lines
+    from linker.sources.tsv import pipe_ids
+
+    groups: dict[str, set[str]] = {}
+    for _number, line in iter_lines(path):
+        if not line.strip() or line.startswith("#"):
+            continue
+        ids = pipe_ids(line.partition("||")[0])
+        for concept_id in ids:
+            groups.setdefault(concept_id, set()).update(ids)
+    return {k: tuple(sorted(v)) for k, v in groups.items()}
+
+
+def _predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool, progress: bool) -> list[tuple[str, ...]]:
+    keys = list(dict.fromkeys((m.text, m.lang if query_lang else None) for m in mentions))
+    by_lang: dict[str | None, list[str]] = {}
+    for text, lang in keys:
+        by_lang.setdefault(lang, []).append(text)
+    ranked: dict[tuple[str, str | None], tuple[str, ...]] = {}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(keys), desc="linking", unit="mention")
+    for lang, texts in by_lang.items():
+        for start in range(0, len(texts), LINK_BATCH):
+            chunk = texts[start : start + LINK_BATCH]
+            for text, result in zip(chunk, linker_.link(chunk, k=k, lang=lang)):
+                ranked[(text, lang)] = tuple(c.concept_id for c in result.candidates)
+            if bar is not None:
+                bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    return [ranked[(m.text, m.lang if query_lang else None)] for m in mentions]
+
+
+def evaluate(
+    index_dir: str | Path,
+    dataset_spec: str,
+    *,
+    train_spec: str | Sequence[str] | None = None,
+    filters: Sequence[str] = ("full",),
+    ks: Sequence[int] = (1, 5),
+    report_dir: str | Path | None = None,
+    progress: bool = False,
+    mode: str = "faithful",
+    composite: str = "all",
+    gold_via_xref: str | None = None,
+    query_lang: bool = False,
+    abbreviations: str | Path | None = None,
+    same_as: str | Path | None = None,
+    name: str | None = None,
+) -> EvalReport:
+    """Link a test set with the index at `index_dir` and score it under each filter.
+
+    `train_spec`: dataset spec(s) whose mention texts form the training reference set (needed
+    by ``train``/``train0.2``). `gold_via_xref`: an id prefix (``UMLS``) when the gold ids live
+    in another id space than the dictionary (Mantra's CUIs vs HPO ids): predictions are mapped
+    through the concept table's xrefs. `query_lang`: restrict candidates to names in each
+    mention's language (off by default: CodiEsp links Spanish mentions to English names).
+    `same_as`: a file of id groups (`read_same_as`); a predicted id also counts as the other ids
+    of its group (MEDIC's MeSH and OMIM ids of one disease).
+    """
+    from linker.link import Linker  # eval sits above link; imported here to keep `datasets` light
+
+    ks = tuple(sorted(set(int(k) for k in ks)))
+    if not ks or ks[0] < 1:
+        raise ConfigError(f"k must be positive integers, found {ks}")
+    train_specs = (train_spec,) if isinstance(train_spec, str) else tuple(train_spec or ())
+    filter_names = resolve_filters(filters, have_train=bool(train_specs))
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+
+    t = time.perf_counter()
+    linker_ = Linker.load(index_dir)
+    seconds["load_index"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    mentions = load_dataset(dataset_spec)
+    train_texts = [m.text for spec in train_specs for m in load_dataset(spec)]
+    seconds["load_data"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    normaliser = Normaliser(mode, read_abbreviations(abbreviations) if abbreviations else None)
+    references: dict[str, ReferenceSet | None] = {"dict": None, "train": None}
+    if any(FILTERS[f].reference == "dict" for f in filter_names):
+        references["dict"] = ReferenceSet(linker_.concepts.table.column("name").to_pylist(), normaliser)
+    if train_specs:
+        references["train"] = ReferenceSet(train_texts, normaliser)
+    texts = [m.text for m in mentions]
+    subsets = {f: filter_indices(texts, f, references=references) for f in filter_names}
+    seconds["filter"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    predicted = _predict(linker_, mentions, max(ks), query_lang=query_lang, progress=progress)
+    seconds["link"] = time.perf_counter() - t
+
+    xrefs = _xref_map(linker_, gold_via_xref) if gold_via_xref else {}
+    if same_as:
+        id_groups = read_same_as(same_as)
+        for concept_id in set(linker_.concepts.table.column("concept_id").to_pylist()):
+            if concept_id in id_groups:
+                xrefs[concept_id] = tuple(sorted({*xrefs.get(concept_id, ()), *id_groups[concept_id]}))
+    expand = (lambda cid: xrefs.get(cid, ())) if xrefs else None
+    known = {code_key(c) for c in linker_.concepts.table.column("concept_id").to_pylist()}
+    known |= {code_key(x) for ids in xrefs.values() for x in ids}
+    gold = [m.gold for m in mentions]
+    in_dict = np.array([all(any(code_key(a) in known for a in part) for part in g) for g in gold], dtype=bool)
+    reachable = float(in_dict.mean()) if gold else math.nan
+
+    t = time.perf_counter()
+    hits = {k: mention_hits(gold, predicted, k, composite=composite, expand=expand) for k in ks}
+    langs = sorted({m.lang for m in mentions})
+    lang_of = np.array([m.lang for m in mentions])
+    rows = []
+    for f in filter_names:
+        idx = np.array(subsets[f], dtype=np.int64)
+        groups = [("all", idx)] + ([(lang, idx[lang_of[idx] == lang]) for lang in langs] if len(langs) > 1 else [])
+        for lang, sel in groups:
+            rows.append(EvalRow(f, lang, int(len(sel)), tuple(accuracy(hits[k][sel], k) for k in ks),
+                                float(in_dict[sel].mean()) if len(sel) else math.nan))
+    seconds["score"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - started
+    seconds = {key: round(value, 3) for key, value in seconds.items()}
+
+    config = {
+        "library_version": linker.__version__,
+        "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "index": str(index_dir),
+        "index_version": linker_.version,
+        "index_manifest": {k: v for k, v in linker_.manifest.items() if k != "files"},
+        "dataset": dataset_spec,
+        "train": list(train_specs),
+        "filters": list(filter_names),
+        "filter_mode": mode,
+        "abbreviations": str(abbreviations) if abbreviations else None,
+        "composite_rule": composite,
+        "gold_via_xref": gold_via_xref,
+        "same_as": str(same_as) if same_as else None,
+        "query_lang": query_lang,
+        "ks": list(ks),
+        "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": 0.95},
+        "mentions": len(mentions),
+        "reference_strings": {k: (len(v) if v is not None else None) for k, v in references.items()},
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    report = EvalReport(dataset_spec, str(index_dir), ks, tuple(rows), reachable, seconds, config)
+    if report_dir is not None:
+        report = write_report(report, report_dir, name=name)
+    return report
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _pct(value: float) -> str:
+    return "–" if math.isnan(value) else f"{100 * value:.2f}"
+
+
+FILTER_TITLES = {"full": "Full", "dict": "Filtered (dict)", "dict0.2": "Filtered0.2 (dict)",
+                 "train": "Filtered (train)", "train0.2": "Filtered0.2 (train)"}
+
+
+def markdown_table(labelled: Sequence[tuple[str, EvalReport]], *, intervals: bool = False, reach: bool = False) -> str:
+    """The paper's layout: one row per (dataset, language); per filter: n, Acc@k...
+
+    `reach` adds a column: % of the Full subset whose gold id is in the dictionary at all.
+    """
+    if not labelled:
+        return ""
+    filters = list(dict.fromkeys(r.filter for _, rep in labelled for r in rep.rows))
+    ks = labelled[0][1].ks
+    head = ["dataset", "lang"] + (["in dict %"] if reach else []) + [
+        f"{FILTER_TITLES.get(f, f)} {col}" for f in filters for col in ("n", *(f"Acc@{k}" for k in ks))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, rep in labelled:
+        for lang in dict.fromkeys(r.lang for r in rep.rows):
+            cells = [label, lang]
+            if reach:
+                first = next(r for r in rep.rows if r.lang == lang)
+                cells.append(_pct(first.reachable))
+            for f in filters:
+                row = next((r for r in rep.rows if r.filter == f and r.lang == lang), None)
+                if row is None:
+                    cells += [""] * (1 + len(ks))
+                    continue
+                cells.append(f"{row.n:,}")
+                for k in ks:
+                    a = row.acc(k)
+                    cells.append(_pct(a.value) + (f" [{_pct(a.low)}, {_pct(a.high)}]" if intervals else ""))
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _chart(report: EvalReport, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.rows if r.lang == "all"]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(rows), 3.2))
+    width = 0.8 / len(report.ks)
+    x = np.arange(len(rows))
+    for j, k in enumerate(report.ks):
+        values = [100 * r.acc(k).value if r.n else 0 for r in rows]
+        errors = np.array([[100 * (r.acc(k).value - r.acc(k).low), 100 * (r.acc(k).high - r.acc(k).value)]
+                           if r.n else [0, 0] for r in rows]).T
+        ax.bar(x + j * width, values, width, yerr=errors, capsize=2, label=f"Acc@{k}")
+    ax.set_xticks(x + width * (len(report.ks) - 1) / 2, [f"{r.filter}\nn={r.n:,}" for r in rows], fontsize=8)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"{title}: {report.config.get('mentions', '')} mentions of {report.dataset.split(':', 1)[0]} "
+                 f"{Path(report.dataset.split(':', 1)[-1].split('#')[0]).name}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")  # path may be a temporary name without .png
+    plt.close(fig)
+
+
+def write_report(report: EvalReport, report_dir: str | Path, *, name: str | None = None) -> EvalReport:
+    """Write ``NAME.json``, ``NAME.md`` and ``NAME.png`` under `report_dir`; return the report with their paths."""
+    report_dir = Path(report_dir)
+    name = name or report_dir.name
+    paths = {ext: report_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
+    report = EvalReport(**{**asdict_shallow(report), "files": tuple(str(p) for p in paths.values())})
+    with atomic_file(paths["json"]) as tmp:
+        tmp.write_text(json.dumps(report.to_dict(), ensure_ascii=False, indent=2, default=str) + "\n", encoding="utf-8")
+    md = [
+        f"# Evaluation: {report.dataset}",
+        "",
+        f"Index `{report.config.get('index_version', report.index)}`; filter mode {report.config.get('filter_mode')}, "
+        f"composite rule {report.config.get('composite_rule')}; {report.config.get('mentions')} mentions, "
+        f"{_pct(report.reachable)}% with a gold id present in the dictionary.",
+        "Acc@k in %, 95% bootstrap interval in brackets "
+        f"({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}).",
+        "",
+        markdown_table([(Path(report.dataset.split(':', 1)[-1].split('#')[0]).name, report)], intervals=True, reach=True),
+        "",
+        "Seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in report.seconds.items()),
+        "",
+    ]
+    with atomic_file(paths["md"]) as tmp:
+        tmp.write_text("\n".join(md), encoding="utf-8")
+    with atomic_file(paths["png"]) as tmp:
+        _chart(report, tmp, name)
+    return report
+
+
+def asdict_shallow(obj) -> dict:
+    return {f: getattr(obj, f) for f in obj.__dataclass_fields__}

@@ -1,0 +1,193 @@
+"""Index folders: build one from a concept table, load one back, by kind name.
+
+Kinds (`available_kinds()`):
+- ``tfidf``: character n-gram tf-idf, exact sparse cosine (`linker.index.tfidf`).
+- ``dense``: an encoder's name embeddings in FAISS (`linker.index.dense`).
+- ``hybrid``: BioSyn-style ``sparse_weight * sparse + dense`` over the union of both candidate
+  lists (`linker.index.hybrid`).
+
+Every kind's name index maps a query to *name rows*: row i is row i of the folder's own copy of
+the concept table (``concepts.parquet``). `linker.retrieve` turns name rows into concepts.
+A folder is built in a temporary sibling and renamed into place, so a failed build leaves the
+previous index untouched.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+import linker
+from linker.dictionary import ConceptTable, hierarchy_path, read_concept_table
+from linker.errors import ConfigError, IndexMismatchError, UnknownNameError
+from linker.fileio import atomic_dir
+from linker.index.manifest import CONCEPTS, INDEX_FORMAT, MANIFEST, read_manifest, verify, write_manifest
+
+log = logging.getLogger(__name__)
+
+
+class NameIndex(Protocol):
+    """What every kind provides to `linker.retrieve`."""
+
+    kind: str
+
+    @property
+    def size(self) -> int: ...
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores (q, k) float32, name rows (q, k) int64, -1 = no name), best first."""
+        ...
+
+
+@dataclass(frozen=True)
+class IndexKind:
+    """How one kind turns a config into files and back; `encoder` is (name, revision) or None."""
+
+    name: str
+    config_type: type
+    build: Callable[[Sequence[str], Any, Path], dict]  # (names, config, folder) -> extra manifest fields
+    load: Callable[[Path, Any, dict], NameIndex]  # (folder, config, manifest) -> index
+    config_from_dict: Callable[[dict], Any]
+
+
+def _tfidf_kind() -> IndexKind:
+    from linker.index.tfidf import TfidfConfig, TfidfNameIndex
+
+    def build(names: Sequence[str], config: TfidfConfig, folder: Path) -> dict:
+        index = TfidfNameIndex.build(names, config)
+        index.save(folder)
+        return {"features": index.matrix.shape[1]}
+
+    def load(folder: Path, config: TfidfConfig, manifest: dict) -> NameIndex:
+        return TfidfNameIndex.load(folder, config)
+
+    return IndexKind("tfidf", TfidfConfig, build, load, lambda d: TfidfConfig(**d))
+
+
+def _dense_kind() -> IndexKind:
+    from linker.index.dense import dense_kind
+
+    return dense_kind()
+
+
+def _hybrid_kind() -> IndexKind:
+    from linker.index.hybrid import hybrid_kind
+
+    return hybrid_kind()
+
+
+# Looked up lazily so that a tf-idf user never imports torch.
+KINDS: dict[str, Callable[[], IndexKind]] = {"tfidf": _tfidf_kind, "dense": _dense_kind, "hybrid": _hybrid_kind}
+
+
+def available_kinds() -> list[str]:
+    return sorted(KINDS)
+
+
+def get_kind(name: str) -> IndexKind:
+    try:
+        factory = KINDS[name]
+    except KeyError:
+        raise UnknownNameError("index kind", name, KINDS) from None
+    return factory()
+
+
+@dataclass
+class LoadedIndex:
+    """An index folder read back: its manifest, the kind's name index, and its concept table."""
+
+    folder: Path
+    manifest: dict
+    names: NameIndex
+    concepts: ConceptTable
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["kind"]
+
+
+def _check_out(out: Path) -> None:
+    # atomic_dir replaces `out` whole; never let that delete a folder that is not an index.
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).exists())):
+        raise ConfigError(
+            f"{out}: exists and is not an index folder; choose a new --out or remove it yourself "
+            "(building replaces the whole folder)"
+        )
+
+
+def build_index(dict_path: str | Path, *, kind: str, out: str | Path, config: Any = None) -> dict:
+    """Build an index of `kind` over the names of the concept table at `dict_path`; return the manifest.
+
+    `config` is the kind's config dataclass (`TfidfConfig`, `DenseConfig`, `HybridConfig`);
+    None takes its defaults. The resolved config is recorded in the manifest.
+    """
+    spec = get_kind(kind)
+    config = spec.config_type() if config is None else config
+    if not isinstance(config, spec.config_type):
+        raise ConfigError(f"index kind {kind!r} takes a {spec.config_type.__name__}, found {type(config).__name__}")
+    out = Path(out)
+    _check_out(out)
+    table = read_concept_table(dict_path)
+    started = time.perf_counter()
+    built_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    names = table.table.column("name").to_pylist()
+    with atomic_dir(out) as tmp:
+        shutil.copyfile(table.path, tmp / CONCEPTS)
+        if table.hierarchy is not None:
+            shutil.copyfile(hierarchy_path(table.path), hierarchy_path(tmp / CONCEPTS))
+        extra = spec.build(names, config, tmp)
+        concepts = len(set(table.table.column("concept_id").to_pylist()))
+        manifest = {
+            "format": INDEX_FORMAT,
+            "kind": kind,
+            "parameters": asdict(config),
+            "concepts": {
+                "path": CONCEPTS,
+                "source_path": str(Path(dict_path).resolve()),
+                "sha256": table.sha256,
+                "rows": table.table.num_rows,
+                "hierarchy_rows": 0 if table.hierarchy is None else table.hierarchy.num_rows,
+            },
+            "encoder": extra.pop("encoder", None),
+            "library_version": linker.__version__,
+            "built_at": built_at,
+            "build_seconds": round(time.perf_counter() - started, 3),
+            "counts": {"names": len(names), "concepts": concepts},
+            **extra,
+        }
+        manifest = write_manifest(tmp, manifest)
+    log.info("built %s index %s: %d names of %d concepts in %.1fs", kind, out, len(names), concepts,
+             manifest["build_seconds"])
+    return manifest
+
+
+def load_index(folder: str | Path, *, checksums: bool = True) -> LoadedIndex:
+    """Read an index folder after checking its manifest against its files (IndexMismatchError if not)."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest["kind"] not in KINDS:
+        raise IndexMismatchError(
+            f"{folder / MANIFEST}: unknown index kind {manifest['kind']!r} (this library knows "
+            f"{', '.join(available_kinds())}); rebuild it with `linker index build`"
+        )
+    verify(folder, manifest, checksums=checksums)
+    spec = get_kind(manifest["kind"])
+    try:
+        config = spec.config_from_dict(manifest.get("parameters", {}))
+    except TypeError as exc:
+        raise IndexMismatchError(f"{folder / MANIFEST}: parameters do not fit this library ({exc}); rebuild the index") from None
+    concepts = read_concept_table(folder / CONCEPTS)
+    names = spec.load(folder, config, manifest)
+    if names.size != concepts.table.num_rows:
+        raise IndexMismatchError(
+            f"{folder}: the index has {names.size} names, concepts.parquet {concepts.table.num_rows} rows; rebuild the index"
+        )
+    return LoadedIndex(folder=folder, manifest=manifest, names=names, concepts=concepts)

@@ -1,0 +1,118 @@
+"""Hybrid index: BioSyn-style ``sparse_weight * tf-idf cosine + dense cosine``.
+
+Candidates are the union of the tf-idf top-k and the dense top-k names; every candidate is then
+scored *exactly* with both parts (a name found only by one side gets its other score computed:
+the sparse one as the dot product of the query's and the name's tf-idf rows, the dense one from
+the stored float embeddings), and the union is ranked by the weighted sum. So a name ranked
+high by both sides is never penalised for being absent from one list, which a fusion of two
+truncated lists (missing score = 0) would do.
+
+The weight: BioSyn (Sung et al., ACL 2020) learns ``sparse_weight`` as one trainable scalar,
+starting from ``--initial_sparse_weight 0`` in its train.py; its learned value is calibrated to
+BioSyn's unnormalised [CLS] inner products and does not transfer. Here both parts are cosines on
+the same scale, so the default is 1.0 (equal weight). Pass a tuned value with
+``--sparse-weight``; it is recorded in the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from linker.errors import ConfigError
+from linker.index.dense import DenseConfig, DenseNameIndex, partial_dir
+from linker.index.tfidf import TfidfConfig, TfidfNameIndex
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPARSE_WEIGHT = 1.0  # equal weight of two cosines; see the module docstring
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    tfidf: TfidfConfig = field(default_factory=TfidfConfig)
+    dense: DenseConfig = field(default_factory=DenseConfig)
+    sparse_weight: float = DEFAULT_SPARSE_WEIGHT
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.sparse_weight) or self.sparse_weight < 0:
+            raise ConfigError(f"sparse_weight must be a finite number >= 0, found {self.sparse_weight}")
+
+    @classmethod
+    def from_dict(cls, params: dict) -> HybridConfig:
+        return cls(tfidf=TfidfConfig(**params["tfidf"]), dense=DenseConfig(**params["dense"]),
+                   sparse_weight=float(params["sparse_weight"]))
+
+
+class HybridNameIndex:
+    """A tf-idf and a dense index over the same names, searched together (see the module docstring)."""
+
+    kind = "hybrid"
+
+    def __init__(self, sparse: TfidfNameIndex, dense: DenseNameIndex, sparse_weight: float) -> None:
+        if sparse.size != dense.size:
+            raise ConfigError(f"hybrid parts index different names: tf-idf {sparse.size}, dense {dense.size}")
+        self.sparse = sparse
+        self.dense = dense
+        self.sparse_weight = sparse_weight
+
+    @property
+    def size(self) -> int:
+        return self.sparse.size
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores (q, k) float32, rows (q, k) int64, -1 = none) by (combined score desc, row asc)."""
+        n = len(queries)
+        k = max(1, min(k, self.size))
+        sparse_vectors = self.sparse.vectors(queries)  # (q, features)
+        dense_vectors = self.dense.encoder.encode(list(queries), role="query",
+                                                  batch_size=self.dense.config.batch_size)  # (q, dim)
+        _, sparse_rows = self.sparse.search_vectors(sparse_vectors, k)
+        _, dense_rows = self.dense.search_vectors(dense_vectors, k)
+        union = np.full((n, 2 * k), -1, dtype=np.int64)  # (q, 2k): each query's candidate rows
+        for i in range(n):
+            rows = np.unique(np.concatenate([sparse_rows[i], dense_rows[i]]))
+            rows = rows[rows >= 0]
+            union[i, : len(rows)] = rows
+        sparse_scores = self.sparse.score_rows(sparse_vectors, union)  # (q, 2k)
+        safe = np.where(union >= 0, union, 0)
+        flat = np.unique(safe)
+        embeddings = np.asarray(self.dense.embeddings[flat], dtype=np.float32)  # sorted rows: memmap-friendly
+        dense_scores = np.einsum("qd,qkd->qk", dense_vectors, embeddings[np.searchsorted(flat, safe)])
+        combined = np.where(union >= 0, self.sparse_weight * sparse_scores + dense_scores, -np.inf)
+        tie_rows = np.where(union >= 0, union, np.iinfo(np.int64).max)
+        order = np.lexsort((tie_rows, -combined.astype(np.float64)), axis=1)[:, :k]
+        rows = np.take_along_axis(union, order, axis=1)
+        scores = np.take_along_axis(combined, order, axis=1).astype(np.float32)
+        return np.where(rows >= 0, scores, 0.0).astype(np.float32), rows
+
+
+def hybrid_kind():
+    """The ``hybrid`` entry of linker.index.KINDS."""
+    from linker.encoders import load_encoder
+    from linker.index import IndexKind
+
+    def build(names: Sequence[str], config: HybridConfig, folder: Path) -> dict:
+        sparse = TfidfNameIndex.build(names, config.tfidf)
+        sparse.save(folder)
+        encoder = load_encoder(config.dense.encoder, threads=config.dense.threads or None)
+        work = partial_dir(Path(folder).parent, names, encoder)
+        dense = DenseNameIndex.build(names, encoder, config.dense, work_dir=work)
+        params = dense.save(folder)
+        shutil.rmtree(work, ignore_errors=True)
+        return {
+            "encoder": params["encoder"],
+            "features": sparse.matrix.shape[1],
+            "dense": {k: v for k, v in params.items() if k not in ("encoder", "config")},
+        }
+
+    def load(folder: Path, config: HybridConfig, manifest: dict) -> HybridNameIndex:
+        return HybridNameIndex(TfidfNameIndex.load(folder, config.tfidf), DenseNameIndex.load(folder),
+                               config.sparse_weight)
+
+    return IndexKind("hybrid", HybridConfig, build, load, HybridConfig.from_dict)

@@ -1,0 +1,102 @@
+"""manifest.json: what an index folder holds, and the check that it still holds it.
+
+An index folder is self-contained: its own copy of the concept table (``concepts.parquet``,
+plus ``concepts.hierarchy.parquet`` for MedDRA), the kind's files, and ``manifest.json`` with
+the kind, the resolved build parameters, the encoder (dense/hybrid), the library version,
+the build time, counts, and the size and sha256 of every file. `verify` refuses a folder
+whose files were changed, truncated or removed after the build, or that a newer major
+version of the library wrote, because such an index would silently return wrong concepts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import linker
+from linker.dictionary import sha256_file
+from linker.errors import IndexMismatchError, MissingInputError
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+CONCEPTS = "concepts.parquet"
+HIERARCHY = "concepts.hierarchy.parquet"
+# Bumped when the folder layout changes incompatibly; an index of another format must be rebuilt.
+INDEX_FORMAT = 1
+
+
+def file_entry(folder: Path, relative: str) -> dict:
+    path = folder / relative
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def describe_files(folder: Path) -> dict[str, dict]:
+    """Size and sha256 of every file in `folder` (recursively), except the manifest itself."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return {p.relative_to(folder).as_posix(): file_entry(folder, p.relative_to(folder).as_posix()) for p in files}
+
+
+def write_manifest(folder: Path, manifest: dict) -> dict:
+    """Add the file list to `manifest` and write it as ``folder/manifest.json``; return it."""
+    manifest = {**manifest, "files": describe_files(folder)}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n")
+    return manifest
+
+
+def _rebuild_hint(manifest: dict) -> str:
+    source = manifest.get("concepts", {}).get("source_path", "DICT.parquet")
+    return f"rebuild it with `linker index build --dict {source} --kind {manifest.get('kind', 'tfidf')} --out DIR`"
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """Read ``manifest.json`` of an index folder, without checking the files."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not folder.is_dir():
+        raise MissingInputError(f"{folder}: no such index folder; build one with `linker index build`")
+    if not path.is_file():
+        raise IndexMismatchError(
+            f"{path}: missing; {folder} is not an index folder (build one with `linker index build`)"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IndexMismatchError(f"{path}: not valid JSON ({exc}); rebuild the index") from None
+    if not isinstance(manifest, dict) or "kind" not in manifest or "files" not in manifest:
+        raise IndexMismatchError(f"{path}: expected a linker index manifest with 'kind' and 'files'; rebuild the index")
+    return manifest
+
+
+def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> None:
+    """Refuse (IndexMismatchError) an index whose files or library version do not match its manifest.
+
+    With ``checksums=False`` only presence and sizes are checked (fast start for large dense
+    indexes on trusted storage); the default hashes every file.
+    """
+    folder = Path(folder)
+    hint = _rebuild_hint(manifest)
+    fmt = manifest.get("format")
+    if fmt != INDEX_FORMAT:
+        raise IndexMismatchError(
+            f"{folder / MANIFEST}: index format {fmt!r}, this library reads format {INDEX_FORMAT}; {hint}"
+        )
+    built_with = str(manifest.get("library_version", "?"))
+    if built_with.split(".")[0] != linker.__version__.split(".")[0]:
+        raise IndexMismatchError(
+            f"{folder / MANIFEST}: built by linker {built_with}, this is linker {linker.__version__} "
+            f"(another major version); {hint}"
+        )
+    for relative, entry in manifest["files"].items():
+        path = folder / relative
+        if not path.is_file():
+            raise IndexMismatchError(f"{path}: listed in the manifest but missing; {hint}")
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise IndexMismatchError(
+                f"{path}: {size} bytes, the manifest says {entry['size']} (changed or truncated after the build); {hint}"
+            )
+        if checksums and sha256_file(path) != entry["sha256"]:
+            raise IndexMismatchError(f"{path}: sha256 differs from the manifest (changed after the build); {hint}")
+    log.debug("verified %d files of %s", len(manifest["files"]), folder)

@@ -1,0 +1,244 @@
+"""What both trainers share: seeding, devices, freezing, encoding with gradients, checkpoints, outputs.
+
+A trained model is handed on as a sentence-transformers folder (``model.save``) that
+`linker.encoders.load_encoder(path)` and `linker index build --encoder PATH` read, with JSON
+beside it: ``train_config.json`` (the resolved config, the base encoder, sha256 of every data
+file) and ``train_metrics.json`` (loss per step and epoch, seconds, hardware).
+
+Checkpoints: after each epoch the model, the optimizer state and the trainer state are written to
+the sibling folder ``<out>.checkpoint`` (replaced whole, atomically), without pickle: the model as
+safetensors (``model.save``), AdamW's moments as ``optimizer.safetensors`` with its param groups
+as JSON. ``--resume`` continues from the epoch after the last completed one with the very same
+optimizer state. The checkpoint is removed once the final folder is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+import linker
+from linker.dictionary import sha256_file
+from linker.errors import ConfigError, InputFormatError, MissingInputError
+from linker.fileio import atomic_dir
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "train_config.json"
+METRICS_FILE = "train_metrics.json"
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+OPTIMIZER_GROUPS_FILE = "optimizer_groups.json"
+
+
+def set_seed(seed: int) -> None:
+    """Seed every generator; deterministic kernels where torch has them (warn, don't fail, elsewhere)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def pick_device(device: str | None) -> str:
+    """`None`/"auto" -> "cuda" when a GPU is visible, else "cpu"."""
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} requested but no CUDA GPU is visible; use --device cpu or auto")
+    return device
+
+
+def hardware(device: str, threads: int | None) -> dict:
+    info = {
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "requested_threads": threads,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def transformer_of(model):
+    """The Hugging Face model inside a SentenceTransformer (its first module)."""
+    first = model[0]
+    auto = getattr(first, "auto_model", None)
+    if auto is None:
+        raise ConfigError(f"the encoder's first module ({type(first).__name__}) is not a transformer; cannot train it")
+    return auto
+
+
+def freeze(model, *, embeddings: bool, layers: int) -> dict:
+    """Freeze the token embeddings and/or the first `layers` transformer layers; returns counts.
+
+    The Medical Crossing study froze the embeddings plus 4 or 10 layers; for a multilingual model
+    the 250k-token embedding matrix is most of the parameters, and freezing it is most of the saving.
+    """
+    auto = transformer_of(model)
+    blocks = getattr(getattr(auto, "encoder", None), "layer", None)
+    if layers and blocks is None:
+        raise ConfigError(f"{type(auto).__name__} has no encoder.layer list; --freeze-layers needs a BERT-like model")
+    if blocks is not None and layers > len(blocks):
+        raise ConfigError(f"--freeze-layers {layers} but the encoder has only {len(blocks)} layers")
+    frozen_parts = []
+    if embeddings or layers:
+        frozen_parts.append(auto.embeddings)
+    frozen_parts.extend(blocks[:layers] if layers else [])
+    for part in frozen_parts:
+        for p in part.parameters():
+            p.requires_grad_(False)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"parameters": total, "trainable": trainable, "frozen_layers": layers, "frozen_embeddings": bool(frozen_parts)}
+
+
+def embed(model, texts: Sequence[str], device: str) -> torch.Tensor:
+    """(len(texts), dim) sentence embeddings *with* gradients, through the model's own pooling."""
+    # sentence-transformers 6 renamed tokenize() to preprocess(); older versions have only tokenize().
+    prepare = getattr(model, "preprocess", None) or model.tokenize
+    features = prepare(list(texts))
+    features = {k: v.to(device) if torch.is_tensor(v) else v for k, v in features.items()}
+    return model(features)["sentence_embedding"]
+
+
+def embed_no_grad(model, texts: Sequence[str], device: str, batch_size: int = 256) -> np.ndarray:
+    """L2-normalised float32 embeddings for retrieval during training (eval mode, no gradients)."""
+    was_training = model.training
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            vectors = embed(model, texts[start : start + batch_size], device)
+            out.append(torch.nn.functional.normalize(vectors, dim=1).float().cpu().numpy())
+    model.train(was_training)
+    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+
+def data_hashes(paths: Sequence[Path]) -> dict[str, str]:
+    return {str(p): sha256_file(p) for p in paths if Path(p).is_file()}
+
+
+@dataclass
+class Metrics:
+    """Loss per step and per epoch, timings; written as JSON beside the model."""
+
+    steps: list[dict] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Metrics:
+        return cls(steps=list(data.get("steps", [])), epochs=list(data.get("epochs", [])), extra=dict(data.get("extra", {})))
+
+
+def checkpoint_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".checkpoint")
+
+
+def save_checkpoint(out: Path, model, optimizer: torch.optim.Optimizer, state: dict, metrics: Metrics,
+                    extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write model + optimizer + trainer state after an epoch, replacing the previous checkpoint whole."""
+    target = checkpoint_dir(out)
+    with atomic_dir(target) as tmp:
+        model.save(str(tmp / "model"))
+        opt = optimizer.state_dict()
+        tensors: dict[str, torch.Tensor] = {}
+        for index, values in opt["state"].items():
+            for key, value in values.items():
+                tensor = value if torch.is_tensor(value) else torch.tensor(value)
+                tensors[f"{index}.{key}"] = tensor.detach().cpu().contiguous()
+        for key, value in (extra_tensors or {}).items():
+            tensors[f"extra.{key}"] = value.detach().cpu().contiguous()
+        save_file(tensors, str(tmp / OPTIMIZER_FILE))
+        (tmp / OPTIMIZER_GROUPS_FILE).write_text(json.dumps(opt["param_groups"]))
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "metrics": metrics.to_json()}, indent=1))
+    log.info("checkpoint written to %s", target)
+    return target
+
+
+def load_checkpoint(out: Path) -> tuple[Path, dict, dict[str, torch.Tensor], list]:
+    """(model folder, trainer state, optimizer/extra tensors, param groups) of `<out>.checkpoint`."""
+    folder = checkpoint_dir(out)
+    if not (folder / STATE_FILE).is_file():
+        raise MissingInputError(f"{folder}: no checkpoint to resume from; run without --resume")
+    try:
+        state = json.loads((folder / STATE_FILE).read_text())
+        tensors = load_file(str(folder / OPTIMIZER_FILE))
+        groups = json.loads((folder / OPTIMIZER_GROUPS_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputFormatError(folder, "a checkpoint (trainer_state.json, optimizer.safetensors)", str(exc),
+                               fix="delete the folder and train again without --resume") from None
+    return folder / "model", state, tensors, groups
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], groups: list) -> None:
+    state: dict[int, dict] = {}
+    for key, tensor in tensors.items():
+        index, _, name = key.partition(".")
+        if index == "extra":
+            continue
+        state.setdefault(int(index), {})[name] = tensor
+    current = optimizer.state_dict()
+    if len(groups) != len(current["param_groups"]):
+        raise InputFormatError("checkpoint", f"{len(current['param_groups'])} optimizer groups", f"{len(groups)}",
+                               fix="resume with the same options (freezing, encoder) as the interrupted run")
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def write_outputs(out: Path, model, *, config: dict, metrics: Metrics, extra_files: dict[str, dict] | None = None) -> None:
+    """Write the final model folder atomically: sentence-transformers files + JSON config and metrics."""
+    with atomic_dir(out) as tmp:
+        model.save(str(tmp))
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False, default=str))
+        (tmp / METRICS_FILE).write_text(json.dumps(metrics.to_json(), indent=1, default=str))
+        for name, payload in (extra_files or {}).items():
+            (tmp / name).write_text(json.dumps(payload, indent=2, ensure_ascii=False))
+    shutil.rmtree(checkpoint_dir(out), ignore_errors=True)
+
+
+def run_header(kind: str, base: str, spec) -> dict:
+    return {
+        "trainer": kind,
+        "library_version": linker.__version__,
+        "base_encoder": base,
+        "base_encoder_spec": asdict(spec) if spec is not None else None,
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.start, 2)
+
+
+__all__ = [
+    "Metrics", "Timer", "set_seed", "pick_device", "freeze", "embed", "embed_no_grad", "data_hashes",
+    "save_checkpoint", "load_checkpoint", "restore_optimizer", "write_outputs", "hardware", "run_header",
+    "checkpoint_dir",
+]

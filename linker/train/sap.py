@@ -1,0 +1,224 @@
+"""SapBERT-style self-alignment pretraining on a concept table's own synonyms.
+
+Liu et al. (NAACL 2021) pull the names of one concept together and push other concepts' names
+apart, with a multi-similarity loss over hard pairs mined online in each batch. Training data
+are pairs of names of the same concept taken from the dictionary itself, so no annotated
+mentions are needed; with a multilingual table (HPO plus its es/fr/nl/de translations, UMLS
+all languages) the pairs cross languages, which is how SapBERT-XLMR aligns languages.
+
+Plain torch loop over the sentence-transformers model (no trainer class), so the same code runs
+on a laptop CPU and on a GPU, and every step's loss lands in the metrics JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from linker.dictionary import read_concept_table
+from linker.errors import ConfigError, LinkerError
+from linker.text import normalize
+from linker.train import common
+from linker.train.losses import MultiSimilarityParams, multi_similarity_loss
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SapConfig:
+    """One SapBERT-style run. Defaults follow cambridgeltl/sapbert train/pretrain.sh unless noted."""
+
+    lr: float = 2e-5  # pretrain.sh --learning_rate 2e-5
+    weight_decay: float = 0.01  # train.py --weight_decay default 0.01 (AdamW)
+    batch_size: int = 256  # pretrain.sh --train_batch_size 256 (pairs; 512 names per step)
+    epochs: int = 1  # pretrain.sh --epoch 1
+    max_length: int = 25  # pretrain.sh --max_length 25 (tokens; names are short)
+    pairs_per_concept: int = 50  # data/generate_pretraining_data.ipynb: "if >50 pairs, then trim to 50" per CUI
+    max_pairs: int | None = None  # overall cap after the per-concept cap (sampled with the seed)
+    cross_lingual: bool = True  # with several languages, take cross-language pairs first
+    use_miner: bool = True  # pretrain.sh --use_miner
+    ms: MultiSimilarityParams = MultiSimilarityParams()
+    freeze_embeddings: bool = False  # for e5-small the 250k-token embedding matrix dominates the cost
+    freeze_layers: int = 0
+    seed: int = 33  # pretrain.sh --random_seed 33
+    device: str | None = None  # None = cuda when present, else cpu
+    threads: int | None = None  # torch CPU threads; None keeps torch's default
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 2:
+            raise ConfigError(f"batch size must be >= 2 (the loss needs negatives), found {self.batch_size}")
+        if self.epochs < 1 or self.lr <= 0 or self.max_length < 4 or self.pairs_per_concept < 1:
+            raise ConfigError(
+                f"need epochs >= 1, lr > 0, max_length >= 4, pairs_per_concept >= 1; found "
+                f"{self.epochs}, {self.lr}, {self.max_length}, {self.pairs_per_concept}"
+            )
+        if self.max_pairs is not None and self.max_pairs < 1:
+            raise ConfigError(f"--max-pairs must be >= 1, found {self.max_pairs}")
+        if self.freeze_layers < 0:
+            raise ConfigError(f"--freeze-layers must be >= 0, found {self.freeze_layers}")
+
+
+@dataclass(frozen=True)
+class SynonymPair:
+    concept: int  # label: index of the concept among those that have pairs
+    first: str
+    second: str
+    cross_lingual: bool
+
+
+def synonym_pairs(path: str | Path, config: SapConfig) -> tuple[list[SynonymPair], dict]:
+    """Pairs of distinct names of the same concept, capped per concept and overall, seeded.
+
+    Names equal after `normalize(..., "default")` count once (SapBERT lower-cases names and removes
+    duplicates before pairing, data/generate_pretraining_data.ipynb).
+    Cross-language pairs come first within a concept's cap when the table has several languages.
+    """
+    table = read_concept_table(path).table
+    names: dict[str, dict[str, str]] = defaultdict(dict)  # concept -> normalised name -> (name, lang)
+    langs: dict[str, str] = {}
+    for cid, name, lang in zip(*(table.column(c).to_pylist() for c in ("concept_id", "name", "lang"))):
+        key = normalize(name, "default")
+        if key and key not in names[cid]:
+            names[cid][key] = name
+            langs[f"{cid}\t{key}"] = lang
+    languages = sorted(set(langs.values()))
+    rng = random.Random(config.seed)
+    pairs: list[SynonymPair] = []
+    concepts_with_pairs = 0
+    for cid in sorted(names):
+        keys = sorted(names[cid])
+        if len(keys) < 2:
+            continue
+        candidates = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1 :]]
+        rng.shuffle(candidates)
+        if config.cross_lingual and len(languages) > 1:
+            candidates.sort(key=lambda ab: langs[f"{cid}\t{ab[0]}"] == langs[f"{cid}\t{ab[1]}"])  # stable
+        label = concepts_with_pairs
+        concepts_with_pairs += 1
+        for a, b in candidates[: config.pairs_per_concept]:
+            pairs.append(SynonymPair(label, names[cid][a], names[cid][b], langs[f"{cid}\t{a}"] != langs[f"{cid}\t{b}"]))
+    if not pairs:
+        raise LinkerError(
+            f"{path}: no synonym pairs (no concept has two distinct names); self-alignment needs a "
+            "dictionary with synonyms, e.g. MEDIC, UMLS or HPO with its translations"
+        )
+    if config.max_pairs is not None and len(pairs) > config.max_pairs:
+        pairs = rng.sample(pairs, config.max_pairs)
+    stats = {
+        "concepts": len(names),
+        "concepts_with_pairs": concepts_with_pairs,
+        "pairs": len(pairs),
+        "cross_lingual_pairs": sum(p.cross_lingual for p in pairs),
+        "languages": languages,
+    }
+    log.info("synonym pairs: %s", stats)
+    return pairs, stats
+
+
+def train_sap(
+    dict_path: str | Path,
+    *,
+    encoder: str,
+    out: str | Path,
+    config: SapConfig = SapConfig(),
+    resume: bool = False,
+    show_progress: bool = False,
+) -> dict:
+    """Fine-tune `encoder` on the synonym pairs of `dict_path`; write a model folder to `out`.
+
+    Returns the metrics summary (also written as train_metrics.json beside the model).
+    """
+    from linker.encoders import load_encoder
+
+    out = Path(out)
+    dict_path = Path(dict_path)
+    common.set_seed(config.seed)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = common.pick_device(config.device)
+    pairs, pair_stats = synonym_pairs(dict_path, config)
+
+    base = load_encoder(encoder, device=device, threads=config.threads)
+    state = {"epoch": 0, "step": 0}
+    metrics = common.Metrics(extra={"pairs": pair_stats})
+    resume_from = None
+    if resume:
+        model_dir, saved, tensors, groups = common.load_checkpoint(out)
+        state = {"epoch": saved["epoch"], "step": saved["step"]}
+        metrics = common.Metrics.from_json(saved["metrics"])
+        resume_from = (model_dir, tensors, groups)
+        from sentence_transformers import SentenceTransformer
+
+        base.model.load_state_dict(SentenceTransformer(str(model_dir), device=device).state_dict())
+    model = base.model.to(device)
+    prefix = base.spec.passage_prefix or ""  # dictionary names are passages at index time
+    original_max_length = model.max_seq_length
+    model.max_seq_length = config.max_length
+    counts = common.freeze(model, embeddings=config.freeze_embeddings, layers=config.freeze_layers)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    if resume_from is not None:
+        common.restore_optimizer(optimizer, resume_from[1], resume_from[2])
+
+    timer = common.Timer()
+    steps_per_epoch = math.ceil(len(pairs) / config.batch_size)
+    for epoch in range(state["epoch"], config.epochs):
+        model.train()  # every epoch: saving a checkpoint (model.save) leaves the model in eval mode
+        # Order and dropout seeded per epoch, so a resumed run repeats an uninterrupted one exactly.
+        order = list(range(len(pairs)))
+        random.Random(config.seed + epoch).shuffle(order)
+        torch.manual_seed(config.seed + epoch)
+        bar = tqdm(range(steps_per_epoch), desc=f"sap epoch {epoch + 1}/{config.epochs}", disable=not show_progress)
+        epoch_losses: list[float] = []
+        for step in bar:
+            batch = [pairs[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
+            texts = [prefix + p.first for p in batch] + [prefix + p.second for p in batch]
+            labels = torch.tensor([p.concept for p in batch] * 2, device=device)
+            vectors = common.embed(model, texts, device)  # (2 * batch, dim)
+            loss, mined = multi_similarity_loss(vectors, labels, config.ms, mine=config.use_miner)
+            optimizer.zero_grad()
+            if mined:
+                loss.backward()
+                optimizer.step()
+            state["step"] += 1
+            value = float(loss.detach())
+            epoch_losses.append(value)
+            metrics.steps.append({"step": state["step"], "epoch": epoch + 1, "loss": round(value, 6),
+                                  "mined_pairs": mined, "seconds": timer.seconds})
+            if not show_progress and (step + 1) % max(1, steps_per_epoch // 10) == 0:  # ~10 log lines per epoch
+                log.info("%s epoch %d step %d/%d: loss %.4f (%.0fs)", "sap", epoch + 1, step + 1, steps_per_epoch,
+                         value, timer.seconds)
+            bar.set_postfix(loss=f"{value:.4f}")
+        metrics.epochs.append({"epoch": epoch + 1, "mean_loss": round(sum(epoch_losses) / len(epoch_losses), 6),
+                               "seconds": timer.seconds})
+        log.info("sap epoch %d: mean loss %.4f (%.0fs)", epoch + 1, metrics.epochs[-1]["mean_loss"], timer.seconds)
+        state["epoch"] = epoch + 1
+        if epoch + 1 < config.epochs:
+            common.save_checkpoint(out, model, optimizer, state, metrics)
+
+    model.max_seq_length = original_max_length
+    model.eval()
+    metrics.extra.update({
+        "train_seconds": timer.seconds,
+        "pairs_per_second": round(len(pairs) * (config.epochs) / max(timer.seconds, 1e-9), 2),
+        "hardware": common.hardware(device, config.threads),
+        "parameters": counts,
+        "resumed": resume,
+    })
+    run_config = {
+        **common.run_header("sap", encoder, base.spec),
+        "config": asdict(config),
+        "data": {"dict": str(dict_path)},
+        "data_sha256": common.data_hashes([dict_path]),
+    }
+    common.write_outputs(out, model, config=run_config, metrics=metrics)
+    return {"out": str(out), "steps": state["step"], **metrics.extra,
+            "first_loss": metrics.steps[0]["loss"] if metrics.steps else None,
+            "last_epoch_loss": metrics.epochs[-1]["mean_loss"] if metrics.epochs else None}

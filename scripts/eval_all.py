@@ -1,0 +1,211 @@
+"""Regenerate every evaluation report under eval/ from the real data in ../shared/data.
+
+    .venv/bin/python scripts/eval_all.py [--data ../shared/data] [--out eval] [--dense minilm] [--rebuild]
+
+Builds what it needs with linker's library (concept tables and tf-idf indexes under indexes/,
+git-ignored), then runs `linker.eval.report.evaluate` on:
+
+- NCBI-disease test (960 mentions) against MEDIC, and against MEDIC plus the train+dev
+  mentions as names of their gold ids (BioSyn's protocol; only single-concept mentions are
+  added, a composite mention's text names no single concept); both composite rules;
+- Cantemist test against the ICD-O names of valid-codes.tsv, dictionary and training filters,
+  and against those names plus the training mentions;
+- CodiEsp-D test against the English ICD-10-CM names (a cross-lingual setting), idem;
+- Mantra GSC per language against HPO (with its es/fr/nl/de translations) + Disease Ontology,
+  predictions mapped to UMLS CUIs through the terms' xrefs.
+
+Writes one report per evaluation (``eval/<name>.md|json|png``) and ``eval/summary.md|json`` with
+the paper-style table, the published reference rows, the seconds per evaluation and the load
+of the (shared) machine while it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from linker.dictionary import SourceSpec, build_dictionary, merge_tables
+from linker.eval.datasets import load_dataset
+from linker.eval.report import EvalReport, evaluate, markdown_table
+from linker.fileio import atomic_file
+from linker.index import build_index
+from linker.sources import SourceOptions
+from linker.text import icd10cm_code
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("eval_all")
+
+# Published numbers quoted beside ours (Acc@1 / Acc@5 in %, full test set).
+PUBLISHED = {
+    "ncbi": [("BioSyn (Sung et al. 2020)", 91.1, 93.9), ("SapBERT (Liu et al. 2021)", 92.0, 95.6)],
+    "cantemist": [("tf-idf, Medical Crossing paper", 27.02, 47.92)],
+    "codiesp_d": [("tf-idf, Medical Crossing paper", 20.55, 39.24)],
+}
+
+
+def table(out: Path, sources: list[SourceSpec], *, rebuild: bool, options: SourceOptions | None = None) -> Path:
+    if rebuild or not out.exists():
+        summary = build_dictionary(sources, out, options=options or SourceOptions())
+        log.info("dictionary %s: %d names of %d concepts", out, summary.rows, summary.concepts)
+    return out
+
+
+def index(dict_path: Path, out: Path, *, rebuild: bool, kind: str = "tfidf", config=None) -> Path:
+    if rebuild or not (out / "manifest.json").exists():
+        build_index(dict_path, kind=kind, out=out, config=config)
+    return out
+
+
+def ncbi_names(data: Path, out: Path) -> Path:
+    """Train + dev mentions as `concept_id<TAB>name` rows (single-concept mentions only)."""
+    rows = []
+    for split in ("NCBItrainset_corpus.txt", "NCBIdevelopset_corpus.txt"):
+        for m in load_dataset(f"pubtator:{data / 'ncbi_disease' / split}"):
+            if len(m.gold) == 1:
+                rows += [f"{concept_id}\t{m.text}" for concept_id in m.gold[0]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out) as tmp:
+        tmp.write_text("\n".join(dict.fromkeys(rows)) + "\n", encoding="utf-8")
+    return out
+
+
+def mention_names(specs: list[str], out: Path, *, lang: str, canonical=lambda code: code) -> Path:
+    """Training mentions as `code<TAB>mention<TAB>lang` rows, to add to a dictionary."""
+    rows = [f"{canonical(m.gold[0][0])}\t{m.text}\t{lang}" for spec in specs for m in load_dataset(spec) if len(m.gold) == 1]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out) as tmp:
+        tmp.write_text("\n".join(dict.fromkeys(rows)) + "\n", encoding="utf-8")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--indexes", type=Path, default=ROOT / "indexes" / "eval")
+    parser.add_argument("--dense", default=None, help="also evaluate NCBI with a dense index of this encoder (e.g. minilm)")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild dictionaries and indexes that exist")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    data, out, idx, rebuild = args.data, args.out, args.indexes, args.rebuild
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    results: list[tuple[str, str, EvalReport]] = []  # (group, label, report)
+
+    def run(group: str, label: str, name: str, index_dir: Path, dataset: str, **kw) -> None:
+        report = evaluate(index_dir, dataset, ks=(1, 5), report_dir=out, name=name, **kw)
+        results.append((group, label, report))
+        full = report.row("full")
+        log.info("%s: Acc@1 %.2f Acc@5 %.2f (n=%d) in %.1fs", name, 100 * full.acc(1).value,
+                 100 * full.acc(5).value, full.n, report.seconds["total"])
+
+    # --- NCBI-disease ---------------------------------------------------------------------
+    ncbi = data / "ncbi_disease"
+    medic = table(idx / "medic.parquet", [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt",))], rebuild=rebuild)
+    extra = ncbi_names(data, idx / "ncbi_train_dev_names.tsv")
+    medic_td = table(idx / "medic_train_dev.parquet",
+                     [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt", extra))], rebuild=rebuild)
+    test = f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}"
+    # MEDIC lines join a MeSH id and its OMIM alternatives; the corpus uses either, so a predicted
+    # id also counts as the other ids of its MEDIC line (BioSyn's "D…|OMIM:…" labels do the same).
+    same = {"same_as": ncbi / "medic_06Jul2012.txt"}
+    train = [f"pubtator:{ncbi / 'NCBItrainset_corpus.txt'}", f"pubtator:{ncbi / 'NCBIdevelopset_corpus.txt'}"]
+    i_medic = index(medic, idx / "medic_tfidf", rebuild=rebuild)
+    i_medic_td = index(medic_td, idx / "medic_train_dev_tfidf", rebuild=rebuild)
+    run("ncbi", "tf-idf, MEDIC, composite=all", "ncbi_tfidf_medic", i_medic, test, train_spec=train, filters=("all",), **same)
+    run("ncbi", "tf-idf, MEDIC+train+dev, composite=all", "ncbi_tfidf_medic_train_dev", i_medic_td, test,
+        train_spec=train, filters=("all",), **same)
+    run("ncbi", "tf-idf, MEDIC+train+dev, composite=any (BioSyn's rule)", "ncbi_tfidf_medic_train_dev_any", i_medic_td,
+        test, train_spec=train, filters=("all",), composite="any", **same)
+    if args.dense:
+        from linker.encoders import load_encoder
+        from linker.index.dense import DenseConfig
+
+        encoder_name = args.dense
+        load_encoder(encoder_name)  # fail early if it is not available offline
+        i_dense = index(medic_td, idx / f"medic_train_dev_{encoder_name}", rebuild=rebuild, kind="dense",
+                        config=DenseConfig(encoder=encoder_name))
+        run("ncbi", f"dense {encoder_name}, MEDIC+train+dev, composite=all", f"ncbi_{encoder_name}_medic_train_dev",
+            i_dense, test, train_spec=train, filters=("all",), **same)
+
+    # --- Cantemist ------------------------------------------------------------------------
+    cantemist = data / "cantemist"
+    icdo = table(idx / "icdo.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",))], rebuild=rebuild)
+    c_test, c_train = f"brat:{cantemist / 'test.zip'}#lang=es", f"brat:{cantemist / 'train.zip'}"
+    run("cantemist", "tf-idf, ICD-O names (es)", "cantemist_tfidf", index(icdo, idx / "icdo_tfidf", rebuild=rebuild),
+        c_test, train_spec=c_train, filters=("all",))
+    c_names = mention_names([c_train], idx / "cantemist_train_names.tsv", lang="es")
+    icdo_train = table(idx / "icdo_train.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",)),
+                                                    SourceSpec("tsv", (c_names,))], rebuild=rebuild)
+    run("cantemist", "tf-idf, ICD-O names + train mentions", "cantemist_tfidf_train",
+        index(icdo_train, idx / "icdo_train_tfidf", rebuild=rebuild), c_test, train_spec=c_train, filters=("all",))
+
+    # --- CodiEsp-D ------------------------------------------------------------------------
+    codiesp = data / "codiesp"
+    icd10 = table(idx / "icd10cm.parquet", [SourceSpec("icd10", ())], rebuild=rebuild)
+    x_test, x_train = f"codiesp:{codiesp / 'testX.tsv'}#D", f"codiesp:{codiesp / 'trainX.tsv'}#D"
+    run("codiesp_d", "tf-idf, ICD-10-CM names (en), es mentions", "codiesp_d_tfidf",
+        index(icd10, idx / "icd10cm_tfidf", rebuild=rebuild), x_test, train_spec=x_train, filters=("all",))
+    x_names = mention_names([x_train], idx / "codiesp_d_train_names.tsv", lang="es", canonical=icd10cm_code)
+    icd10_train = table(idx / "icd10cm_train.parquet", [SourceSpec("icd10", ()), SourceSpec("tsv", (x_names,))],
+                        rebuild=rebuild)
+    run("codiesp_d", "tf-idf, ICD-10-CM names (en) + train mentions (es)", "codiesp_d_tfidf_train",
+        index(icd10_train, idx / "icd10cm_train_tfidf", rebuild=rebuild), x_test, train_spec=x_train, filters=("all",))
+
+    # --- Mantra GSC -----------------------------------------------------------------------
+    hpo = data / "hpo"
+    hp_files = (sorted(hpo.glob("hp.obo*")) + sorted(hpo.glob("hp-*.babelon.tsv")) + sorted(hpo.glob("hp-*.synonyms.tsv")))
+    hp = table(idx / "hpo_translations.parquet", [SourceSpec("obo", tuple(hp_files))], rebuild=rebuild)
+    doid = table(idx / "doid.parquet", [SourceSpec("obo", tuple(sorted((data / "doid").glob("*.obo*"))))], rebuild=rebuild)
+    merged = idx / "hpo_doid.parquet"
+    if rebuild or not merged.exists():
+        merge_tables([hp, doid], merged)
+    run("mantra", "tf-idf, HPO (+translations) + DOID, gold via UMLS xrefs", "mantra_tfidf",
+        index(merged, idx / "hpo_doid_tfidf", rebuild=rebuild), f"brat:{data / 'mantra_gsc' / 'Mantra-GSC-brat.zip'}",
+        filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
+
+    write_summary(out, results, load_before, time.perf_counter() - started)
+
+
+def write_summary(out: Path, results, load_before, seconds: float) -> None:
+    load_after = os.getloadavg()
+    lines = ["# Evaluation summary", "",
+             "Regenerated by `scripts/eval_all.py`. Acc@k in %; n = mentions in the subset. Filters as in the "
+             "Medical Crossing paper (faithful `lower().strip()`; Filtered drops exact matches of the reference "
+             "strings, Filtered0.2 also those with normalised Levenshtein < 0.2); *dict* = the index's names, "
+             "*train* = the training mentions; *in dict %*: mentions whose gold id the dictionary holds at all. Composite rule *all*: a composite mention is right only if every "
+             "part's id is in the top k; *any*: one part suffices (BioSyn's check). 95% bootstrap intervals are in "
+             "the per-evaluation reports.", ""]
+    groups = list(dict.fromkeys(g for g, _, _ in results))
+    titles = {"ncbi": "NCBI-disease test", "cantemist": "Cantemist test", "codiesp_d": "CodiEsp-D test",
+              "mantra": "Mantra GSC (per language)"}
+    for group in groups:
+        labelled = [(label, rep) for g, label, rep in results if g == group]
+        lines += [f"## {titles.get(group, group)}", "", markdown_table(labelled, reach=True), ""]
+        if group in PUBLISHED:
+            lines += ["Published (full test set): " + "; ".join(f"{name} {a1:.2f} / {a5:.2f}" for name, a1, a5 in PUBLISHED[group]),
+                      ""]
+    lines += ["## Time per evaluation", "", "| evaluation | mentions | load index s | filter s | link s | total s |",
+              "|---|---|---|---|---|---|"]
+    for _, label, rep in results:
+        s = rep.seconds
+        lines.append(f"| {Path(rep.files[0]).stem} ({label}) | {rep.config['mentions']:,} | {s['load_index']:.2f} | "
+                     f"{s['filter']:.2f} | {s['link']:.2f} | {s['total']:.2f} |")
+    lines += ["", f"Machine: {os.cpu_count()} CPU cores shared with other jobs; load average (1, 5, 15 min) "
+              f"{tuple(round(x, 2) for x in load_before)} at the start, {tuple(round(x, 2) for x in load_after)} "
+              f"at the end; whole run {seconds:.0f}s including dictionary and index builds.", ""]
+    with atomic_file(out / "summary.md") as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    payload = {"load_average_start": load_before, "load_average_end": load_after, "seconds": seconds,
+               "published": PUBLISHED,
+               "evaluations": [{"group": g, "label": label, **rep.to_dict()} for g, label, rep in results]}
+    with atomic_file(out / "summary.json") as tmp:
+        tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""linker.index.dense: exact and approximate FAISS search, save/load, resumable encoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linker.encoders import load_encoder
+from linker.errors import ConfigError, IndexMismatchError, UnknownNameError
+from linker.index.dense import PROGRESS, DenseConfig, DenseNameIndex, dense_kind, partial_dir
+
+NAMES = (Path(__file__).parent / "fixtures" / "dense" / "names.txt").read_text(encoding="utf-8").splitlines()
+HEADACHE, HEADACHE_AGAIN = 4, 34  # the fixture lists "headache" twice
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_encoder_dir):
+    return load_encoder(str(tiny_encoder_dir))
+
+
+def config(**options) -> DenseConfig:
+    # Tiny-model settings: 32-d vectors, so 8 PQ sub-quantisers of 4 dims and 16 centroids each.
+    return DenseConfig(**{"encoder": "tiny", "chunk_rows": 8, "pq_m": 8, "pq_nbits": 4, **options})
+
+
+@pytest.fixture(scope="module")
+def flat(encoder):
+    return DenseNameIndex.build(NAMES, encoder, config())
+
+
+def test_fixture_has_the_duplicate_the_tie_tests_rely_on():
+    assert NAMES[HEADACHE] == NAMES[HEADACHE_AGAIN] == "headache" and len(NAMES) == 35
+
+
+def test_flat_finds_every_name_itself_and_breaks_ties_by_row(flat):
+    scores, rows = flat.search(NAMES, 2)
+    assert scores.dtype == np.float32 and rows.dtype == np.int64 and rows.shape == (35, 2)
+    expected = [HEADACHE if i == HEADACHE_AGAIN else i for i in range(35)]
+    assert rows[:, 0].tolist() == expected
+    assert rows[HEADACHE].tolist() == [HEADACHE, HEADACHE_AGAIN]
+    assert rows[HEADACHE_AGAIN].tolist() == [HEADACHE, HEADACHE_AGAIN]
+    np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
+    assert (scores[:, 0] >= scores[:, 1]).all()
+
+
+def test_more_hits_asked_than_names_pads_with_minus_one(encoder):
+    index = DenseNameIndex.build(NAMES[:3], encoder, config())
+    scores, rows = index.search(["hair loss"], 5)
+    assert rows[0, 0] == 0 and rows[0, 3:].tolist() == [-1, -1]
+    assert sorted(rows[0, :3].tolist()) == [0, 1, 2]
+    assert np.isneginf(scores[0, 3:]).all()
+
+
+def test_no_queries_and_bad_k(flat):
+    scores, rows = flat.search([], 3)
+    assert scores.shape == rows.shape == (0, 3)
+    with pytest.raises(ConfigError, match="k must be >= 1"):
+        flat.search(["fever"], 0)
+
+
+def test_config_is_validated():
+    with pytest.raises(UnknownNameError, match="available: flat, hnsw, ivf-pq, ivf-sq8"):
+        DenseConfig(faiss_kind="lsh")
+    with pytest.raises(ConfigError, match="batch_size"):
+        DenseConfig(batch_size=0)
+
+
+def test_empty_names_are_refused(encoder):
+    with pytest.raises(ConfigError, match="at least one name"):
+        DenseNameIndex.build([], encoder, config())
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf-sq8", "ivf-pq"])
+def test_approximate_kinds_record_recall_and_rerank_exactly(encoder, flat, kind):
+    # rerank_factor 12: ivf-pq re-scores 3 * 12 + 1 >= 35 candidates, i.e. every name, exactly.
+    index = DenseNameIndex.build(NAMES, encoder, config(faiss_kind=kind, rerank_factor=12))
+    recall = index.params["recall"]
+    assert recall["sample"] == 35
+    # 35 names: HNSW's efSearch (128) visits all of them and IVF has a single list (35 < 2 * 39),
+    # so the approximate search is exhaustive and must agree with exact search.
+    assert recall["recall_at_1"] == 1.0 and recall["recall_at_10"] == 1.0
+    scores, rows = index.search(NAMES[:10], 3)
+    exact_scores, exact_rows = flat.search(NAMES[:10], 3)
+    assert rows.tolist() == exact_rows.tolist()
+    # hnsw stores full vectors; IVF scores are re-ranked from the float embeddings.
+    np.testing.assert_allclose(scores, exact_scores, atol=1e-5)
+
+
+def test_ivf_pq_without_rerank_returns_approximate_scores(encoder, flat):
+    index = DenseNameIndex.build(NAMES, encoder, config(faiss_kind="ivf-pq", rerank=False, recall_sample=0))
+    assert "recall" not in index.params
+    scores, _ = index.search(NAMES[:10], 1)
+    exact_scores, _ = flat.search(NAMES[:10], 1)
+    assert not np.allclose(scores, exact_scores, atol=1e-5)
+
+
+def test_ivf_pq_needs_a_dividing_pq_m(encoder):
+    with pytest.raises(ConfigError, match="must divide the encoder dimension 32"):
+        DenseNameIndex.build(NAMES, encoder, config(faiss_kind="ivf-pq", pq_m=5))
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf-pq"])
+def test_save_load_round_trip_gives_identical_results(encoder, tmp_path, kind):
+    index = DenseNameIndex.build(NAMES, encoder, config(faiss_kind=kind))
+    params = index.save(tmp_path)
+    expected_files = {"embeddings.npy", "params.json"} | ({"index.faiss"} if kind != "flat" else set())
+    assert {p.name for p in (tmp_path / "dense").iterdir()} == expected_files
+    assert params["encoder"] == {
+        "name": encoder.spec.name, "path": encoder.spec.path, "revision": encoder.spec.revision, "dim": 32
+    }
+    assert json.loads((tmp_path / "dense" / "params.json").read_text()) == params
+    loaded = DenseNameIndex.load(tmp_path, params, encoder)
+    queries = ["hair loss", "heart attack", "vertigo", "haaruitval"]
+    for got, want in zip(loaded.search(queries, 5), index.search(queries, 5), strict=True):
+        assert np.array_equal(got, want)
+    # params.json alone is enough to load (the encoder is reloaded by its recorded name).
+    assert np.array_equal(DenseNameIndex.load(tmp_path, None, encoder).search(queries, 5)[1], loaded.search(queries, 5)[1])
+
+
+def test_load_refuses_another_encoder(encoder, tiny_e5_encoder_dir, tmp_path):
+    DenseNameIndex.build(NAMES, encoder, config()).save(tmp_path)
+    other = load_encoder(str(tiny_e5_encoder_dir))
+    with pytest.raises(IndexMismatchError, match="load it with the same encoder or rebuild"):
+        DenseNameIndex.load(tmp_path, None, other)
+
+
+class FlakyEncoder:
+    """Wraps an encoder; counts encoded texts and raises after `fail_after` calls."""
+
+    def __init__(self, inner, fail_after: int | None = None) -> None:
+        self.inner, self.fail_after, self.calls, self.texts = inner, fail_after, 0, 0
+        self.spec, self.dim = inner.spec, inner.dim
+
+    def encode(self, texts, **options):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise KeyboardInterrupt("simulated interruption")
+        self.calls += 1
+        self.texts += len(texts)
+        return self.inner.encode(texts, **options)
+
+
+def test_interrupted_encoding_resumes_where_it_stopped(encoder, flat, tmp_path):
+    work = tmp_path / "work"
+    with pytest.raises(KeyboardInterrupt):
+        DenseNameIndex.build(NAMES, FlakyEncoder(encoder, fail_after=2), config(), work_dir=work)
+    assert json.loads((work / PROGRESS).read_text())["done"] == 16  # two chunks of 8
+
+    counting = FlakyEncoder(encoder)
+    resumed = DenseNameIndex.build(NAMES, counting, config(), work_dir=work)
+    assert counting.texts == 35 - 16
+    np.testing.assert_allclose(resumed.embeddings, flat.embeddings, atol=1e-6)
+    assert np.array_equal(resumed.search(NAMES, 3)[1], flat.search(NAMES, 3)[1])
+
+
+def test_other_names_do_not_resume_a_stale_work_folder(encoder, tmp_path):
+    work = tmp_path / "work"
+    with pytest.raises(KeyboardInterrupt):
+        DenseNameIndex.build(NAMES, FlakyEncoder(encoder, fail_after=1), config(), work_dir=work)
+    counting = FlakyEncoder(encoder)
+    DenseNameIndex.build(NAMES[::-1], counting, config(), work_dir=work)
+    assert counting.texts == 35
+
+
+def test_saving_moves_the_work_embeddings_into_the_index(encoder, tmp_path):
+    work = tmp_path / "work"
+    index = DenseNameIndex.build(NAMES, encoder, config(), work_dir=work)
+    index.save(tmp_path / "index")
+    assert not (work / "embeddings.npy").exists() and not (work / PROGRESS).exists()
+    assert index.search(["fever"], 1)[1][0, 0] == NAMES.index("fever")
+
+
+def test_dense_kind_builds_and_loads_an_index_folder(tiny_encoder_dir, tmp_path):
+    kind = dense_kind()
+    cfg = DenseConfig(encoder=str(tiny_encoder_dir), chunk_rows=8)
+    assert kind.config_from_dict(json.loads(json.dumps(cfg.__dict__))) == cfg
+    folder = tmp_path / "index.tmp"
+    folder.mkdir()
+    extra = kind.build(NAMES, cfg, folder)
+    assert extra["encoder"]["dim"] == 32 and extra["dense"]["rows"] == 35
+    encoder = load_encoder(str(tiny_encoder_dir))
+    assert not partial_dir(tmp_path, NAMES, encoder).exists()  # the work folder is cleaned up
+    index = kind.load(folder, cfg, {})
+    assert index.size == 35 and index.kind == "dense"
+    assert index.search(["vertigo"], 1)[1][0, 0] == NAMES.index("vertigo")
+
+
+def test_a_relative_encoder_path_reloads_from_another_directory(tiny_encoder_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tiny_encoder_dir.parent)
+    encoder = load_encoder(tiny_encoder_dir.name)
+    DenseNameIndex.build(NAMES, encoder, config(encoder=tiny_encoder_dir.name)).save(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    loaded = DenseNameIndex.load(tmp_path)  # the encoder comes back by its recorded absolute folder
+    assert loaded.encoder.spec.path == str(tiny_encoder_dir.resolve())
+    assert loaded.search(["fever"], 1)[1][0, 0] == NAMES.index("fever")

@@ -1,0 +1,148 @@
+"""evaluate(), the report files and `linker eval` on a tiny tf-idf index."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from linker.cli.main import main
+from linker.errors import ConfigError, UnknownNameError
+from linker.eval.report import evaluate, markdown_table, resolve_filters
+from linker.index import build_index
+from linker.schema import CONCEPT_SCHEMA
+
+NAMES = [  # concept_id, name, xrefs
+    ("D001943", "breast cancer", []),
+    ("D001943", "breast neoplasm", []),
+    ("D010051", "ovarian cancer", []),
+    ("D006527", "wilson disease", []),
+    ("D006527", "hepatolenticular degeneration", []),
+    ("OMIM:215600", "copper toxicosis", []),
+    ("D007674", "kidney disease", []),
+    ("D006222", "hamartoma", []),
+    ("HP:0000083", "renal insufficiency", ["UMLS:C0035078", "UMLS:C1565489"]),
+]
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eval_index")
+    rows = [{"concept_id": c, "name": n, "lang": "en", "source": "test", "term_id": c, "term_type": "PT",
+             "preferred": True, "current": True, "xrefs": x} for c, n, x in NAMES]
+    pq.write_table(pa.Table.from_pylist(rows, schema=CONCEPT_SCHEMA), folder / "dict.parquet")
+    build_index(folder / "dict.parquet", kind="tfidf", out=folder / "index")
+    return folder / "index"
+
+
+def test_evaluate_filters_subsets_and_hits(index_dir, fixtures, tmp_path):
+    report = evaluate(index_dir, f"pubtator:{fixtures / 'eval/pubtator_slice.txt'}",
+                      train_spec=f"query:{fixtures / 'eval/mentions.query'}", filters=("all",), ks=(1, 5),
+                      report_dir=tmp_path / "rep")
+    assert [r.filter for r in report.rows] == ["full", "dict", "dict0.2", "train", "train0.2"]
+    # dict drops "Copper toxicosis" and "Wilson disease" (dictionary names after lower/strip);
+    # train drops "Wilson disease" (a training mention); nothing else is within 0.2.
+    assert [r.n for r in report.rows] == [5, 3, 3, 4, 4]
+    full = report.row("full")
+    # top-1s: OMIM:215600, D010051, D006222, D006527, D006527 -> right: copper toxicosis, Wilson
+    # disease, WD; each composite has one part at 1; at 5 "breast and ovarian" has both parts,
+    # "renal hamartomas" never gets D007674.
+    assert (full.acc(1).correct, full.acc(5).correct) == (3, 4)
+    assert report.row("dict").acc(1).correct == 1  # WD, among the 3 non-dictionary mentions
+    assert report.reachable == 1.0
+    names = sorted(p.split("/")[-1] for p in report.files)
+    assert names == ["rep.json", "rep.md", "rep.png"]
+    saved = json.loads((tmp_path / "rep/rep.json").read_text())
+    assert saved["config"]["filters"] == ["full", "dict", "dict0.2", "train", "train0.2"]
+    assert saved["config"]["index_manifest"]["kind"] == "tfidf"
+    assert saved["rows"][0]["accuracies"][0]["correct"] == 3
+    assert (tmp_path / "rep/rep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| pubtator_slice.txt | all | 100.00 | 5 | 60.00 [" in (tmp_path / "rep/rep.md").read_text()
+
+
+def test_composite_rule_any_counts_one_part(index_dir, fixtures):
+    spec = f"pubtator:{fixtures / 'eval/pubtator_slice.txt'}"
+    assert evaluate(index_dir, spec, ks=(1,), composite="any").row("full").acc(1).correct == 5
+    assert evaluate(index_dir, spec, ks=(1,), composite="all").row("full").acc(1).correct == 3
+
+
+def test_gold_via_xref(index_dir, tmp_path):
+    data = tmp_path / "cuis.tsv"
+    data.write_text("C1565489\trenal insufficiency\nC0030705\tpatients\n", encoding="utf-8")
+    plain = evaluate(index_dir, f"tsv:{data}", ks=(1,))
+    mapped = evaluate(index_dir, f"tsv:{data}", ks=(1,), gold_via_xref="UMLS")
+    assert plain.row("full").acc(1).correct == 0 and plain.reachable == 0.0
+    assert mapped.row("full").acc(1).correct == 1 and mapped.reachable == 0.5
+
+
+def test_per_language_rows(index_dir, fixtures):
+    report = evaluate(index_dir, f"brat:{fixtures / 'eval/mantra'}", ks=(1,))
+    assert [(r.lang, r.n) for r in report.rows] == [("all", 3), ("en", 1), ("es", 2)]
+    assert [r.reachable for r in report.rows] == [0.0, 0.0, 0.0]  # no Mantra CUI in the tiny dictionary
+    assert "| mantra | es |" in markdown_table([("mantra", report)])
+
+
+def test_resolve_filters():
+    assert resolve_filters(["all"], have_train=False) == ("full", "dict", "dict0.2")
+    with pytest.raises(UnknownNameError, match="unknown filter 'best'"):
+        resolve_filters(["best"], have_train=False)
+
+
+def test_train_filter_needs_train(index_dir, fixtures):
+    with pytest.raises(ConfigError, match="--train SPEC"):
+        evaluate(index_dir, f"query:{fixtures / 'eval/mentions.query'}", filters=("train",))
+
+
+def test_cli_eval_ok_and_report(index_dir, fixtures, tmp_path, capsys):
+    main(["eval", "--index", str(index_dir), "--dataset", f"pubtator:{fixtures / 'eval/pubtator_slice.txt'}",
+          "--filter", "full,dict", "--k", "1,5", "--report", str(tmp_path / "cli")])  # returns: exit 0
+    out = capsys.readouterr().out
+    assert "| pubtator_slice.txt | all | 5 | 60.00 [20.00, 100.00] | 80.00 [40.00, 100.00] | 3 | 33.33 [" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cli.json", "cli.md", "cli.png"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dataset", "conll:x.txt"], "error: unknown dataset format 'conll'; available: biosyn, brat"),
+        (["--dataset", "brat:{fx}/bad.ann"], "bad.ann:3: expected 'TYPE START END"),
+        (["--dataset", "query:{fx}/mentions.query", "--filter", "dict0.3"], "error: unknown filter 'dict0.3'"),
+        (["--dataset", "query:{fx}/mentions.query", "--k", "one"], "error: --k takes comma-separated integers"),
+        (["--dataset", "query:{fx}/mentions.query", "--mode", "fuzzy"], "error: unknown filter mode 'fuzzy'"),
+    ],
+)
+def test_cli_eval_errors(index_dir, fixtures, capsys, args, message):
+    args = [a.replace("{fx}", str(fixtures / "eval")) for a in args]
+    with pytest.raises(SystemExit) as code:
+        main(["eval", "--index", str(index_dir), *args])
+    assert code.value.code == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_same_as_groups_count_alternative_ids(index_dir, tmp_path):
+    groups = tmp_path / "medic_like.txt"
+    groups.write_text("D001943|114480||Breast Neoplasms|Breast Cancer\n", encoding="utf-8")
+    data = tmp_path / "omim.tsv"
+    data.write_text("OMIM:114480\tbreast cancer\n", encoding="utf-8")
+    assert evaluate(index_dir, f"tsv:{data}", ks=(1,)).row("full").acc(1).correct == 0
+    report = evaluate(index_dir, f"tsv:{data}", ks=(1,), same_as=groups)
+    assert report.row("full").acc(1).correct == 1 and report.reachable == 1.0
+
+
+def test_empty_test_set_gives_empty_rows(index_dir, tmp_path):
+    data = tmp_path / "empty.tsv"
+    data.write_text("\n", encoding="utf-8")
+    report = evaluate(index_dir, f"tsv:{data}", ks=(1,), report_dir=tmp_path, name="empty")
+    assert [(r.filter, r.n) for r in report.rows] == [("full", 0)]
+    assert "| empty.tsv | all | – | 0 | – [–, –] |" in (tmp_path / "empty.md").read_text()
+
+
+def test_progress_bar_only_when_asked(index_dir, fixtures, capsys):
+    spec = f"query:{fixtures / 'eval/mentions.query'}"
+    evaluate(index_dir, spec, ks=(1,))
+    assert "linking" not in capsys.readouterr().err
+    evaluate(index_dir, spec, ks=(1,), progress=True)
+    assert "linking" in capsys.readouterr().err

@@ -1,0 +1,316 @@
+"""Linker: distinct concepts, ties, language restriction, preferred names, MedDRA paths, batches, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from index_tables import write_concepts
+from linker.cli.main import main
+from linker.errors import ConfigError, InputFormatError, UnknownNameError
+from linker.index import build_index
+from linker.link import CANDIDATE_TYPE, Candidate, Linker, MeddraPath
+from linker.retrieve import ConceptIndex, collapse, top_concepts
+
+CHEST_PRIMARY = MeddraPath("10033372", "Pain and discomfort NEC", "10018073", "General system disorders NEC",
+                           "10018065", "General disorders and administration site conditions", True)
+CHEST_SECONDARY = MeddraPath("10008481", "Chest and lower respiratory tract pain", "10038716",
+                             "Respiratory disorders NEC", "10038738",
+                             "Respiratory, thoracic and mediastinal disorders", False)
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("link")
+    build_index(write_concepts(folder / "concepts.parquet"), kind="tfidf", out=folder / "idx")
+    return folder / "idx"
+
+
+@pytest.fixture(scope="module")
+def linker(index_dir):
+    return Linker.load(index_dir)
+
+
+def ids(result):
+    return [c.concept_id for c in result.candidates]
+
+
+def test_exact_name_links_with_matched_name_and_hierarchy(linker):
+    [result] = linker.link(["chest pain"], k=1)
+    assert result.mention == "chest pain"
+    assert result.candidates == (
+        Candidate("10008479", "Chest pain", "Chest pain", result.candidates[0].score, "en", "meddra",
+                  "10008479", "PT", (CHEST_PRIMARY, CHEST_SECONDARY)),
+    )
+    assert result.candidates[0].score == pytest.approx(1.0, abs=1e-6)
+
+
+def test_synonym_match_reports_llt_and_preferred_name(linker):
+    [result] = linker.link(["thoracic pains"], k=1)
+    best = result.candidates[0]
+    assert (best.concept_id, best.matched_name, best.term_id, best.term_type, best.preferred_name) == (
+        "10008479", "Thoracic pain", "10043542", "LLT", "Chest pain")
+
+
+def test_names_collapse_into_distinct_concepts(linker):
+    # "Headache" and "Head ache" are two names of one concept: it appears once, with its best name.
+    [result] = linker.link(["headache"], k=10)
+    assert ids(result).count("10019211") == 1
+    assert result.candidates[0].matched_name == "Headache"
+    assert len(result.candidates) == len(set(ids(result))) <= 7  # the table has 7 concepts
+
+
+def test_ties_are_sorted_by_concept_id(linker):
+    [result] = linker.link(["Fever"], k=3)
+    assert ids(result) == ["10037660", "X1", "X2"]
+    assert len({c.score for c in result.candidates}) == 1
+    assert [c.preferred_name for c in result.candidates] == ["Pyrexia", "Fever", "Fever"]
+
+
+def test_tie_at_the_cut_is_resolved_by_concept_id(linker):
+    # k=2 cuts inside a three-way tie: the two smallest concept ids win, whatever the name order.
+    [result] = linker.link(["fever"], k=2)
+    assert ids(result) == ["10037660", "X1"]
+
+
+def test_results_are_sorted_and_stable(linker):
+    first = linker.link(["pain", "vomit", "nausea"], k=5)
+    assert first == linker.link(["pain", "vomit", "nausea"], k=5)
+    for result in first:
+        keys = [(-c.score, c.concept_id) for c in result.candidates]
+        assert keys == sorted(keys)
+
+
+def test_unknown_ngrams_give_no_candidates(linker):
+    [result] = linker.link(["ЖЖЖ"], k=5)
+    assert result.candidates == ()
+
+
+def test_lang_restricts_to_names_of_that_language(linker):
+    [es] = linker.link(["fever"], k=3, lang="es")
+    assert all(c.lang == "es" for c in es.candidates)
+    [result] = linker.link(["dolor toracico"], k=1, lang="es")
+    best = result.candidates[0]
+    assert (best.concept_id, best.matched_name, best.preferred_name) == ("10008479", "Dolor torácico", "Dolor torácico")
+    # the hierarchy has English rows only: those are shown for a Spanish mention
+    assert best.hierarchy == (CHEST_PRIMARY, CHEST_SECONDARY)
+    [en] = linker.link(["cefalea"], k=7, lang="en")
+    assert all(c.lang == "en" for c in en.candidates)
+
+
+def test_preferred_name_follows_the_mention_language(linker):
+    [result] = linker.link(["Náuseas"], k=1, lang="es")
+    assert result.candidates[0].preferred_name == "Náuseas"
+    [result] = linker.link(["Náuseas"], k=1)
+    assert result.candidates[0].preferred_name == "Nausea"  # no language given: English
+
+
+def test_unknown_language_lists_the_index_languages(linker):
+    with pytest.raises(UnknownNameError, match="language in this index 'fr'; available: en, es"):
+        linker.link(["fièvre"], lang="fr")
+
+
+@pytest.mark.parametrize("mentions", [["nausea", ""], ["nausea", "   "]])
+def test_empty_mention_is_an_error_naming_its_position(linker, mentions):
+    with pytest.raises(InputFormatError, match=r"mentions\[1\]: expected a non-empty mention text"):
+        linker.link(mentions)
+
+
+def test_bad_k_and_bare_string(linker):
+    with pytest.raises(ConfigError, match="k must be >= 1"):
+        linker.link(["nausea"], k=0)
+    with pytest.raises(InputFormatError, match="wrap it in a list"):
+        linker.link("nausea")
+
+
+def test_no_mentions_gives_no_results(linker):
+    assert linker.link([]) == []
+
+
+def test_more_duplicates_than_overfetch_still_give_k_concepts(tmp_path):
+    # 100 copies of one name of concept A outrank B's and C's names: a fixed over-fetch of k*8
+    # names would see only A; widening finds k distinct concepts.
+    rows = [{"concept_id": "A", "name": "renal failure", "lang": "en"} for _ in range(100)]
+    rows += [{"concept_id": "B", "name": "renal failures acute", "lang": "en"},
+             {"concept_id": "C", "name": "renal insufficiency", "lang": "en"}]
+    build_index(write_concepts(tmp_path / "c.parquet", rows=rows), kind="tfidf", out=tmp_path / "idx")
+    [result] = Linker.load(tmp_path / "idx").link(["renal failure"], k=3)
+    assert ids(result) == ["A", "B", "C"]
+    [result] = Linker.load(tmp_path / "idx").link(["renal failure"], k=5)
+    assert ids(result) == ["A", "B", "C"]  # only three concepts exist: fewer than k
+
+
+def test_tie_beyond_the_first_fetch_is_resolved_by_concept_id(tmp_path):
+    # 40 concepts share one name; the smallest ids come last in the table, beyond the first fetch
+    # of 32 names, so only widening on a tie at the cut can return them.
+    rows = [{"concept_id": f"C{i:02d}", "name": "pyrexia", "lang": "en"} for i in range(39, -1, -1)]
+    build_index(write_concepts(tmp_path / "c.parquet", rows=rows), kind="tfidf", out=tmp_path / "idx")
+    [result] = Linker.load(tmp_path / "idx").link(["pyrexia"], k=2)
+    assert ids(result) == ["C00", "C01"]
+
+
+class TiedIndex:
+    """All names score 1.0 and come back in table order: the worst case for a cut inside a tie."""
+
+    kind = "fake"
+    size = 40
+
+    def search(self, queries, k):
+        k = min(k, self.size)
+        return np.ones((len(queries), k), dtype=np.float32), np.tile(np.arange(k), (len(queries), 1))
+
+
+def test_top_concepts_widens_on_a_tie_at_the_cut():
+    concept_ids = pa.array([f"C{i:02d}" for i in range(39, -1, -1)])  # smallest ids in the last rows
+    [hits] = top_concepts(TiedIndex(), ConceptIndex(concept_ids), ["q"], 2)
+    assert [f"C{i:02d}" for i in (0, 1)] == [ConceptIndex(concept_ids).ids[c] for c in hits.concepts]
+    assert hits.rows.tolist() == [39, 38]
+
+
+def test_widening_searches_in_groups_within_the_score_budget(monkeypatch):
+    import linker.retrieve as retrieve
+
+    calls = []
+
+    class Recording(TiedIndex):
+        def search(self, queries, k):
+            calls.append((len(queries), k))
+            return super().search(queries, k)
+
+    monkeypatch.setattr(retrieve, "SCORE_BUDGET", 100)
+    concept_ids = pa.array([f"C{i:02d}" for i in range(39, -1, -1)])
+    hits = top_concepts(Recording(), ConceptIndex(concept_ids), ["a", "b", "c", "d"], 2)
+    assert calls == [(3, 32), (1, 32), (2, 40), (2, 40)]  # 100 // 32 = 3 queries, then 100 // 40 = 2
+    assert all(h.rows.tolist() == [39, 38] for h in hits)
+
+
+def test_collapse_keeps_best_name_per_concept():
+    codes = np.array([0, 0, 1, 2])
+    hits = collapse(np.array([0.5, 0.9, 0.9, 0.1], dtype=np.float32), np.array([0, 1, 2, -1]), codes, None)
+    assert hits.concepts.tolist() == [0, 1] and hits.rows.tolist() == [1, 2]
+
+
+def test_version_and_manifest(linker, index_dir):
+    assert linker.version.startswith("idx:tfidf:")
+    assert linker.version.endswith(linker.manifest["concepts"]["sha256"][:12])
+    assert linker.concepts.table.num_rows == 15
+    assert linker.languages == ["en", "es"]
+
+
+def test_link_batch_is_link_per_row(linker):
+    batch = pa.RecordBatch.from_pydict({"id": ["a", "b", "c"], "text": ["nausea", "cefalea", "vomiting"],
+                                        "lang": [None, "es", "en"]})
+    out = linker.link_batch(batch, k=2)
+    assert out.schema.names == ["id", "text", "lang", "candidates"]
+    assert out.schema.field("candidates").type == pa.list_(CANDIDATE_TYPE)
+    rows = out.to_pylist()
+    assert [r["id"] for r in rows] == ["a", "b", "c"]
+    assert rows[1]["candidates"][0]["concept_id"] == "10019211"
+    assert rows[1]["candidates"][0]["lang"] == "es"
+    assert rows[1]["candidates"][0]["hierarchy"][0]["soc_code"] == "10029205"
+    [expected] = linker.link(["vomiting"], k=2, lang="en")
+    assert [c["concept_id"] for c in rows[2]["candidates"]] == ids(expected)
+
+
+def test_link_batch_refuses_empty_text(linker):
+    batch = pa.RecordBatch.from_pydict({"text": ["nausea", None]})
+    with pytest.raises(InputFormatError, match="record batch row 1"):
+        linker.link_batch(batch)
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_cli_index_build_and_info(tmp_path, capsys):
+    table = write_concepts(tmp_path / "c.parquet")
+    code, out, err = run(["index", "build", "--dict", str(table), "--kind", "tfidf", "--out", str(tmp_path / "i"),
+                          "--ngram", "1,3", "--analyzer", "char_wb"], capsys)
+    assert code == 0, err
+    assert "tfidf index of 15 names of 7 concepts" in out
+    code, out, err = run(["index", "info", str(tmp_path / "i"), "--json"], capsys)
+    assert code == 0 and json.loads(out)["parameters"]["ngram_max"] == 3
+    code, out, err = run(["index", "info", str(tmp_path / "i")], capsys)
+    assert code == 0 and "verified" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["index", "build", "--dict", "{t}", "--kind", "bm25", "--out", "{d}/x"], "unknown index kind 'bm25'; available: dense, hybrid, tfidf"),
+        (["index", "build", "--dict", "{t}", "--out", "{d}/x", "--ngram", "2"], "--ngram: expected MIN,MAX"),
+        (["index", "build", "--dict", "{d}/absent.parquet", "--out", "{d}/x"], "absent.parquet: no such concept table"),
+        (["link", "--index", "{d}/absent", "nausea"], "absent: no such index folder"),
+        (["link", "--index", "{i}", " "], "mentions[0]: expected a non-empty mention text"),
+        (["link", "--index", "{i}"], "expected mention texts or --input FILE.jsonl"),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_1(tmp_path, index_dir, capsys, argv, message):
+    table = index_dir / "concepts.parquet"
+    argv = [a.format(t=table, d=tmp_path, i=index_dir) for a in argv]
+    code, _out, err = run(argv, capsys)
+    assert code == 1
+    assert err.startswith("error: ") and message in err
+    assert err.count("\n") == 1
+
+
+def test_cli_link_text_and_json(index_dir, capsys):
+    code, out, _ = run(["link", "--index", str(index_dir), "thoracic pain", "--k", "2"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "thoracic pain"
+    assert lines[1].startswith("  1. 10008479\t1.0000\tChest pain  [matched 'Thoracic pain' LLT en]")
+    code, out, _ = run(["link", "--index", str(index_dir), "fiebre", "--lang", "es", "--json", "--k", "1"], capsys)
+    [result] = json.loads(out)
+    assert result["candidates"][0]["concept_id"] == "10037660"
+    assert result["candidates"][0]["preferred_name"] == "Fiebre"
+
+
+def test_cli_link_jsonl(tmp_path, index_dir, capsys):
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text('{"id": 7, "text": "vomiting"}\n\n{"text": "cefalea", "lang": "es"}\n')
+    code, _out, err = run(["link", "--index", str(index_dir), "--input", str(spans),
+                           "--output", str(tmp_path / "out.jsonl"), "--k", "1"], capsys)
+    assert code == 0 and "linked 2 mentions" in err
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(r.get("id"), r["candidates"][0]["concept_id"]) for r in rows] == [(7, "10047700"), (None, "10019211")]
+
+
+def test_cli_link_jsonl_bad_line_names_file_and_line(tmp_path, index_dir, capsys):
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text('{"text": "nausea"}\n{"txt": "oops"}\n')
+    code, _out, err = run(["link", "--index", str(index_dir), "--input", str(spans), "--output", "-"], capsys)
+    assert code == 1
+    assert f'{spans}:2: expected an object with a non-empty "text"' in err
+
+
+def test_python_m_linker_link_stdout(index_dir):
+    proc = subprocess.run([sys.executable, "-m", "linker", "link", "--index", str(index_dir), "--input", "-",
+                           "--k", "1"], input='{"text": "nausea"}\n', capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["candidates"][0]["concept_id"] == "10028813"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_medic_links_ncbi_style_mentions(shared_data, tmp_path):
+    from linker.dictionary import SourceSpec, build_dictionary
+
+    medic = shared_data / "ncbi_disease" / "medic_06Jul2012.txt"
+    build_dictionary([SourceSpec("tsv", (medic,))], tmp_path / "medic.parquet")
+    build_index(tmp_path / "medic.parquet", kind="tfidf", out=tmp_path / "idx")
+    results = Linker.load(tmp_path / "idx").link(["breast cancer", "Huntington disease", "colorectal cancers"], k=2)
+    assert [r.candidates[0].concept_id for r in results] == ["D001943", "D006816", "D015179"]
+    assert results[0].candidates[0].preferred_name == "Breast Neoplasms"

@@ -1,0 +1,268 @@
+"""HTTP service: in-process TestClient for every 4xx case, a real uvicorn process, concurrency, fuzzing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import linker
+from linker.errors import ConfigError
+from linker.link import Linker
+from linker.service import ServiceLimits, create_app
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
+from normalize_tables import build_indexes  # noqa: E402  (tiny MedDRA-like and HPO-like concept tables)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory) -> dict[str, Path]:
+    return build_indexes(tmp_path_factory.mktemp("indexes"))
+
+
+@pytest.fixture(scope="module")
+def client(indexes):
+    # Small limits so that the limit cases stay cheap; the defaults are tested separately.
+    app = create_app([indexes["meddra"], indexes["hpo"]], ServiceLimits(max_text_chars=40, max_mentions=3, max_k=10))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_health_and_indexes(client, indexes):
+    assert client.get("/health").json() == {"status": "ok", "version": linker.__version__,
+                                            "indexes": ["meddra", "hpo"]}
+    body = client.get("/indexes").json()
+    assert body["default"] == "meddra"
+    assert [(i["name"], i["languages"], i["manifest"]["kind"]) for i in body["indexes"]] == [
+        ("meddra", ["en", "es"], "tfidf"), ("hpo", ["en"], "tfidf"),
+    ]
+    assert body["indexes"][0]["version"] == Linker.load(indexes["meddra"]).version
+
+
+def test_link_ranked_concepts_with_version(client, indexes):
+    response = client.post("/link", json={"mentions": [{"text": "hair loss", "id": "m1"}, {"text": "náuseas",
+                                                                                             "lang": "es", "id": 7}],
+                                          "k": 2})
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["index"], body["k"], body["version"]) == ("meddra", 2, Linker.load(indexes["meddra"]).version)
+    first, second = body["results"]
+    assert (first["id"], first["text"]) == ("m1", "hair loss") and "lang" not in first
+    assert [c["concept_id"] for c in first["candidates"]] == ["10001760", "10019211"]
+    top = first["candidates"][0]
+    assert (top["preferred_name"], top["matched_name"], top["score"], top["term_type"], top["term_id"]) == (
+        "Alopecia", "Hair loss", 1.0, "LLT", "10019045")
+    assert top["hierarchy"][0]["soc_name"] == "Skin and subcutaneous tissue disorders"
+    assert (second["id"], second["lang"], second["candidates"][0]["preferred_name"]) == (7, "es", "Náuseas")
+
+
+def test_link_other_index_default_k(client):
+    body = client.post("/link", json={"mentions": [{"text": "Dizziness"}], "index": "hpo"}).json()
+    assert body["index"] == "hpo" and body["k"] == 5
+    assert body["results"][0]["candidates"][0]["concept_id"] == "HP:0002321"
+    assert "hierarchy" not in body["results"][0]["candidates"][0]
+
+
+def test_openapi_docs(client):
+    assert client.get("/docs").status_code == 200
+    spec = client.get("/openapi.json").json()
+    assert {"/link", "/health", "/indexes"} <= set(spec["paths"])
+
+
+M = [{"text": "nausea"}]
+BAD_REQUESTS = [
+    # (body, status, field, substring of the error)
+    ({}, 422, "mentions", "mentions: Field required"),
+    ({"mentions": "nausea"}, 422, "mentions", "valid list"),
+    ({"mentions": []}, 422, "mentions", "expected at least one mention"),
+    ({"mentions": M * 4}, 413, "mentions", "expected at most 3 mentions, found 4"),
+    ({"mentions": [{"text": 5}]}, 422, "mentions[0].text", "valid string"),
+    ({"mentions": [{"lang": "en"}]}, 422, "mentions[0].text", "Field required"),
+    ({"mentions": [{"text": "nausea"}, {"text": ""}]}, 422, "mentions[1].text", "expected a non-empty text"),
+    ({"mentions": [{"text": " \t\n"}]}, 422, "mentions[0].text", "expected a non-empty text"),
+    ({"mentions": [{"text": "x" * 41}]}, 422, "mentions[0].text", "expected at most 40 characters, found 41"),
+    ({"mentions": [{"text": "nausea", "lang": "xx"}]}, 422, "mentions[0].lang", "(en, es), found 'xx'"),
+    ({"mentions": [{"text": "nausea", "lang": 1}]}, 422, "mentions[0].lang", "valid string"),
+    ({"mentions": [{"text": "nausea", "id": [1]}]}, 422, "mentions[0].id", ""),
+    ({"mentions": [{"text": "nausea", "txt": "x"}]}, 422, "mentions[0].txt", "Extra inputs are not permitted"),
+    ({"mentions": M, "k": 0}, 422, "k", "expected an integer from 1 to 10, found 0"),
+    ({"mentions": M, "k": 11}, 422, "k", "expected an integer from 1 to 10, found 11"),
+    ({"mentions": M, "k": "5"}, 422, "k", "valid integer"),
+    ({"mentions": M, "k": 2.5}, 422, "k", "valid integer"),
+    ({"mentions": M, "k": True}, 422, "k", "valid integer"),
+    ({"mentions": M, "index": "umls"}, 422, "index", "expected one of meddra, hpo, found 'umls'"),
+    ([{"text": "nausea"}], 422, "body", "valid dictionary"),
+    ("nausea", 422, "body", "valid dictionary"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "field", "message"), BAD_REQUESTS)
+def test_bad_requests_are_4xx_naming_the_field(client, body, status, field, message):
+    response = client.post("/link", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert error["field"] == field
+    assert message in error["error"]
+
+
+def test_invalid_json_and_oversized_body(client):
+    response = client.post("/link", content=b'{"mentions": [', headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("body: expected JSON, found invalid JSON")
+    # Python's JSON parser accepts NaN and Infinity; they must still be a clean 4xx.
+    for raw in (b'{"mentions": [{"text": "a", "id": NaN}]}', b'{"mentions": [{"text": "a"}], "k": Infinity}'):
+        response = client.post("/link", content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 422, response.text
+    big = json.dumps({"mentions": [{"text": "x" * (5 * 1024 * 1024)}]})
+    response = client.post("/link", content=big, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "expected at most 4194304 bytes" in response.json()["error"]
+
+
+def test_linker_error_becomes_422(indexes, monkeypatch):
+    app = create_app([indexes["hpo"]])
+    hpo = app.state.indexes["hpo"].linker
+
+    def broken(*_args, **_kwargs):
+        raise ConfigError("index cannot answer this")
+
+    monkeypatch.setattr(hpo, "link", broken)
+    with TestClient(app) as c:
+        response = c.post("/link", json={"mentions": M})
+    assert response.status_code == 422 and response.json() == {"error": "index cannot answer this"}
+
+
+def test_default_limits_and_bad_start_up(indexes):
+    limits = ServiceLimits()
+    assert (limits.max_text_chars, limits.max_mentions, limits.max_k, limits.default_k) == (500, 1000, 100, 5)
+    with TestClient(create_app([indexes["hpo"]])) as c:
+        assert c.post("/link", json={"mentions": [{"text": "a" * 500}], "k": 100}).status_code == 200
+        too_long = c.post("/link", json={"mentions": [{"text": "a" * 501}]})
+        assert (too_long.status_code, too_long.json()["field"]) == (422, "mentions[0].text")
+        too_many = c.post("/link", json={"mentions": [{"text": "a"}] * 1001})
+        assert (too_many.status_code, too_many.json()["field"]) == (413, "mentions")
+        assert c.post("/link", json={"mentions": M, "k": 101}).json()["field"] == "k"
+    with pytest.raises(ConfigError, match="two indexes named 'hpo'"):
+        create_app([indexes["hpo"], indexes["hpo"]])
+    with pytest.raises(ConfigError, match="no index given"):
+        create_app([])
+    with pytest.raises(ConfigError, match="max_k"):
+        ServiceLimits(max_k=0)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=50),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["mentions", "text", "lang", "id", "k", "index", "x"]) | st.text(max_size=5), children,
+        max_size=4),
+    max_leaves=12,
+)
+MENTION = st.fixed_dictionaries({"text": st.text(max_size=60) | JSON},
+                                optional={"lang": st.sampled_from(["en", "es", "xx", ""]) | JSON, "id": JSON})
+REQUEST = st.fixed_dictionaries({"mentions": st.lists(MENTION, max_size=5) | JSON},
+                                optional={"k": st.integers(-3, 15) | JSON, "index": st.sampled_from(["hpo", "meddra", "?"])})
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=REQUEST | JSON)
+def test_fuzz_request_bodies_never_5xx(client, body):
+    response = client.post("/link", json=body)
+    assert response.status_code < 500, response.text
+    if response.status_code != 200:
+        assert isinstance(response.json()["error"], str)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=200))
+def test_fuzz_raw_bytes_never_5xx(client, raw):
+    response = client.post("/link", content=raw, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500
+
+
+# ----------------------------------------------------------------------------- a real server process
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(indexes):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "linker", "serve", "--index", str(indexes["meddra"]), "--index", str(indexes["hpo"]),
+         "--host", "127.0.0.1", "--port", str(port), "--max-mentions", "3", "--max-text-chars", "40", "--max-k", "10"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not start: {proc.stdout.read().decode(errors='replace')}")
+        time.sleep(0.2)
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_real_server_endpoints_and_every_4xx(server):
+    with httpx.Client(base_url=server, timeout=10) as http:
+        assert http.get("/health").json()["indexes"] == ["meddra", "hpo"]
+        assert http.get("/docs").status_code == 200
+        body = http.post("/link", json={"mentions": [{"text": "Itching"}], "k": 1}).json()
+        assert [c["concept_id"] for c in body["results"][0]["candidates"]] == ["10037087"]
+        for request, status, field, message in BAD_REQUESTS:
+            response = http.post("/link", json=request)
+            assert (response.status_code, response.json()["field"]) == (status, field), request
+            assert message in response.json()["error"]
+        response = http.post("/link", content=b"{", headers={"content-type": "application/json"})
+        assert response.status_code == 400
+
+
+@pytest.mark.slow
+def test_real_server_concurrent_requests_agree_with_sequential(server):
+    texts = ["hair loss", "head pain", "nausea", "Itching", "dizziness", "alopecia", "náuseas", "headache"]
+    requests = [{"mentions": [{"text": t, "id": i}], "k": 3} for i, t in enumerate(texts * 6)]
+    with httpx.Client(base_url=server, timeout=30) as http:
+        sequential = [http.post("/link", json=r).json()["results"] for r in requests[: len(texts)]]
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            responses = list(pool.map(lambda r: http.post("/link", json=r), requests))
+    assert [r.status_code for r in responses] == [200] * len(requests)
+    for i, response in enumerate(responses):
+        [result] = response.json()["results"]
+        assert result["id"] == i
+        assert result["candidates"] == sequential[i % len(texts)][0]["candidates"]
+
+
+@pytest.mark.slow
+def test_serve_refuses_a_missing_index(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "linker", "serve", "--index", str(tmp_path / "nope")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'nope'}: no such index folder")
