@@ -8,9 +8,10 @@ Stages (each skipped when its output exists, unless --rebuild):
    *evaluation dictionary*: with --dict-names N (default), a MEDIC subset of about N names: every name
    of every concept that is gold for an NCBI-disease test mention or for a sampled training mention,
    plus all names of seeded randomly drawn other MEDIC concepts as distractors; --dict-names 0 keeps
-   all of MEDIC. The subset exists only because encoding MEDIC's 102k names once took ~35 min on the
-   shared 2-core machine (measured: 9 ms CPU per name for MiniLM-L6, under load ~10); every system
-   below is scored on the same dictionary, so they compare with each other, not with published rows.
+   all of MEDIC. The subset exists only because one MiniLM pass over all of MEDIC (one dense index)
+   took 337-1,080 s on the shared 2-core machine (eval/train_ncbi_full_medic.md), and the full run needs
+   five; every system is scored on the same dictionary, so they compare with each other, not with
+   published rows.
 2. `train_sap`: all-MiniLM-L6-v2 ("minilm") on a seeded sample of synonym pairs of all of MEDIC
    -> models/ncbi-minilm-sap
 3. `train_biosyn`: that model on a seeded sample of NCBI-disease *train* mentions, the evaluation
@@ -214,9 +215,10 @@ def markdown(r: dict) -> str:
         f"Dictionary: {r['dictionary']}, {r['dictionary_names']:,} names of {r['dictionary_concepts']:,} concepts "
         f"(MEDIC has {r['medic_names']:,} names)." + ("" if r["dictionary_names"] == r["medic_names"] else
         " A subset: all names of the gold concepts of the test mentions and of the sampled training mentions, plus "
-        "seeded random MEDIC concepts as distractors, because one pass of MiniLM over all of MEDIC took ~35 min on "
-        "this shared 2-core machine under load; every row uses the same dictionary, so rows compare with each other "
-        "but NOT with published numbers (fewer distractors make the task easier)."),
+        "seeded random MEDIC concepts as distractors, because one MiniLM pass over all of MEDIC took 337-1,080 s on "
+        "this shared 2-core machine (see train_ncbi_full_medic.md, which scores the same systems on all of MEDIC); every "
+        "row here uses the same dictionary, so rows compare with each other but NOT with published numbers (fewer "
+        "distractors make the task easier)."),
         "",
         "| system | Acc@1 | Acc@5 | Acc@1 95% CI |",
         "|---|---|---|---|",
