@@ -56,6 +56,14 @@ class Candidate:
     term_type: str
     hierarchy: tuple[MeddraPath, ...] = ()  # MedDRA PTs only, primary path first
 
+    def to_dict(self) -> dict:
+        """The JSON form shared by `linker link --json`, the normaliser and the HTTP service."""
+        out = asdict(self)
+        out["score"] = round(float(self.score), 6)
+        if not self.hierarchy:
+            del out["hierarchy"]  # only MedDRA candidates carry one
+        return out
+
 
 @dataclass(frozen=True)
 class LinkResult:
@@ -63,7 +71,7 @@ class LinkResult:
     candidates: tuple[Candidate, ...]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"mention": self.mention, "candidates": [c.to_dict() for c in self.candidates]}
 
 
 _PATH_TYPE = pa.struct([(f, pa.string()) for f in MeddraPath.__dataclass_fields__ if f != "primary_soc"]

@@ -28,6 +28,7 @@ import json
 import logging
 import re
 import shutil
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -66,36 +67,6 @@ class NormalizeSummary:
     documents: int
     mentions: int
     linked: int  # mentions with at least one candidate
-
-
-def candidate_dict(candidate: Candidate) -> dict:
-    """The JSON form of a candidate, shared by the normaliser and the HTTP service."""
-    out = {
-        "concept_id": candidate.concept_id,
-        "preferred_name": candidate.preferred_name,
-        "matched_name": candidate.matched_name,
-        "score": round(float(candidate.score), 6),
-        "lang": candidate.lang,
-        "source": candidate.source,
-        "term_id": candidate.term_id,
-        "term_type": candidate.term_type,
-    }
-    if candidate.hierarchy:
-        # Primary SOC path first: MedDRA reporting uses it; the secondary paths follow.
-        paths = sorted(candidate.hierarchy, key=lambda p: (not p.primary_soc, p.soc_code, p.hlt_code))
-        out["hierarchy"] = [
-            {
-                "hlt_code": p.hlt_code,
-                "hlt_name": p.hlt_name,
-                "hlgt_code": p.hlgt_code,
-                "hlgt_name": p.hlgt_name,
-                "soc_code": p.soc_code,
-                "soc_name": p.soc_name,
-                "primary_soc": p.primary_soc,
-            }
-            for p in paths
-        ]
-    return out
 
 
 def link_texts(
@@ -202,7 +173,7 @@ def normalize_jsonl_lines(
         candidates = link_texts(linker, [s.text for s in spans], [s.lang or lang for s in spans], k=k)
         for span, cands in zip(spans, candidates, strict=True):
             linked += bool(cands)
-            record = {**span.record, "candidates": [candidate_dict(c) for c in cands]}
+            record = {**span.record, "candidates": [c.to_dict() for c in cands]}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return NormalizeSummary("jsonl", getattr(out, "name", "<stream>"), 1, total, linked)
 
@@ -211,12 +182,25 @@ def normalize_jsonl(
     linker: Linker, input_path: str | Path, output_path: str | Path, *, k: int = 1, lang: str | None = None
 ) -> NormalizeSummary:
     """JSONL file -> JSONL file, written atomically; `lang` applies to spans without their own."""
-    input_path = Path(input_path)
-    if not input_path.is_file():
-        raise MissingInputError(f"{input_path}: no such file")
-    with atomic_file(output_path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-        summary = normalize_jsonl_lines(linker, lambda: iter_lines(input_path), str(input_path), handle, k=k, lang=lang)
-    return NormalizeSummary("jsonl", str(output_path), 1, summary.mentions, summary.linked)
+    return normalize_jsonl_stream(linker, str(input_path), str(output_path), k=k, lang=lang)
+
+
+def normalize_jsonl_stream(
+    linker: Linker, input_path: str, output: str, *, k: int = 1, lang: str | None = None
+) -> NormalizeSummary:
+    """JSONL in and out where either side may be `-` (stdin / stdout); a file output is written atomically."""
+    if input_path == "-":
+        lines = [(n, line.rstrip("\r\n")) for n, line in enumerate(sys.stdin, start=1)]  # stdin cannot be read twice
+        source, where = (lambda: lines), "<stdin>"
+    else:
+        if not Path(input_path).is_file():
+            raise MissingInputError(f"{input_path}: no such file")
+        source, where = (lambda: iter_lines(input_path)), input_path
+    if output == "-":
+        return normalize_jsonl_lines(linker, source, where, sys.stdout, k=k, lang=lang)
+    with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        summary = normalize_jsonl_lines(linker, source, where, handle, k=k, lang=lang)
+    return NormalizeSummary("jsonl", output, 1, summary.mentions, summary.linked)
 
 
 # --------------------------------------------------------------------------- brat
@@ -316,13 +300,14 @@ def _check_out_dir(output_path: Path, overwrite: bool) -> None:
         )
 
 
-def _ann_files(input_path: Path) -> list[Path]:
+def _input_files(input_path: Path, suffix: str) -> list[Path]:
+    """The file itself, or every `suffix` file below a folder (sorted, so output order is stable)."""
     if input_path.is_file():
         return [input_path]
     if input_path.is_dir():
-        files = sorted(input_path.rglob("*.ann"))
+        files = sorted(input_path.rglob(f"*{suffix}"))
         if not files:
-            raise MissingInputError(f"{input_path}: no .ann files in this folder")
+            raise MissingInputError(f"{input_path}: no {suffix} files in this folder")
         return files
     raise MissingInputError(f"{input_path}: no such file or folder")
 
@@ -345,7 +330,7 @@ def normalize_brat(
     if k != 1:
         raise ConfigError(f"the brat format writes one normalisation per annotation; use --k 1 (found --k {k})")
     input_path, output_path = Path(input_path), Path(output_path)
-    files = _ann_files(input_path)
+    files = _input_files(input_path, ".ann")
     if input_path.is_dir():
         _check_out_dir(output_path, overwrite)
     docs = [read_brat(p) for p in files]  # all validated before any linking
@@ -545,17 +530,6 @@ def _check_meddra(linker: Linker) -> None:
         )
 
 
-def _xml_files(input_path: Path) -> list[Path]:
-    if input_path.is_file():
-        return [input_path]
-    if input_path.is_dir():
-        files = sorted(input_path.rglob("*.xml"))
-        if not files:
-            raise MissingInputError(f"{input_path}: no .xml files in this folder")
-        return files
-    raise MissingInputError(f"{input_path}: no such file or folder")
-
-
 def normalize_ade_xml(
     linker: Linker,
     input_path: str | Path,
@@ -575,7 +549,7 @@ def normalize_ade_xml(
     if check_meddra:
         _check_meddra(linker)
     input_path, output_path = Path(input_path), Path(output_path)
-    files = _xml_files(input_path)
+    files = _input_files(input_path, ".xml")
     if input_path.is_dir():
         _check_out_dir(output_path, overwrite)
     docs = [read_ade_xml(p) for p in files]
@@ -631,12 +605,12 @@ __all__ = [
     "BATCH",
     "FORMATS",
     "NormalizeSummary",
-    "candidate_dict",
     "link_texts",
     "normalize_ade_xml",
     "normalize_brat",
     "normalize_jsonl",
     "normalize_jsonl_lines",
+    "normalize_jsonl_stream",
     "normalize_path",
     "parse_jsonl",
     "read_ade_xml",

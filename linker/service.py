@@ -31,7 +31,6 @@ from pydantic import BaseModel, ConfigDict, Field
 import linker
 from linker.errors import ConfigError, LinkerError, UnknownNameError
 from linker.link import Linker
-from linker.normalize import candidate_dict
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +284,7 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
                 except UnknownNameError as exc:  # belt and braces: languages were checked above
                     raise RequestFieldError("mentions.lang", f"one of {', '.join(exc.choices)}", repr(lang)) from None
                 for i, result in zip(rows, results, strict=True):
-                    candidates[i] = [candidate_dict(c) for c in result.candidates]
+                    candidates[i] = [c.to_dict() for c in result.candidates]
         return {
             "index": name,
             "version": loaded.linker.version,

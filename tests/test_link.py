@@ -293,7 +293,7 @@ def test_cli_link_jsonl_bad_line_names_file_and_line(tmp_path, index_dir, capsys
     spans.write_text('{"text": "nausea"}\n{"txt": "oops"}\n')
     code, _out, err = run(["link", "--index", str(index_dir), "--input", str(spans), "--output", "-"], capsys)
     assert code == 1
-    assert f'{spans}:2: expected an object with a non-empty "text"' in err
+    assert f'{spans}:2: expected a string field "text", found no field \'text\'' in err
 
 
 def test_python_m_linker_link_stdout(index_dir):

@@ -18,7 +18,7 @@ app.add_typer(dict_app, name="dict")
 @dict_app.command("build")
 def build_cli(
     paths: list[Path] = typer.Argument(None, help="Files or folders of the source (none for `default`, and for `icd10` to read ICD-10-CM from simple-icd-10-cm)."),
-    source: str = typer.Option(..., "--source", "-s", help=f"Source format: one of the names listed by `linker dict sources`."),
+    source: str = typer.Option(..., "--source", "-s", help="Source format: one of the names listed by `linker dict sources`."),
     out: Path = typer.Option(..., "--out", "-o", help="Output concept table (.parquet)."),
     lang: list[str] = typer.Option(None, "--lang", help="Keep these languages (ISO 639-1, e.g. en,es); files that do not say their language (tsv, icdo, icd10 TSV) take the first one."),
     sab: list[str] = typer.Option(None, "--sab", help="UMLS: keep these source vocabularies (e.g. MDR,MSH)."),

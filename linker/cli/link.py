@@ -2,63 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
 from linker.cli.common import echo_json
 from linker.cli.main import app
-from linker.errors import InputFormatError, shorten
-from linker.fileio import atomic_file, iter_lines
+from linker.errors import InputFormatError
 from linker.link import Linker, LinkResult
-
-BATCH = 256  # JSONL lines linked per call: amortises the sparse product, bounds memory
-
-
-def read_spans(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of a JSONL file of {"text": ..., optional "id", "lang"}; blank lines skipped."""
-    lines = ((n, line) for n, line in enumerate(sys.stdin, start=1)) if str(path) == "-" else iter_lines(path)
-    where = "<stdin>" if str(path) == "-" else path
-    for number, line in lines:
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputFormatError(where, "a JSON object per line", f"invalid JSON ({exc.msg})", line=number) from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():
-            raise InputFormatError(where, 'an object with a non-empty "text"', shorten(line), line=number)
-        lang = obj.get("lang")
-        if lang is not None and not isinstance(lang, str):
-            raise InputFormatError(where, '"lang" as a string such as "es"', shorten(repr(lang)), line=number)
-        yield number, obj
-
-
-def _link_jsonl(linker: Linker, source: Path, k: int, lang: str | None, write) -> int:
-    count = 0
-    pending: list[dict] = []
-
-    def flush() -> None:
-        by_lang: dict[str | None, list[dict]] = {}
-        for obj in pending:
-            by_lang.setdefault(obj.get("lang") or lang, []).append(obj)
-        for group_lang, objs in by_lang.items():
-            for obj, result in zip(objs, linker.link([o["text"] for o in objs], k=k, lang=group_lang)):
-                obj["candidates"] = result.to_dict()["candidates"]
-        for obj in pending:
-            write(json.dumps(obj, ensure_ascii=False) + "\n")
-        pending.clear()
-
-    for _number, obj in read_spans(source):
-        pending.append(obj)
-        count += 1
-        if len(pending) >= BATCH:
-            flush()
-    flush()
-    return count
+from linker.normalize import normalize_jsonl_stream
 
 
 def _print(result: LinkResult) -> None:
@@ -90,12 +42,9 @@ def link_cli(
         raise InputFormatError("command line", "mention texts or --input, not both", "both")
     linker = Linker.load(index)
     if input_path is not None:
-        if output is None or str(output) == "-":
-            count = _link_jsonl(linker, input_path, k, lang, sys.stdout.write)
-        else:
-            with atomic_file(output) as tmp, tmp.open("w", encoding="utf-8") as handle:
-                count = _link_jsonl(linker, input_path, k, lang, handle.write)
-            typer.echo(f"linked {count:,} mentions to {output}", err=True)
+        summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang)
+        if output is not None and str(output) != "-":
+            typer.echo(f"linked {summary.mentions:,} mentions to {output}", err=True)
         return
     results = linker.link(mentions, k=k, lang=lang)
     if as_json:

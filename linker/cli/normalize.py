@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -10,9 +9,8 @@ import typer
 
 from linker.cli.main import app
 from linker.errors import ConfigError
-from linker.fileio import atomic_file, iter_lines
 from linker.link import Linker
-from linker.normalize import FORMATS, normalize_jsonl_lines, normalize_path
+from linker.normalize import FORMATS, normalize_jsonl_stream, normalize_path
 
 
 @app.command("normalize")
@@ -32,16 +30,7 @@ def normalize_cli(
     started = time.perf_counter()
     linker = Linker.load(index)
     if input_path == "-" or output == "-":
-        if input_path == "-":
-            lines = [(n, line.rstrip("\r\n")) for n, line in enumerate(sys.stdin, start=1)]
-            source, where = (lambda: lines), "<stdin>"
-        else:
-            source, where = (lambda: iter_lines(input_path)), input_path
-        if output == "-":
-            summary = normalize_jsonl_lines(linker, source, where, sys.stdout, k=k, lang=lang)
-        else:
-            with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-                summary = normalize_jsonl_lines(linker, source, where, handle, k=k, lang=lang)
+        summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang)
     else:
         summary = normalize_path(linker, input_path, output, fmt=fmt, k=k, db=db, lang=lang, overwrite=overwrite)
     typer.echo(

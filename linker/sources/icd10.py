@@ -25,7 +25,6 @@ ICD-10-CM concept ids are written in the canonical form of `linker.text.icd10cm_
 from __future__ import annotations
 
 import gzip
-import importlib.metadata
 import logging
 import re
 import xml.etree.ElementTree as ET
