@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -266,3 +267,48 @@ def test_serve_refuses_a_missing_index(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'nope'}: no such index folder")
+
+
+# ---- MentionBatcher: concurrent requests share Linker.link calls, each gets its own results ----
+
+class _RecordingLinker:
+    """Stands in for a Linker: echoes each text with k and lang, fails on the text 'boom'."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.release = threading.Event()
+
+    def link(self, texts, *, k, lang):
+        self.release.wait(5)  # hold the worker so that concurrent jobs pile up into one batch
+        self.calls.append(len(texts))
+        if "boom" in texts:
+            raise ValueError("boom")
+        return [(t, k, lang) for t in texts]
+
+
+def test_batcher_groups_concurrent_jobs_and_isolates_failures():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from linker.service import MentionBatcher
+
+    fake = _RecordingLinker()
+    batcher = MentionBatcher(fake, "fake")
+    jobs = [(["a"], 1, None), (["b", "c"], 1, None), (["d"], 3, "es"), (["boom"], 1, None), (["e"], 1, None)]
+
+    def run(job):
+        texts, k, lang = job
+        try:
+            return batcher.link(texts, k=k, lang=lang)
+        except ValueError as exc:
+            return f"error: {exc}"
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(run, job) for job in jobs]
+        time.sleep(0.3)
+        fake.release.set()
+        results = [f.result(timeout=10) for f in futures]
+    assert results == [
+        [("a", 1, None)], [("b", 1, None), ("c", 1, None)], [("d", 3, "es")], "error: boom", [("e", 1, None)],
+    ]
+    assert sum(fake.calls) > len(jobs) - 1  # every text linked; the failing group was retried job by job
+    assert max(fake.calls) > 1  # at least one call served several requests at once
