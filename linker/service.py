@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import linker
 from linker.errors import ConfigError, LinkerError, UnknownNameError
-from linker.link import Linker
+from linker.link import Linker, MeddraPath
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +76,6 @@ class LinkRequest(BaseModel):
     index: str | None = Field(None, description="Index name (GET /indexes); default: the first one loaded.")
 
 
-class PathOut(BaseModel):
-    hlt_code: str
-    hlt_name: str
-    hlgt_code: str
-    hlgt_name: str
-    soc_code: str
-    soc_name: str
-    primary_soc: bool
-
-
 class CandidateOut(BaseModel):
     concept_id: str
     preferred_name: str
@@ -95,7 +85,7 @@ class CandidateOut(BaseModel):
     source: str
     term_id: str
     term_type: str
-    hierarchy: list[PathOut] | None = None
+    hierarchy: list[MeddraPath] | None = None  # pydantic validates the Linker's own dataclass
 
 
 class MentionOut(BaseModel):
