@@ -223,7 +223,7 @@ def make_dictionaries(work: Path, quick: bool, big_names: int, dense_names: int)
 def acc_at_1(tops: list[list[str]], mentions) -> dict:
     from linker.eval.metrics import accuracy, mention_hits
 
-    hits = mention_hits([m.gold for m in mentions], tops, 1)
+    hits = mention_hits([m.gold for m in mentions], [[top] for top in tops], 1)
     result = accuracy(hits, 1)
     return {"n": result.n, "correct": result.correct, "acc": round(result.value, 4),
             "ci95": [round(result.low, 4), round(result.high, 4)]}

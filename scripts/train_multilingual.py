@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/train_multilingual.py cantemist [--biosyn-queries 256] [--threads 1]
     .venv/bin/python scripts/train_multilingual.py mantra [--sap-pairs 1024] [--threads 1]
+    .venv/bin/python scripts/train_multilingual.py codiesp [--threads 1]
 
 cantemist: dictionary = ICD-O names of valid-codes.tsv (built as scripts/eval_all.py does);
   `train_biosyn` of e5-small on a seeded sample of the Cantemist train mentions (embeddings and the
@@ -14,6 +15,9 @@ mantra: dictionary = HPO with its es/fr/nl/de translations (eval_all.py's hpo_tr
   its extra 18k names costs ~80 s and two dense builds over all 118k names do not fit the time box);
   `train_sap` of e5-small on the cross-lingual synonym pairs of that table; Mantra GSC scored per
   language, gold via the terms' UMLS xrefs. Writes eval/train_mantra_e5.md|json.
+codiesp: the same two encoders (e5-small, and e5-small + the mantra part's cross-lingual sap on HPO,
+  trained first if missing) on CodiEsp-D test: Spanish mentions against the English ICD-10-CM names
+  (eval_all.py's icd10cm table), Full and the training-set filters. Writes eval/train_codiesp_e5.md|json.
 
 Every stage is skipped when its output exists, so an interrupted run resumes. Sizes are chosen for
 2 shared CPU cores; the numbers show what the code does at this size, not what the methods reach.
@@ -49,6 +53,7 @@ log = logging.getLogger("train_multilingual")
 PUBLISHED = {
     # Medical Crossing paper, Cantemist, SapBERT (XLM-R, all-lang) + target-language training:
     # Full / Filtered (train) / Filtered0.2 (train), Acc@1 / Acc@5
+    "codiesp": [("tf-idf, Medical Crossing paper", {"full": (20.55, 39.24)})],
     "cantemist": [("SapBERT+target, Medical Crossing paper", {"full": (79.45, 87.76), "train": (53.31, 68.54),
                                                                "train0.2": (51.48, 66.10)})],
 }
@@ -56,7 +61,7 @@ PUBLISHED = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["cantemist", "mantra"])
+    parser.add_argument("part", choices=["cantemist", "mantra", "codiesp"])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=ROOT / "eval")
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "train_multilingual")
@@ -155,6 +160,13 @@ def main() -> None:
                     + sorted(hpo_dir.glob("hp-*.synonyms.tsv")))
         hp = reuse(args.eval_indexes / "hpo_translations.parquet", args.work / "hpo_translations.parquet",
                    [SourceSpec("obo", tuple(hp_files))])
+        model = args.models / "mantra-e5-sap"  # cross-lingual sap on HPO + translations, shared by both parts
+        config = SapConfig(max_pairs=args.sap_pairs, batch_size=args.sap_batch, freeze_embeddings=True,
+                           threads=args.threads)
+        stage("train_sap", (model / "train_metrics.json").exists(),
+              lambda: train_sap(hp, encoder="e5-small", out=model, config=config))
+        state["training"] = training_summary(model)
+    if args.part == "mantra":
         dictionary = hp
         if args.doid:
             doid = reuse(args.eval_indexes / "doid.parquet", args.work / "doid.parquet",
@@ -163,19 +175,22 @@ def main() -> None:
             if not dictionary.exists():
                 merge_tables([hp, doid], dictionary)
         state["dictionary"] = describe(dictionary)
-        model = args.models / "mantra-e5-sap"
-        config = SapConfig(max_pairs=args.sap_pairs, batch_size=args.sap_batch, freeze_embeddings=True,
-                           threads=args.threads)
-        stage("train_sap", (model / "train_metrics.json").exists(),
-              lambda: train_sap(hp, encoder="e5-small", out=model, config=config))
-        state["training"] = training_summary(model)
         test = f"brat:{args.data / 'mantra_gsc' / 'Mantra-GSC-brat.zip'}"
         tag = dictionary.stem
         score(f"dense e5-small, {tag}", dense(dictionary, args.work / f"{tag}_e5", "e5-small"), test,
               filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
         score(f"dense e5-small + sap, {tag}", dense(dictionary, args.work / f"{tag}_e5_sap", str(model)), test,
               filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
-    state["tfidf_rows"] = tfidf_rows(args.out / "summary.json", args.part)
+    elif args.part == "codiesp":
+        codiesp = args.data / "codiesp"
+        test, train = f"codiesp:{codiesp / 'testX.tsv'}#D", f"codiesp:{codiesp / 'trainX.tsv'}#D"
+        icd = reuse(args.eval_indexes / "icd10cm.parquet", args.work / "icd10cm.parquet", [SourceSpec("icd10", ())])
+        state["dictionary"] = describe(icd)
+        score("dense e5-small, ICD-10-CM names (en)", dense(icd, args.work / "icd10cm_e5", "e5-small"), test,
+              train_spec=train, filters=("all",))
+        score("dense e5-small + sap (HPO cross-lingual pairs), ICD-10-CM names (en)",
+              dense(icd, args.work / "icd10cm_e5_sap", str(model)), test, train_spec=train, filters=("all",))
+    state["tfidf_rows"] = tfidf_rows(args.out / "summary.json", {"codiesp": "codiesp_d"}.get(args.part, args.part))
     write(args.out, name, state, reports)
     print((args.out / f"{name}.md").read_text())
 
@@ -237,7 +252,8 @@ def write(out: Path, name: str, state: dict, reports) -> None:
 def markdown(s: dict, reports) -> str:
     d, t = s["dictionary"], s.get("training", {})
     title = {"cantemist": "Cantemist test: e5-small before / after BioSyn training (CPU-sized)",
-             "mantra": "Mantra GSC: e5-small before / after SapBERT-style training (CPU-sized)"}[s["part"]]
+             "mantra": "Mantra GSC: e5-small before / after SapBERT-style training (CPU-sized)",
+             "codiesp": "CodiEsp-D: e5-small before / after cross-lingual SapBERT-style training on HPO (CPU-sized)"}[s["part"]]
     lines = [f"# {title}", "", f"Produced by `scripts/train_multilingual.py {s['part']}`. Acc@k in %; n = mentions.",
              "", (f"Dictionary: {d['path']}, {d['names']:,} names of {d['concepts']:,} concepts; names per language "
                   f"{d['names_per_lang']}.")]

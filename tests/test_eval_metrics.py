@@ -14,11 +14,11 @@ GOLD = [
     (("D001943",), ("D010051",)),  # composite: both needed under "all"
     (("s22.49xa",),),  # ICD-10 code, compared through code_key
 ]
-PRED = [
-    ["D010051", "D001943"],
-    ["C535668"],
-    ["D001943", "D009369", "D010051"],
-    ["S2249XA"],
+PRED = [  # one ranking per mention (a mention linked whole)
+    [["D010051", "D001943"]],
+    [["C535668"]],
+    [["D001943", "D009369", "D010051"]],
+    [["S2249XA"]],
 ]
 
 
@@ -36,14 +36,30 @@ def test_composite_any_counts_one_part():
 
 def test_expand_maps_predictions_to_gold_id_space():
     gold = [(("C0022661",),), (("C0030705",),)]
-    pred = [["HP:0000083"], ["HP:0000001"]]
+    pred = [[["HP:0000083"]], [["HP:0000001"]]]
     xrefs = {"HP:0000083": ("C0022661", "C0035078")}
     assert mention_hits(gold, pred, 1).tolist() == [False, False]
     assert mention_hits(gold, pred, 1, expand=lambda c: xrefs.get(c, ())).tolist() == [True, False]
 
 
 def test_empty_prediction_is_a_miss():
+    assert mention_hits([(("D1",),)], [[[]]], 5).tolist() == [False]
     assert mention_hits([(("D1",),)], [[]], 5).tolist() == [False]
+
+
+def test_split_composite_parts_are_matched_in_any_order():
+    # "pineal and retinal tumours" split into two texts; gold lists retinal (D019572) first.
+    gold = [(("D019572",), ("D010871",))]
+    both = [[["D010871", "D009369"], ["D019572"]]]
+    one_part_wrong = [[["D010871"], ["D009369", "D019572"]]]
+    assert mention_hits(gold, both, 1).tolist() == [True]
+    assert mention_hits(gold, one_part_wrong, 1).tolist() == [False]
+    assert mention_hits(gold, one_part_wrong, 2).tolist() == [True]
+    # BioSyn's rule: every part's top-k holds some gold id, whichever.
+    same_twice = [[["D010871"], ["D010871"]]]
+    assert mention_hits(gold, same_twice, 1, composite="any").tolist() == [True]
+    assert mention_hits(gold, same_twice, 1, composite="all").tolist() == [False]
+    assert mention_hits(gold, one_part_wrong, 1, composite="any").tolist() == [False]
 
 
 def test_bootstrap_is_deterministic_and_brackets_the_mean():

@@ -17,7 +17,8 @@ _DEVICE_HELP = "cpu, cuda, or auto (a GPU when present)."
 
 @train_app.command("biosyn")
 def biosyn_cli(
-    train: str = typer.Option(..., "--train", help="Training mentions as a dataset spec, e.g. pubtator:NCBItrainset_corpus.txt."),
+    train: list[str] = typer.Option(..., "--train", help="Training mentions as a dataset spec, e.g. "
+                                    "'pubtator:NCBItrainset_corpus.txt#biosyn'; repeat to add dev."),
     dict_path: Path = typer.Option(..., "--dict", help="Concept table (.parquet) to link to."),
     encoder: str = typer.Option(..., "--encoder", help="Base encoder: minilm, e5-small, a model folder or a hub name."),
     out: Path = typer.Option(..., "--out", "-o", help="Output model folder, e.g. models/ncbi-biosyn."),
@@ -42,7 +43,7 @@ def biosyn_cli(
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, max_queries=max_queries,
         seed=seed, device=device, threads=threads,
     )
-    summary = train_biosyn(train, dict_path, encoder=encoder, out=out, config=config, resume=resume,
+    summary = train_biosyn(list(train), dict_path, encoder=encoder, out=out, config=config, resume=resume,
                            show_progress=progress_enabled())
     echo_json(summary)
 

@@ -15,6 +15,12 @@ any one of which is right. How each format spells them, read from the data itsel
   all be right. The corpora have no alternatives. Mentions whose id is ``-1`` (BC5CDR: no
   concept) are left out, and counted in the log. NCBI ids ``MESH:D…`` and bare ``D…`` are the same
   concept in MEDIC; the ``MESH:`` prefix is removed so that both compare equal.
+  Options rewrite the mention texts as BioSyn's query preprocessing did (`linker.preprocess`):
+  ``abbrev`` expands abbreviations defined in the same abstract ("WD" -> "Wilson disease"),
+  ``split`` splits composite mentions into one text per concept (``Mention.parts_text``),
+  ``typos=FILE`` fixes words from a ``typo||correction`` list, and ``biosyn`` does ``abbrev``,
+  ``split``, lower case and punctuation removal together and reads a mixed MeSH/OMIM list
+  (``OMIM:201400|C535668``, one disease with two ids) as alternatives, not as two parts.
 - ``biosyn`` (BioSyn's processed ``*.concept`` files ``doc||start|end||type||mention||cui``):
   ``|`` separates alternatives, as BioSyn's own ``check_label`` treats it, and ``+`` parts.
 - ``tsv`` (``id<TAB>mention[<TAB>lang]``) and ``query`` (``id||mention``): as ``biosyn``.
@@ -43,6 +49,8 @@ from pathlib import Path
 
 from linker.errors import InputFormatError, MissingInputError, UnknownNameError, shorten
 from linker.fileio import decode_line, iter_lines
+from linker.preprocess import expand_abbreviations, find_abbreviations, fix_typos, read_typos, split_composite
+from linker.text import normalize
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +65,16 @@ class Mention:
     doc_id: str = ""
     start: int = -1
     end: int = -1
+    parts_text: tuple[str, ...] = ()  # a composite mention split into one text per concept (option split)
 
     @property
     def composite(self) -> bool:
         return len(self.gold) > 1
+
+    @property
+    def queries(self) -> tuple[str, ...]:
+        """The text(s) to link: the parts of a split composite mention, else the mention itself."""
+        return self.parts_text or (self.text,)
 
 
 @dataclass(frozen=True)
@@ -148,13 +162,22 @@ def _mesh(code: str) -> str:
 
 @_loader("pubtator")
 def _load_pubtator(spec: DatasetSpec) -> list[Mention]:
-    _check_options(spec, {"lang"})
+    _check_options(spec, {"lang", "abbrev", "split", "typos", "biosyn"})
     lang = spec.options.get("lang", "en")
+    biosyn = "biosyn" in spec.options
+    rewrite = _MentionRewriter(abbrev=biosyn or "abbrev" in spec.options, split=biosyn or "split" in spec.options,
+                               typos=spec.options.get("typos"), biosyn_text=biosyn)
     mentions: list[Mention] = []
     skipped = 0
     for file in _files(spec.path, ".txt"):
+        doc_text: dict[str, list[str]] = {}
         for number, line in iter_lines(file):
-            if not line.strip() or "|t|" in line[:40] or "|a|" in line[:40]:
+            head = line[:40]
+            if "|t|" in head or "|a|" in head:
+                doc, _, text = line.partition("|t|" if "|t|" in head else "|a|")
+                doc_text.setdefault(doc, []).append(text)
+                continue
+            if not line.strip():
                 continue
             fields = line.split("\t")
             if len(fields) == 4 and fields[1] == "CID":  # BC5CDR chemical-induced-disease relation
@@ -171,10 +194,54 @@ def _load_pubtator(spec: DatasetSpec) -> list[Mention]:
                 continue
             gold = _parts(ids, part_seps="|+", alt_sep=None)
             gold = tuple(tuple(_mesh(a) for a in part) for part in gold)
-            mentions.append(Mention(text, gold, lang, doc, int(start), int(end)))
+            if biosyn and len(gold) > 1 and _mixed_mesh_omim(gold):
+                gold = (tuple(a for part in gold for a in part),)
+            text, parts_text = rewrite(doc, " ".join(doc_text.get(doc, ())), text, len(gold))
+            mentions.append(Mention(text, gold, lang, doc, int(start), int(end), parts_text))
     if skipped:
         log.info("%s: left out %d mentions without a concept id (-1)", spec.path, skipped)
+    if rewrite.counts:
+        log.info("%s: %s", spec.path, ", ".join(f"{k} {v}" for k, v in sorted(rewrite.counts.items())))
     return mentions
+
+
+def _mixed_mesh_omim(gold: tuple[tuple[str, ...], ...]) -> bool:
+    omim = [a.startswith("OMIM:") for part in gold for a in part]
+    return any(omim) and not all(omim)
+
+
+class _MentionRewriter:
+    """Applies `linker.preprocess` to mentions, caching each document's abbreviations; counts changes."""
+
+    def __init__(self, *, abbrev: bool, split: bool, typos: str | None, biosyn_text: bool) -> None:
+        self.abbrev, self.split, self.biosyn_text = abbrev, split, biosyn_text
+        if typos is not None and not Path(typos).is_file():
+            raise MissingInputError(f"{typos}: no such typo list (dataset option typos=FILE)")
+        self.typos = read_typos(typos) if typos else {}
+        self._doc: tuple[str, dict[str, str]] = ("", {})
+        self.counts: dict[str, int] = {}
+
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    def __call__(self, doc: str, doc_text: str, text: str, n_parts: int) -> tuple[str, tuple[str, ...]]:
+        original = text
+        if self.abbrev:
+            if self._doc[0] != doc:
+                self._doc = (doc, find_abbreviations(doc_text))
+            text = expand_abbreviations(text, self._doc[1])
+            if text != original:
+                self._count("abbreviations expanded")
+        parts: tuple[str, ...] = ()
+        if self.split and n_parts > 1:
+            parts = split_composite(text, n_parts) or ()
+            self._count("composites split" if parts else "composites left whole")
+
+        def finish(t: str) -> str:
+            t = fix_typos(t, self.typos)
+            return normalize(t, "biosyn") if self.biosyn_text else t
+
+        return finish(text), tuple(finish(p) for p in parts)
 
 
 # --------------------------------------------------------------------------- brat

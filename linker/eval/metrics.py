@@ -5,7 +5,8 @@ names of one concept, so its k candidates are k concepts) contain its gold:
 
 - alternatives: a part with several ids (``A|B`` in BioSyn files) is right if any one is there;
 - composite: a mention with several parts (NCBI ``A|B``, ``A+B``) is queried as one string (the
-  mention text as written, e.g. "breast and ovarian cancer"), and with ``composite="all"`` (the
+  mention text as written, e.g. "breast and ovarian cancer") unless the dataset split it into
+  one text per part (option ``split``; see `mention_hits`), and with ``composite="all"`` (the
   default, as the architecture asks) it counts only if the top-k holds an id of *every* part:
   a two-part mention can then never be right at k=1. ``composite="any"`` counts it when any
   part is found, which is what BioSyn's ``check_label`` does on such mentions; it is offered to
@@ -47,24 +48,43 @@ class Accuracy:
 
 def mention_hits(
     gold: Sequence[tuple[tuple[str, ...], ...]],
-    predicted: Sequence[Sequence[str]],
+    predicted: Sequence[Sequence[Sequence[str]]],
     k: int,
     *,
     composite: str = "all",
     expand: Callable[[str], Sequence[str]] | None = None,
 ) -> np.ndarray:
-    """(n,) bool: is mention i right at k? `predicted[i]` are ranked distinct concept ids."""
+    """(n,) bool: is mention i right at k?
+
+    `predicted[i]` holds one ranking of distinct concept ids per query text of mention i: one for
+    a mention linked whole, one per part for a split composite (`Mention.parts_text`). For a split
+    mention, rule ``all`` wants every gold part among the parts' top-k together (in any order:
+    "pineal and retinal tumours" is annotated retinal first), rule ``any`` wants some gold id in
+    every part's top-k, as BioSyn's evaluation does.
+    """
     if composite not in COMPOSITE_RULES:
         raise UnknownNameError("composite rule", composite, COMPOSITE_RULES)
-    combine = all if composite == "all" else any
     out = np.zeros(len(gold), dtype=bool)
-    for i, (parts, ids) in enumerate(zip(gold, predicted, strict=True)):
-        found: set[str] = set()
-        for concept_id in ids[:k]:
-            found.add(code_key(concept_id))
-            if expand is not None:
-                found.update(code_key(x) for x in expand(concept_id))
-        out[i] = bool(parts) and combine(any(code_key(a) in found for a in part) for part in parts)
+    for i, (parts, rankings) in enumerate(zip(gold, predicted, strict=True)):
+        found_per_query = []
+        for ranking in rankings:
+            found: set[str] = set()
+            for concept_id in ranking[:k]:
+                found.add(code_key(concept_id))
+                if expand is not None:
+                    found.update(code_key(x) for x in expand(concept_id))
+            found_per_query.append(found)
+        gold_keys = [{code_key(a) for a in part} for part in parts]
+        if not parts or not found_per_query:
+            continue
+        if composite == "all":
+            union = set().union(*found_per_query)
+            out[i] = all(part & union for part in gold_keys)
+        elif len(found_per_query) > 1:
+            every_gold = set().union(*gold_keys)
+            out[i] = all(every_gold & found for found in found_per_query)
+        else:
+            out[i] = any(part & found_per_query[0] for part in gold_keys)
     return out
 
 

@@ -111,8 +111,10 @@ def read_same_as(path: str | Path) -> dict[str, tuple[str, ...]]:
     return {k: tuple(sorted(v)) for k, v in groups.items()}
 
 
-def _predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool, progress: bool) -> list[tuple[str, ...]]:
-    keys = list(dict.fromkeys((m.text, m.lang if query_lang else None) for m in mentions))
+def _predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
+             progress: bool) -> list[tuple[tuple[str, ...], ...]]:
+    """Per mention, one ranking of concept ids per query text (`Mention.queries`); each text linked once."""
+    keys = list(dict.fromkeys((text, m.lang if query_lang else None) for m in mentions for text in m.queries))
     by_lang: dict[str | None, list[str]] = {}
     for text, lang in keys:
         by_lang.setdefault(lang, []).append(text)
@@ -131,7 +133,7 @@ def _predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool, 
                 bar.update(len(chunk))
     if bar is not None:
         bar.close()
-    return [ranked[(m.text, m.lang if query_lang else None)] for m in mentions]
+    return [tuple(ranked[(text, m.lang if query_lang else None)] for text in m.queries) for m in mentions]
 
 
 def evaluate(

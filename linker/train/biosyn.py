@@ -166,7 +166,7 @@ def merge_candidates(dense_rows: np.ndarray, sparse_rows: np.ndarray, topk: int,
 
 
 def train_biosyn(
-    train_spec: str,
+    train_spec: str | Sequence[str],
     dict_path: str | Path,
     *,
     encoder: str,
@@ -178,12 +178,14 @@ def train_biosyn(
 ) -> dict:
     """Fine-tune `encoder` BioSyn-style on the mentions of `train_spec`; write a model folder to `out`.
 
-    `train_spec` is a dataset spec for `linker.eval.datasets.load_dataset` ("FORMAT:PATH");
-    `mentions` may pass already loaded mentions instead (the spec is then only recorded).
+    `train_spec` is a dataset spec for `linker.eval.datasets.load_dataset` ("FORMAT:PATH"), or
+    several (train and dev); `mentions` may pass already loaded mentions instead (the specs are
+    then only recorded).
     """
     from linker.encoders import load_encoder
 
     out, dict_path = Path(out), Path(dict_path)
+    train_specs = [train_spec] if isinstance(train_spec, str) else list(train_spec)
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -192,7 +194,7 @@ def train_biosyn(
     if mentions is None:
         from linker.eval.datasets import load_dataset
 
-        mentions = load_dataset(train_spec)
+        mentions = [m for spec in train_specs for m in load_dataset(spec)]
     queries, query_stats = training_queries(mentions, config)
     if len(dictionary.names) < config.topk:
         raise ConfigError(f"{dict_path}: {len(dictionary.names)} names, fewer than --topk {config.topk}")
@@ -318,8 +320,8 @@ def train_biosyn(
     run_config = {
         **common.run_header("biosyn", encoder, base.spec),
         "config": asdict(config),
-        "data": {"train": train_spec, "dict": str(dict_path)},
-        "data_sha256": common.data_hashes([dict_path, *_spec_files(train_spec)]),
+        "data": {"train": train_specs, "dict": str(dict_path)},
+        "data_sha256": common.data_hashes([dict_path, *(f for spec in train_specs for f in _spec_files(spec))]),
     }
     common.write_outputs(out, model, config=run_config, metrics=metrics,
                          extra_files={SPARSE_WEIGHT_FILE: {"sparse_weight": weight, "score": "dense + sparse_weight * sparse"}})
