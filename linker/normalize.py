@@ -20,6 +20,11 @@ Formats:
   ``<Reactions>`` element is written with one ``Reaction`` per distinct (lower-cased) mention
   string and exactly one ``Normalization`` in it (``meddra_pt``, ``meddra_pt_id``, and
   ``meddra_llt``/``meddra_llt_id`` when the matched name was an LLT).
+
+With ``expand_abbreviations``, brat and XML mentions that are abbreviations defined in their own
+document ("neuroleptic malignant syndrome (NMS)" ... "NMS") are linked as the long form
+(`linker.preprocess`); the brat document is the ``.txt`` beside the ``.ann``, the label's is its
+sections. The files keep the mention text as written.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from xml.parsers import expat
 
 from linker.errors import ConfigError, InputFormatError, MissingInputError, UnknownNameError, shorten
 from linker.fileio import atomic_dir, atomic_file, decode_line, iter_lines
+from linker.preprocess import expand_abbreviations, find_abbreviations
 
 if TYPE_CHECKING:  # the Linker is only needed for type hints here; callers pass a loaded one
     from linker.link import Candidate, Linker
@@ -321,6 +327,7 @@ def normalize_brat(
     db: str | None = None,
     lang: str | None = None,
     overwrite: bool = False,
+    expand: bool = False,
 ) -> NormalizeSummary:
     """brat .ann file or folder -> the same with normalisation lines, written atomically.
 
@@ -335,6 +342,8 @@ def normalize_brat(
         _check_out_dir(output_path, overwrite)
     docs = [read_brat(p) for p in files]  # all validated before any linking
     texts = [e.text for d in docs for e in d.entities]
+    if expand:
+        texts = _expand([(_brat_text(d.path), [e.text for e in d.entities]) for d in docs])
     flat = link_texts(linker, texts, [lang] * len(texts), k=1)
     per_doc: list[list[str]] = []
     pos = 0
@@ -539,6 +548,7 @@ def normalize_ade_xml(
     lang: str | None = None,
     overwrite: bool = False,
     check_meddra: bool = True,
+    expand: bool = False,
 ) -> NormalizeSummary:
     """TAC 2017 / ADE Eval XML file or folder -> the same labels with <Reactions>, written atomically.
 
@@ -554,6 +564,9 @@ def normalize_ade_xml(
         _check_out_dir(output_path, overwrite)
     docs = [read_ade_xml(p) for p in files]
     texts = [m.text for d in docs for m in d.mentions]
+    if expand:
+        texts = _expand([(" ".join(s.text or "" for s in d.root.find("Text")), [m.text for m in d.mentions])
+                         for d in docs])
     flat = link_texts(linker, texts, [lang] * len(texts), k=1)
     pos = 0
     for doc in docs:
@@ -574,6 +587,30 @@ def normalize_ade_xml(
     return NormalizeSummary("ade-xml", str(output_path), len(docs), len(flat), sum(1 for c in flat if c))
 
 
+# --------------------------------------------------------------------------- abbreviations
+
+
+def _brat_text(ann: Path) -> str:
+    txt = ann.with_suffix(".txt")
+    if not txt.is_file():
+        log.warning("%s: no .txt beside it; its abbreviations are not expanded", ann)
+        return ""
+    return "\n".join(line for _, line in iter_lines(txt))
+
+
+def _expand(docs: Iterable[tuple[str, list[str]]]) -> list[str]:
+    """Mention texts of (document text, mentions) pairs with the document's own abbreviations expanded."""
+    out: list[str] = []
+    changed = 0
+    for document, mentions in docs:
+        table = find_abbreviations(document)
+        for text in mentions:
+            out.append(expand_abbreviations(text, table))
+            changed += out[-1] != text
+    log.info("expanded %d of %d mentions using abbreviations defined in their documents", changed, len(out))
+    return out
+
+
 # --------------------------------------------------------------------------- dispatch
 
 
@@ -587,17 +624,25 @@ def normalize_path(
     db: str | None = None,
     lang: str | None = None,
     overwrite: bool = False,
+    expand_abbreviations: bool = False,
 ) -> NormalizeSummary:
-    """Normalise a file or folder in format `fmt` (one of FORMATS) into `output_path`."""
+    """Normalise a file or folder in format `fmt` (one of FORMATS) into `output_path`.
+
+    `expand_abbreviations` (brat, ade-xml): link abbreviations defined in the document as their long form.
+    """
     if fmt not in FORMATS:
         raise UnknownNameError("input format", fmt, FORMATS)
     if Path(input_path).resolve() == Path(output_path).resolve() and fmt != "jsonl":
         raise ConfigError(f"--output {output_path} is the input; choose another path so the input stays intact")
     if fmt == "jsonl":
+        if expand_abbreviations:
+            raise ConfigError("--expand-abbreviations needs the documents: use --format brat or ade-xml")
         return normalize_jsonl(linker, input_path, output_path, k=k, lang=lang)
     if fmt == "brat":
-        return normalize_brat(linker, input_path, output_path, k=k, db=db, lang=lang, overwrite=overwrite)
-    return normalize_ade_xml(linker, input_path, output_path, k=k, lang=lang, overwrite=overwrite)
+        return normalize_brat(linker, input_path, output_path, k=k, db=db, lang=lang, overwrite=overwrite,
+                              expand=expand_abbreviations)
+    return normalize_ade_xml(linker, input_path, output_path, k=k, lang=lang, overwrite=overwrite,
+                             expand=expand_abbreviations)
 
 
 __all__ = [

@@ -404,3 +404,37 @@ def test_xml_unknown_encoding_is_a_format_error(tmp_path):
     src.write_text('<?xml version="1.0" encoding="TF-8"?>\n<Label drug="X" track="T"><Text/></Label>\n')
     with pytest.raises(InputFormatError, match=r"label.xml:1: expected an XML declaration with a known encoding"):
         read_ade_xml(src)
+
+
+# ----------------------------------------------------------------------------- abbreviations
+
+
+def test_expand_abbreviations_defined_in_brat_and_xml_documents(indexes, meddra, tmp_path):
+    text = "Patients reported itching of the palms (IP) and nausea. IP resolved."
+    folder = tmp_path / "brat"
+    folder.mkdir()
+    (folder / "d.txt").write_text(text)
+    start = text.rindex("IP")
+    (folder / "d.ann").write_text(f"T1\tAdverseEvent {start} {start + 2}\tIP\n")
+    normalize_brat(meddra, folder, tmp_path / "plain")
+    assert "meddra:10001760" in (tmp_path / "plain" / "d.ann").read_text()  # "IP" alone: the n-grams' best guess
+    assert run_cli(["normalize", "--index", str(indexes["meddra"]), "--input", str(folder), "--format", "brat",
+                    "--output", str(tmp_path / "expanded"), "--expand-abbreviations"]) == 0
+    written = (tmp_path / "expanded" / "d.ann").read_text().splitlines()
+    assert written == [f"T1\tAdverseEvent {start} {start + 2}\tIP", "N1\tReference T1 meddra:10037087\tPruritus"]
+
+    section = "Nausea and itching of the palms (IP) were common. IP was mild."
+    start = section.rindex("IP")
+    (tmp_path / "L.xml").write_text(
+        f'<Label drug="X" track="TAC2017_ADR"><Text><Section id="S1" name="ar">{section}</Section></Text>'
+        f'<Mentions><Mention id="M1" section="S1" type="AdverseReaction" start="{start}" len="2" str="IP" />'
+        "</Mentions><Relations /><Reactions /></Label>")
+    normalize_ade_xml(meddra, tmp_path / "L.xml", tmp_path / "L.out.xml", expand=True)
+    reaction = ET.parse(tmp_path / "L.out.xml").getroot().find("Reactions/Reaction")
+    assert reaction.get("str") == "ip"  # the file keeps the mention (lower-cased, as every Reaction)
+    assert reaction.find("Normalization").get("meddra_pt_id") == "10037087"
+
+
+def test_expand_abbreviations_needs_documents(meddra, tmp_path):
+    with pytest.raises(ConfigError, match="--expand-abbreviations needs the documents"):
+        normalize_path(meddra, FIX / "spans.jsonl", tmp_path / "o.jsonl", fmt="jsonl", expand_abbreviations=True)

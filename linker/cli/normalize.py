@@ -23,6 +23,9 @@ def normalize_cli(
     lang: str = typer.Option(None, "--lang", help="Restrict candidates to names in this language (a JSONL span's own lang wins)."),
     db: str = typer.Option(None, "--db", help="brat: database name in `Reference T1 DB:ID` (default: the concept's source)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty output folder whole."),
+    expand_abbreviations: bool = typer.Option(
+        False, "--expand-abbreviations",
+        help="brat, ade-xml: link an abbreviation defined in its document ('... syndrome (NMS)') as the long form."),
 ) -> None:
     """Normalise predicted spans: add ranked concepts (jsonl), brat normalisation lines, or TAC/ADE-Eval Reactions."""
     if (input_path == "-" or output == "-") and fmt != "jsonl":
@@ -32,7 +35,8 @@ def normalize_cli(
     if input_path == "-" or output == "-":
         summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang)
     else:
-        summary = normalize_path(linker, input_path, output, fmt=fmt, k=k, db=db, lang=lang, overwrite=overwrite)
+        summary = normalize_path(linker, input_path, output, fmt=fmt, k=k, db=db, lang=lang, overwrite=overwrite,
+                                 expand_abbreviations=expand_abbreviations)
     typer.echo(
         f"normalised {summary.mentions:,} spans ({summary.linked:,} linked) in {summary.documents:,} "
         f"document(s) -> {output} in {time.perf_counter() - started:.1f}s",
