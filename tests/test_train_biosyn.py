@@ -107,6 +107,17 @@ def test_freezing_layers_keeps_them_fixed(tmp_path, tiny_encoder_dir, biosyn_dic
                      config=BiosynConfig(freeze_layers=3, topk=4))
 
 
+def test_gold_alternative_ids_resolve_through_xrefs(tmp_path):
+    # MEDIC keys a disease by its MeSH id and keeps its OMIM id in xrefs; NCBI annotates either.
+    medic = tmp_path / "medic.txt"
+    medic.write_text("C567755|613097||Tooth agenesis, selective, 6|STHAG6\nD006527||Wilson disease\n")
+    build_dictionary([SourceSpec("tsv", (medic,))], tmp_path / "medic.parquet")
+    dictionary = load_dictionary(tmp_path / "medic.parquet")
+    assert set(dictionary.keys) == {"C567755", "D006527"}
+    assert dictionary.resolve(frozenset({"OMIM:613097"})) == {"OMIM:613097", "C567755"}
+    assert dictionary.resolve(frozenset({"D006527"})) == {"D006527"}
+
+
 def test_bad_inputs_raise_linker_errors(tmp_path, tiny_encoder_dir, biosyn_dict, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     enc = str(tiny_encoder_dir)

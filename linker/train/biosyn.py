@@ -88,6 +88,11 @@ class Query:
 class Dictionary:
     names: tuple[str, ...]
     keys: tuple[str, ...]  # code_key(concept_id) of each name row
+    aliases: dict[str, frozenset[str]]  # code_key(xref) -> the concepts listing it (MEDIC: OMIM id -> MeSH id)
+
+    def resolve(self, gold: frozenset[str]) -> frozenset[str]:
+        """Gold ids plus the concepts that carry any of them as an alternative id (xref)."""
+        return gold.union(*(self.aliases.get(g, ()) for g in gold))
 
 
 def load_dictionary(path: str | Path) -> Dictionary:
@@ -95,13 +100,17 @@ def load_dictionary(path: str | Path) -> Dictionary:
     table = read_concept_table(path).table
     seen: set[tuple[str, str]] = set()
     names, keys = [], []
-    for cid, name in zip(table.column("concept_id").to_pylist(), table.column("name").to_pylist()):
+    aliases: dict[str, set[str]] = {}
+    columns = (table.column(c).to_pylist() for c in ("concept_id", "name", "xrefs"))
+    for cid, name, xrefs in zip(*columns):
         key = (normalize(name, "default"), code_key(cid))
+        for xref in xrefs or ():
+            aliases.setdefault(code_key(xref), set()).add(key[1])
         if key[0] and key not in seen:
             seen.add(key)
             names.append(name)
             keys.append(key[1])
-    return Dictionary(tuple(names), tuple(keys))
+    return Dictionary(tuple(names), tuple(keys), {k: frozenset(v) for k, v in aliases.items()})
 
 
 def training_queries(mentions, config: BiosynConfig) -> tuple[list[Query], dict]:
@@ -196,6 +205,11 @@ def train_biosyn(
 
         mentions = [m for spec in train_specs for m in load_dataset(spec)]
     queries, query_stats = training_queries(mentions, config)
+    # A mention annotated with an alternative id (NCBI's OMIM ids; MEDIC keys the disease by its MeSH
+    # id and keeps OMIM in xrefs) has that concept's names as positives too.
+    resolved = [Query(q.text, dictionary.resolve(q.gold)) for q in queries]
+    query_stats["gold_widened_by_xrefs"] = sum(len(r.gold) > len(q.gold) for q, r in zip(queries, resolved))
+    queries = resolved
     if len(dictionary.names) < config.topk:
         raise ConfigError(f"{dict_path}: {len(dictionary.names)} names, fewer than --topk {config.topk}")
 

@@ -121,16 +121,25 @@ def embed(model, texts: Sequence[str], device: str) -> torch.Tensor:
 
 
 def embed_no_grad(model, texts: Sequence[str], device: str, batch_size: int = 256) -> np.ndarray:
-    """L2-normalised float32 embeddings for retrieval during training (eval mode, no gradients)."""
+    """L2-normalised float32 embeddings for retrieval during training (eval mode, no gradients).
+
+    Texts are encoded in order of length, so that a batch pads to similar lengths (as
+    sentence-transformers' own `encode` does), and returned in the caller's order.
+    """
     was_training = model.training
     model.eval()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     out = []
     with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            vectors = embed(model, texts[start : start + batch_size], device)
+        for start in range(0, len(order), batch_size):
+            vectors = embed(model, [texts[i] for i in order[start : start + batch_size]], device)
             out.append(torch.nn.functional.normalize(vectors, dim=1).float().cpu().numpy())
     model.train(was_training)
-    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+    if not out:
+        return np.zeros((0, 0), dtype=np.float32)
+    result = np.empty((len(texts), out[0].shape[1]), dtype=np.float32)
+    result[order] = np.concatenate(out)
+    return result
 
 
 def data_hashes(paths: Sequence[Path]) -> dict[str, str]:
