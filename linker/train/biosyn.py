@@ -55,6 +55,7 @@ class BiosynConfig:
     dense_ratio: float = 0.5  # README: --dense_ratio 0.5 (half dense, half sparse)
     max_length: int = 25  # README: --max_length 25 tokens
     initial_sparse_weight: float = 0.0  # README: --initial_sparse_weight 0 (then learned)
+    sparse_lr: float = 0.01  # rerankNet.py: the sparse weight has its own Adam lr 0.01, no weight decay
     logit_scale: float = 20.0  # ours: cosine scores / temperature 0.05 (SimCSE); see module docstring
     freeze_layers: int = 0  # Medical Crossing froze embeddings + 4 or 10 layers
     freeze_embeddings: bool = False
@@ -68,7 +69,7 @@ class BiosynConfig:
             raise ConfigError(f"--topk must be >= 2 (softmax over candidates), found {self.topk}")
         if not 0.0 <= self.dense_ratio <= 1.0:
             raise ConfigError(f"--dense-ratio must be within [0, 1], found {self.dense_ratio}")
-        if self.batch_size < 1 or self.epochs < 1 or self.lr <= 0 or self.max_length < 4:
+        if self.batch_size < 1 or self.epochs < 1 or self.lr <= 0 or self.sparse_lr < 0 or self.max_length < 4:
             raise ConfigError(
                 f"need batch_size >= 1, epochs >= 1, lr > 0, max_length >= 4; found "
                 f"{self.batch_size}, {self.epochs}, {self.lr}, {self.max_length}"
@@ -237,11 +238,11 @@ def train_biosyn(
     original_max_length = model.max_seq_length
     model.max_seq_length = config.max_length
     counts = common.freeze(model, embeddings=config.freeze_embeddings, layers=config.freeze_layers)
-    # RerankNet: Adam over the encoder (weight decay 0.01) and the sparse weight (no decay).
+    # RerankNet: Adam over the encoder (weight decay 0.01) and the sparse weight (its own lr, no decay).
     optimizer = torch.optim.Adam(
         [
             {"params": [p for p in model.parameters() if p.requires_grad]},
-            {"params": [sparse_weight], "weight_decay": 0.0},
+            {"params": [sparse_weight], "lr": config.sparse_lr, "weight_decay": 0.0},
         ],
         lr=config.lr,
         weight_decay=config.weight_decay,
