@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import struct
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -287,6 +288,10 @@ def load_encoder(
         ensure_e5_small(Path(spec.path))
     from sentence_transformers import SentenceTransformer
 
+    if not sys.stderr.isatty():  # transformers' "Loading weights" bar is noise in logs and CI output
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     started = time.perf_counter()
     local = spec.revision != "hub"
     try:
