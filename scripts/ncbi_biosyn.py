@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -144,6 +145,7 @@ def main() -> None:
     sap_metrics = json.loads((sap_model / "train_metrics.json").read_text())
     bio_metrics = json.loads((biosyn_model / "train_metrics.json").read_text())
     result = {
+        "command": " ".join(["python", "scripts/ncbi_biosyn.py", *sys.argv[1:]]),
         "test": test_spec,
         "train": train_specs,
         "dictionary": {"path": str(medic_td), "names": read_concept_table(medic_td).table.num_rows,
@@ -183,7 +185,7 @@ def markdown(r: dict) -> str:
     lines = [
         "# NCBI-disease under BioSyn's protocol, trained on CPU",
         "",
-        "Produced by `scripts/ncbi_biosyn.py` (see its docstring for each step of the protocol).",
+        f"Produced by `{r['command']}` (see the script's docstring for each step of the protocol).",
         f"Test: {r['rows'][0]['any']['n']} NCBI-disease test mentions, rewritten as BioSyn's preprocessing does "
         "(abbreviations from the abstract, typo list, composites split, lower case, no punctuation). "
         f"Dictionary: MEDIC plus the train+dev mentions, {r['dictionary']['names']:,} names "
