@@ -341,15 +341,9 @@ def normalize_brat(
     if input_path.is_dir():
         _check_out_dir(output_path, overwrite)
     docs = [read_brat(p) for p in files]  # all validated before any linking
-    texts = [e.text for d in docs for e in d.entities]
-    if expand:
-        texts = _expand([(_brat_text(d.path), [e.text for e in d.entities]) for d in docs])
-    flat = link_texts(linker, texts, [lang] * len(texts), k=1)
-    per_doc: list[list[str]] = []
-    pos = 0
-    for doc in docs:
-        per_doc.append(brat_lines(doc, flat[pos : pos + len(doc.entities)], db=db))
-        pos += len(doc.entities)
+    linked = _link_documents(linker, [[e.text for e in d.entities] for d in docs], lang,
+                             documents=[_brat_text(d.path) for d in docs] if expand else None)
+    per_doc = [brat_lines(doc, candidates, db=db) for doc, candidates in zip(docs, linked, strict=True)]
 
     def write(lines: list[str], target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -370,7 +364,7 @@ def normalize_brat(
                 target = tmp / extra.relative_to(input_path)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(extra, target)
-    return NormalizeSummary("brat", str(output_path), len(docs), len(flat), sum(1 for c in flat if c))
+    return _summary("brat", output_path, linked)
 
 
 # --------------------------------------------------------------------------- ADE Eval / TAC 2017 XML
@@ -563,15 +557,10 @@ def normalize_ade_xml(
     if input_path.is_dir():
         _check_out_dir(output_path, overwrite)
     docs = [read_ade_xml(p) for p in files]
-    texts = [m.text for d in docs for m in d.mentions]
-    if expand:
-        texts = _expand([(" ".join(s.text or "" for s in d.root.find("Text")), [m.text for m in d.mentions])
-                         for d in docs])
-    flat = link_texts(linker, texts, [lang] * len(texts), k=1)
-    pos = 0
-    for doc in docs:
-        write_reactions(doc, flat[pos : pos + len(doc.mentions)])
-        pos += len(doc.mentions)
+    linked = _link_documents(linker, [[m.text for m in d.mentions] for d in docs], lang,
+                             documents=[_label_text(d) for d in docs] if expand else None)
+    for doc, candidates in zip(docs, linked, strict=True):
+        write_reactions(doc, candidates)
 
     def write(doc: AdeDoc, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -584,10 +573,48 @@ def normalize_ade_xml(
         with atomic_dir(output_path) as tmp:
             for doc in docs:
                 write(doc, tmp / doc.path.relative_to(input_path))
-    return NormalizeSummary("ade-xml", str(output_path), len(docs), len(flat), sum(1 for c in flat if c))
+    return _summary("ade-xml", output_path, linked)
 
 
-# --------------------------------------------------------------------------- abbreviations
+# --------------------------------------------------------------------------- documents
+
+
+def _link_documents(
+    linker: Linker,
+    mentions: Sequence[Sequence[str]],
+    lang: str | None,
+    *,
+    documents: Sequence[str] | None = None,
+) -> list[list[tuple[Candidate, ...]]]:
+    """The best candidate of every mention of every document, linked in one pass, split per document.
+
+    With `documents` (each document's text), a mention that is an abbreviation the
+    document defines is linked as its long form (see the module docstring).
+    """
+    texts = [text for doc in mentions for text in doc]
+    if documents is not None:
+        expanded = []
+        for document, doc in zip(documents, mentions, strict=True):
+            table = find_abbreviations(document)  # once per document
+            expanded += [expand_abbreviations(text, table) for text in doc]
+        log.info("expanded %d of %d mentions using abbreviations defined in their documents",
+                 sum(a != b for a, b in zip(texts, expanded)), len(texts))
+        texts = expanded
+    flat = link_texts(linker, texts, [lang] * len(texts), k=1)
+    out, pos = [], 0
+    for doc in mentions:
+        out.append(flat[pos : pos + len(doc)])
+        pos += len(doc)
+    return out
+
+
+def _summary(fmt: str, output_path: Path, linked: list[list[tuple[Candidate, ...]]]) -> NormalizeSummary:
+    flat = [candidates for doc in linked for candidates in doc]
+    return NormalizeSummary(fmt, str(output_path), len(linked), len(flat), sum(1 for c in flat if c))
+
+
+def _label_text(doc: AdeDoc) -> str:
+    return " ".join(section.text or "" for section in doc.root.find("Text"))
 
 
 def _brat_text(ann: Path) -> str:
@@ -596,19 +623,6 @@ def _brat_text(ann: Path) -> str:
         log.warning("%s: no .txt beside it; its abbreviations are not expanded", ann)
         return ""
     return "\n".join(line for _, line in iter_lines(txt))
-
-
-def _expand(docs: Iterable[tuple[str, list[str]]]) -> list[str]:
-    """Mention texts of (document text, mentions) pairs with the document's own abbreviations expanded."""
-    out: list[str] = []
-    changed = 0
-    for document, mentions in docs:
-        table = find_abbreviations(document)
-        for text in mentions:
-            out.append(expand_abbreviations(text, table))
-            changed += out[-1] != text
-    log.info("expanded %d of %d mentions using abbreviations defined in their documents", changed, len(out))
-    return out
 
 
 # --------------------------------------------------------------------------- dispatch

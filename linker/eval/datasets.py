@@ -43,7 +43,7 @@ import io
 import logging
 import re
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,7 +196,7 @@ def _load_pubtator(spec: DatasetSpec) -> list[Mention]:
             gold = tuple(tuple(_mesh(a) for a in part) for part in gold)
             if biosyn and len(gold) > 1 and _mixed_mesh_omim(gold):
                 gold = (tuple(a for part in gold for a in part),)
-            text, parts_text = rewrite(doc, " ".join(doc_text.get(doc, ())), text, len(gold))
+            text, parts_text = rewrite(doc, doc_text.get(doc, ()), text, len(gold))
             mentions.append(Mention(text, gold, lang, doc, int(start), int(end), parts_text))
     if skipped:
         log.info("%s: left out %d mentions without a concept id (-1)", spec.path, skipped)
@@ -224,11 +224,12 @@ class _MentionRewriter:
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
 
-    def __call__(self, doc: str, doc_text: str, text: str, n_parts: int) -> tuple[str, tuple[str, ...]]:
+    def __call__(self, doc: str, doc_text: Sequence[str], text: str, n_parts: int) -> tuple[str, tuple[str, ...]]:
+        """(rewritten text, part texts) of one mention of `doc`, whose title and abstract are `doc_text`."""
         original = text
         if self.abbrev:
-            if self._doc[0] != doc:
-                self._doc = (doc, find_abbreviations(doc_text))
+            if self._doc[0] != doc:  # mentions come grouped by document: detect its abbreviations once
+                self._doc = (doc, find_abbreviations(" ".join(doc_text)))
             text = expand_abbreviations(text, self._doc[1])
             if text != original:
                 self._count("abbreviations expanded")
