@@ -3,36 +3,48 @@
     app = create_app(["indexes/default"])       # indexes load here, once, before serving
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
-Every problem with a request is a 4xx JSON body ``{"error": "...", "field": "..."}`` that names
-the field (``mentions[3].text``), what was expected and what was found; a 5xx means a bug in
-the service, never bad client input.
+Every answer other than 200 has one JSON body, ``{"error": "...", "field": "..."}``, whose error
+names the field (``mentions[3].text``), what was expected and what was found (field is null where
+no field applies). The service never answers 5xx: bad input is 400/404/405/413/415/422, a full
+queue 429, and an unexpected exception (a bug) 422 "internal error" with its traceback in the log.
 
-Concurrency: linking is CPU-bound, so `/link` is a plain (sync) endpoint that Starlette runs in
-its threadpool, leaving the event loop free for /health and other requests. Each index has one
-worker thread (`MentionBatcher`) that links the mentions of all requests waiting at that moment in
-one call: a sparse product or an encoder pass over 100 queries costs little more than over one, so
-concurrent single-mention requests share the work instead of queueing behind a lock. That worker
-is the only thread that touches its `Linker`, which keeps the Linker's lazy caches safe.
+Limits (`ServiceLimits`) bound what one request can cost, and each is checked before linking: the
+body while it streams in (chunked or not), the mention length as sent and after NFKC normalisation
+(which expands some characters 18-fold), the mentions and normalised characters per request, and
+the mentions waiting per index.
+
+Concurrency: linking is CPU-bound and runs on one worker thread per index (`MentionBatcher`), which
+links an equal share of every waiting request per call, so concurrent small requests share the work
+and a large request cannot hold the others up. `/link` awaits that worker without holding a thread;
+the event loop stays free for /health and for reading other requests.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 import queue
+import reprlib
 import threading
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import linker
-from linker.errors import ConfigError, LinkerError, UnknownNameError
+from linker.errors import ConfigError, LinkerError
 from linker.link import Linker, MeddraPath
+from linker.text import normalize
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +53,20 @@ log = logging.getLogger(__name__)
 class ServiceLimits:
     """Request limits; each bounds the work (and memory) that one request can ask for."""
 
-    max_text_chars: int = 500  # a mention is a phrase; 500 characters is ~10x the longest in the eval corpora
-    max_mentions: int = 1000  # ~1 s of tf-idf linking on one core: keeps one request from starving others
+    # A mention is a phrase; 500 characters is ~10x the longest in the eval corpora. Checked as sent
+    # and again after NFKC normalisation, which expands some characters up to 18-fold (U+FDFA).
+    max_text_chars: int = 500
+    max_mentions: int = 1000  # ~3 s of tf-idf linking on one core, shared fairly with other requests
+    # Linking work of one request, in characters after normalisation: 1,000 mentions of 100 characters.
+    max_request_chars: int = 100_000
     max_k: int = 100
     default_k: int = 5
     # Upper bound of a valid body: max_mentions * (max_text_chars * 4 UTF-8 bytes + ~100 bytes of
-    # JSON and id) ~ 2.1 MB at the defaults; 4 MiB leaves room and refuses anything larger unread.
+    # JSON and id) ~ 2.1 MB at the defaults; 4 MiB leaves room. Counted as the body streams in.
     max_body_bytes: int = 4 * 1024 * 1024
+    # Mentions admitted but not yet linked, per index: beyond this a request is answered 429 at once
+    # instead of queueing, which bounds the memory held by waiting requests (~20 maximal ones).
+    max_pending_mentions: int = 20_000
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -55,6 +74,9 @@ class ServiceLimits:
                 raise ConfigError(f"service limit {name} must be >= 1, found {value}")
         if self.default_k > self.max_k:
             raise ConfigError(f"default_k {self.default_k} is above max_k {self.max_k}")
+        if self.max_pending_mentions < self.max_mentions:
+            raise ConfigError(f"max_pending_mentions {self.max_pending_mentions} is below max_mentions "
+                              f"{self.max_mentions}: a maximal request could never be admitted")
 
 
 # ----------------------------------------------------------------------------- request / response
@@ -110,9 +132,11 @@ class ErrorOut(BaseModel):
 class RequestFieldError(Exception):
     """A request field that failed a check the schema cannot express (limits, index names)."""
 
-    def __init__(self, field: str, expected: str, found: str, status: int = 422) -> None:
+    def __init__(self, field: str, expected: str, found: str, status: int = 422,
+                 headers: dict[str, str] | None = None) -> None:
         self.field = field
         self.status = status
+        self.headers = headers
         super().__init__(f"{field}: expected {expected}, found {found}")
 
 
@@ -131,77 +155,231 @@ def _field_name(loc: Sequence[Any]) -> str:
     return out or "body"
 
 
+# reprlib bounds depth and length: a client's value may be nested 10,000 deep or be megabytes long.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 60, 60
+
+
 def _short(value: object, limit: int = 60) -> str:
-    text = repr(value)
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-# ----------------------------------------------------------------------------- app
+def _printable(text: str) -> str:
+    """`text` with lone surrogates (which UTF-8 cannot encode) written as \\udXXX escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-@dataclass
+def _error(status: int, message: str, field: str | None, headers: dict[str, str] | None = None,
+           **extra: Any) -> JSONResponse:
+    """The one error body of the service: {"error": "...", "field": "..." or null}."""
+    body = {"error": _printable(message), "field": None if field is None else _printable(field), **extra}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _surrogate(text: str) -> int | None:
+    """Position of the first lone surrogate in `text` (JSON's "\\ud800" escape decodes to one), or None."""
+    for i, char in enumerate(text):
+        if "\ud800" <= char <= "\udfff":
+            return i
+    return None
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+class BodyLimit:
+    """ASGI middleware: reads each request body as it streams in, chunked or not, and answers 413
+    at the first chunk past `max_bytes`; the app then gets the buffered body. A body is therefore
+    never held beyond the limit, whatever Content-Length says or omits."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None:
+            text = length.decode("latin-1").strip()
+            if not (text.isascii() and text.isdigit()):
+                await _error(400, f"Content-Length: expected a number, found {_short(text)}",
+                             "Content-Length")(scope, receive, send)
+                return
+            if len(text) > 18 or int(text) > self.max_bytes:
+                await self._too_large(f"{text} bytes", scope, receive, send)
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: nobody to answer
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(f"more (read {size} so far)", scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        del chunks
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, found: str, scope: dict, receive: Any, send: Any) -> None:
+        # The server discards the rest of the body without keeping it.
+        response = _error(413, f"body: expected at most {self.max_bytes} bytes, found {found}", "body",
+                          headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+
+# ----------------------------------------------------------------------------- fair batching
+
+
+@dataclass(eq=False)
 class _Job:
+    """One request's mentions; the worker links them a share at a time, interleaved with others."""
+
     texts: list[str]
+    langs: list[str | None]
     k: int
-    lang: str | None
-    done: threading.Event
-    results: list | None = None
+    on_done: Callable[[_Job], None]
+    results: list = field(default_factory=list)
+    next: int = 0  # first mention not yet handed to the linker
     error: BaseException | None = None
+    finished: bool = False
+
+
+class BusyError(Exception):
+    """An index has more mentions waiting than `max_pending_mentions`."""
 
 
 class MentionBatcher:
-    """Links the mentions of concurrent requests together, on one worker thread per index."""
+    """Links the mentions of concurrent requests together, fairly, on one worker thread per index.
 
-    # Mentions per Linker.link call; tf-idf search is chunked by 1,024 queries, so this stays
-    # within one chunk and a request's wait is bounded by one such call.
-    MAX_BATCH = 512
+    Each round the worker takes an equal share of `MAX_BATCH` mentions from every waiting request
+    (at least one each, oldest first, the rest next round) and links them in one call per
+    (k, lang). A sparse product or an encoder pass over 64 queries costs little more than over one,
+    so small concurrent requests share work; and a request of 1,000 long mentions is cut into
+    slices, so a one-mention request that arrives behind it waits for about one call (~0.2 s),
+    not for the whole of it. That worker is the only thread that touches its `Linker`, which keeps
+    the Linker's lazy caches safe.
+    """
 
-    def __init__(self, linker: Linker, name: str) -> None:
+    MAX_BATCH = 64  # mentions per Linker.link call: ~10% per-call overhead, ~0.2 s on one core
+
+    def __init__(self, linker: Linker, name: str, max_pending: int = 20_000) -> None:
         self.linker = linker
+        self.max_pending = max_pending
+        self._pending = 0  # mentions admitted and not yet finished
+        self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         threading.Thread(target=self._run, name=f"linker-batcher-{name}", daemon=True).start()
 
-    def link(self, texts: list[str], *, k: int, lang: str | None) -> list:
-        """Blocks the calling (threadpool) thread until the worker has linked `texts`."""
-        job = _Job(texts, k, lang, threading.Event())
+    def submit(self, texts: list[str], langs: list[str | None], k: int, on_done: Callable[[_Job], None]) -> _Job:
+        """Queue `texts`; `on_done(job)` runs on the worker thread with job.results or job.error set."""
+        with self._lock:
+            if self._pending + len(texts) > self.max_pending:
+                raise BusyError(f"{self._pending} mentions are waiting")
+            self._pending += len(texts)
+        job = _Job(texts, langs, k, on_done, [None] * len(texts))
         self._queue.put(job)
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return job.results
+        return job
+
+    async def link(self, texts: list[str], langs: list[str | None], k: int) -> list:
+        """The LinkResults of `texts`, awaited without holding a thread."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def resolve(job: _Job) -> None:
+            if not future.done():
+                if job.error is not None:
+                    future.set_exception(job.error)
+                else:
+                    future.set_result(job.results)
+
+        def done(job: _Job) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+                loop.call_soon_threadsafe(resolve, job)
+
+        self.submit(texts, langs, k, done)
+        return await future
 
     def _run(self) -> None:
+        active: deque[_Job] = deque()
         while True:
-            jobs = [self._queue.get()]
-            size = len(jobs[0].texts)
-            while size < self.MAX_BATCH:
+            if not active:
+                active.append(self._queue.get())
+            while True:
                 try:
-                    jobs.append(self._queue.get_nowait())
+                    active.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                size += len(jobs[-1].texts)
-            groups: dict[tuple[int, str | None], list[_Job]] = {}
-            for job in jobs:
-                groups.setdefault((job.k, job.lang), []).append(job)
-            for (k, lang), group in groups.items():
-                self._link_group(group, k, lang)
+            share = max(1, self.MAX_BATCH // len(active))
+            round_: list[tuple[_Job, int, int]] = []
+            size = 0
+            for _ in range(len(active)):
+                if size >= self.MAX_BATCH:
+                    break
+                job = active.popleft()
+                stop = min(job.next + share, len(job.texts), job.next + self.MAX_BATCH - size)
+                round_.append((job, job.next, stop))
+                size += stop - job.next
+                job.next = stop
+                if stop < len(job.texts):
+                    active.append(job)  # back of the line: the others get their share first
+            self._link_round(round_)
+            for job, _start, _stop in round_:
+                if not job.finished and (job.error is not None or job.next == len(job.texts)):
+                    self._finish(job)
+            if any(job.finished for job in active):
+                active = deque(job for job in active if not job.finished)
 
-    def _link_group(self, group: list[_Job], k: int, lang: str | None) -> None:
+    def _link_round(self, round_: list[tuple[_Job, int, int]]) -> None:
+        groups: dict[tuple[int, str | None], list[tuple[_Job, int]]] = {}
+        for job, start, stop in round_:
+            for i in range(start, stop):
+                groups.setdefault((job.k, job.langs[i]), []).append((job, i))
+        for (k, lang), items in groups.items():
+            self._link_items(items, k, lang)
+
+    def _link_items(self, items: list[tuple[_Job, int]], k: int, lang: str | None) -> None:
         try:
-            results = self.linker.link([t for job in group for t in job.texts], k=k, lang=lang)
+            results = self.linker.link([job.texts[i] for job, i in items], k=k, lang=lang)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, never lost
-            if len(group) > 1:  # one request's input must not fail the others: retry each alone
-                for job in group:
-                    self._link_group([job], k, lang)
-                return
-            group[0].error = exc
-            group[0].done.set()
+            jobs = list(dict.fromkeys(job for job, _ in items))
+            if len(jobs) > 1:  # one request's input must not fail the others: retry each alone
+                for job in jobs:
+                    self._link_items([(j, i) for j, i in items if j is job], k, lang)
+            else:
+                jobs[0].error = exc
             return
-        offset = 0
-        for job in group:
-            job.results = results[offset : offset + len(job.texts)]
-            offset += len(job.texts)
-            job.done.set()
+        for (job, i), result in zip(items, results, strict=True):
+            job.results[i] = result
+
+    def _finish(self, job: _Job) -> None:
+        job.finished = True
+        with self._lock:
+            self._pending -= len(job.texts)
+        try:
+            job.on_done(job)
+        except Exception:  # noqa: BLE001 - a broken callback must not stop the worker
+            log.exception("linker batcher: a request's completion callback failed")
 
 
 @dataclass
@@ -212,7 +390,8 @@ class _Loaded:
     languages: frozenset[str]
 
 
-def load_indexes(index_dirs: Sequence[str | Path]) -> dict[str, _Loaded]:
+def load_indexes(index_dirs: Sequence[str | Path], max_pending: int = ServiceLimits.max_pending_mentions
+                 ) -> dict[str, _Loaded]:
     """Load each index folder once; its name is the folder name (which must be unique)."""
     if not index_dirs:
         raise ConfigError("no index given; pass --index DIR (one or more)")
@@ -222,14 +401,77 @@ def load_indexes(index_dirs: Sequence[str | Path]) -> dict[str, _Loaded]:
         if name in loaded:
             raise ConfigError(f"two indexes named {name!r}; index folders must have distinct names")
         lk = Linker.load(folder)
-        loaded[name] = _Loaded(name, lk, MentionBatcher(lk, name), frozenset(lk.languages))
+        loaded[name] = _Loaded(name, lk, MentionBatcher(lk, name, max_pending), frozenset(lk.languages))
         log.info("loaded index %s (%s)", name, lk.version)
     return loaded
 
 
+def _check_request(request: LinkRequest, indexes: dict[str, _Loaded], default: str, limits: ServiceLimits
+                   ) -> tuple[_Loaded, int]:
+    """The index and k of a request, after every check that linking needs (RequestFieldError if one fails)."""
+    if request.index is not None and (at := _surrogate(request.index)) is not None:
+        raise RequestFieldError("index", "Unicode text", f"a lone surrogate at character {at}")
+    name = request.index or default
+    if name not in indexes:
+        raise RequestFieldError("index", f"one of {', '.join(indexes)}", _short(name))
+    loaded = indexes[name]
+    k = limits.default_k if request.k is None else request.k
+    if not 1 <= k <= limits.max_k:
+        raise RequestFieldError("k", f"an integer from 1 to {limits.max_k}", _short(k))
+    mentions = request.mentions
+    if not mentions:
+        raise RequestFieldError("mentions", "at least one mention", "an empty list")
+    if len(mentions) > limits.max_mentions:
+        raise RequestFieldError("mentions", f"at most {limits.max_mentions} mentions", f"{len(mentions)}", 413)
+    work = 0
+    for i, m in enumerate(mentions):
+        for name_, value in (("text", m.text), ("id", m.id), ("lang", m.lang)):
+            if isinstance(value, str) and (at := _surrogate(value)) is not None:
+                raise RequestFieldError(f"mentions[{i}].{name_}", "Unicode text",
+                                        f"a lone surrogate at character {at}")
+        if len(m.text) > limits.max_text_chars:
+            raise RequestFieldError(
+                f"mentions[{i}].text", f"at most {limits.max_text_chars} characters", f"{len(m.text)}"
+            )
+        normalized = len(normalize(m.text))
+        if normalized > limits.max_text_chars:
+            raise RequestFieldError(
+                f"mentions[{i}].text", f"at most {limits.max_text_chars} characters after NFKC normalisation",
+                f"{normalized} (from {len(m.text)})",
+            )
+        if not normalized:
+            raise RequestFieldError(f"mentions[{i}].text", "a non-empty text", _short(m.text))
+        work += normalized
+        if work > limits.max_request_chars:
+            raise RequestFieldError(
+                "mentions", f"at most {limits.max_request_chars} characters in all after normalisation",
+                f"more ({work} up to mentions[{i}])", 413,
+            )
+        if m.lang is not None and m.lang not in loaded.languages:
+            raise RequestFieldError(
+                f"mentions[{i}].lang", f"a language of index {name} ({', '.join(sorted(loaded.languages))})",
+                _short(m.lang),
+            )
+    return loaded, k
+
+
+def _render(loaded: _Loaded, k: int, mentions: list[MentionIn], results: list) -> bytes:
+    """The LinkResponse as JSON bytes (built directly: 1,000 x k=100 candidates is too many to validate)."""
+    out = []
+    for m, result in zip(mentions, results, strict=True):
+        item: dict[str, Any] = {"id": m.id} if m.id is not None else {}
+        item["text"] = m.text
+        if m.lang is not None:
+            item["lang"] = m.lang
+        item["candidates"] = [c.to_dict() for c in result.candidates]
+        out.append(item)
+    body = {"index": loaded.name, "version": loaded.linker.version, "k": k, "results": out}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
 def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = ServiceLimits()) -> FastAPI:
     """The FastAPI app with `index_dirs` loaded (LinkerError here, before serving, if one is bad)."""
-    indexes = load_indexes(index_dirs)
+    indexes = load_indexes(index_dirs, limits.max_pending_mentions)
     default = next(iter(indexes))
     app = FastAPI(
         title="linker",
@@ -238,46 +480,64 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
     )
     app.state.indexes = indexes
     app.state.limits = limits
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                return JSONResponse({"error": f"Content-Length: expected a number, found {_short(length)}",
-                                     "field": "body"}, status_code=400)
-            if int(length) > limits.max_body_bytes:
-                return JSONResponse(
-                    {"error": f"body: expected at most {limits.max_body_bytes} bytes, found {length}", "field": "body"},
-                    status_code=413,
-                )
-        return await call_next(request)
+    app.state.internal_errors = 0  # requests answered by the catch-all below; tests assert it stays 0
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        content_type = request.headers.get("content-type")
+        if content_type is not None and not _is_json(content_type):
+            return _error(415, f"Content-Type: expected application/json, found {_short(content_type)}",
+                          "Content-Type")
         errors = exc.errors()
         first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": "invalid"}
         if first.get("type") == "json_invalid":
-            return JSONResponse({"error": f"body: expected JSON, found invalid JSON ({first.get('msg')})",
-                                 "field": "body"}, status_code=400)
+            return _error(400, f"body: expected JSON, found invalid JSON ({first.get('msg')})", "body")
         details = [
-            {"field": _field_name(e.get("loc", ())), "message": str(e.get("msg")), "type": str(e.get("type"))}
+            {"field": _printable(_field_name(e.get("loc", ()))), "message": _printable(str(e.get("msg"))),
+             "type": str(e.get("type"))}
             for e in errors[:20]
         ]
-        field = details[0]["field"]
-        found = first.get("input", None)
-        message = f"{field}: {details[0]['message']}"
+        field_ = details[0]["field"]
+        message = f"{field_}: {details[0]['message']}"
         if first.get("type") != "missing":
-            message += f", found {_short(found)}"
-        return JSONResponse({"error": message, "field": field, "errors": details}, status_code=422)
+            message += f", found {_short(first.get('input', None))}"
+        return _error(422, message, field_, errors=details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Routing (404, 405) and FastAPI's body parser (400) raise these; they get the same body shape.
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            routes = "POST /link, GET /health, GET /indexes, GET /docs"
+            return _error(404, f"path: expected one of {routes}, found {_short(where)}", "path")
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            return _error(405, f"method: expected {allowed} for {request.url.path}, found {request.method}",
+                          "method", headers=exc.headers)
+        cause = exc.__cause__
+        if exc.status_code == 400 and cause is not None:  # json.loads failed other than by syntax
+            reason = str(cause).split(";")[0][:120]  # drop Python's advice on sys.set_int_max_str_digits
+            return _error(400, f"body: expected JSON that can be parsed, found {type(cause).__name__}: {reason}",
+                          "body")
+        return _error(exc.status_code, f"{where}: {exc.detail}", None, headers=exc.headers)
 
     @app.exception_handler(RequestFieldError)
     async def field_error(_request: Request, exc: RequestFieldError) -> JSONResponse:
-        return JSONResponse({"error": str(exc), "field": exc.field}, status_code=exc.status)
+        return _error(exc.status, str(exc), exc.field, headers=exc.headers)
 
     @app.exception_handler(LinkerError)
     async def linker_error(_request: Request, exc: LinkerError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=422)
+        return _error(422, str(exc), getattr(exc, "where", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input. The contract is "never 5xx": the client gets the usual error body
+        # (422: the same request will fail the same way) and the traceback goes to the server log.
+        app.state.internal_errors += 1
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return _error(422, "internal error: the service failed on this request; the traceback is in the "
+                           "server log (please report it)", None)
 
     # /health and /indexes are async: they run on the event loop, so they answer at once even
     # while every threadpool worker is busy waiting for its index's batcher.
@@ -302,53 +562,18 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
         "/link",
         response_model=LinkResponse,
         response_model_exclude_none=True,
-        responses={400: {"model": ErrorOut}, 413: {"model": ErrorOut}, 422: {"model": ErrorOut}},
+        responses={status: {"model": ErrorOut} for status in (400, 404, 405, 413, 415, 422, 429)},
     )
-    def link(request: LinkRequest) -> dict:
+    async def link(request: LinkRequest) -> Response:
         """Link mentions to ranked concepts (score desc, concept_id) with the matched dictionary name."""
-        name = request.index or default
-        if name not in indexes:
-            raise RequestFieldError("index", f"one of {', '.join(indexes)}", repr(name))
-        loaded = indexes[name]
-        k = limits.default_k if request.k is None else request.k
-        if not 1 <= k <= limits.max_k:
-            raise RequestFieldError("k", f"an integer from 1 to {limits.max_k}", str(k))
+        loaded, k = _check_request(request, indexes, default, limits)
         mentions = request.mentions
-        if not mentions:
-            raise RequestFieldError("mentions", "at least one mention", "an empty list")
-        if len(mentions) > limits.max_mentions:
-            raise RequestFieldError("mentions", f"at most {limits.max_mentions} mentions", f"{len(mentions)}", 413)
-        for i, m in enumerate(mentions):
-            if not m.text.strip():
-                raise RequestFieldError(f"mentions[{i}].text", "a non-empty text", repr(m.text))
-            if len(m.text) > limits.max_text_chars:
-                raise RequestFieldError(
-                    f"mentions[{i}].text", f"at most {limits.max_text_chars} characters", f"{len(m.text)}"
-                )
-            if m.lang is not None and m.lang not in loaded.languages:
-                raise RequestFieldError(
-                    f"mentions[{i}].lang", f"a language of index {name} ({', '.join(sorted(loaded.languages))})",
-                    _short(m.lang),
-                )
-        by_lang: dict[str | None, list[int]] = {}
-        for i, m in enumerate(mentions):
-            by_lang.setdefault(m.lang, []).append(i)
-        candidates: list[list[dict]] = [[] for _ in mentions]
-        for lang, rows in by_lang.items():
-            try:
-                results = loaded.batcher.link([mentions[i].text for i in rows], k=k, lang=lang)
-            except UnknownNameError as exc:  # belt and braces: languages were checked above
-                raise RequestFieldError("mentions.lang", f"one of {', '.join(exc.choices)}", repr(lang)) from None
-            for i, result in zip(rows, results, strict=True):
-                candidates[i] = [c.to_dict() for c in result.candidates]
-        return {
-            "index": name,
-            "version": loaded.linker.version,
-            "k": k,
-            "results": [
-                {"id": m.id, "text": m.text, "lang": m.lang, "candidates": c}
-                for m, c in zip(mentions, candidates, strict=True)
-            ],
-        }
+        try:
+            results = await loaded.batcher.link([m.text for m in mentions], [m.lang for m in mentions], k)
+        except BusyError as exc:
+            raise RequestFieldError("mentions", f"room in the queue of index {loaded.name} (retry shortly)",
+                                    str(exc), 429, headers={"Retry-After": "1"}) from None
+        body = await run_in_threadpool(_render, loaded, k, mentions, results)
+        return Response(body, media_type="application/json")
 
     return app

@@ -142,7 +142,7 @@ def test_linker_error_becomes_422(indexes, monkeypatch):
     monkeypatch.setattr(hpo, "link", broken)
     with TestClient(app) as c:
         response = c.post("/link", json={"mentions": M})
-    assert response.status_code == 422 and response.json() == {"error": "index cannot answer this"}
+    assert response.status_code == 422 and response.json() == {"error": "index cannot answer this", "field": None}
 
 
 def test_default_limits_and_bad_start_up(indexes):
@@ -269,46 +269,88 @@ def test_serve_refuses_a_missing_index(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'nope'}: no such index folder")
 
 
-# ---- MentionBatcher: concurrent requests share Linker.link calls, each gets its own results ----
+# ---- MentionBatcher: concurrent requests share Linker.link calls, fairly, each gets its own results ----
 
 class _RecordingLinker:
     """Stands in for a Linker: echoes each text with k and lang, fails on the text 'boom'."""
 
     def __init__(self) -> None:
-        self.calls: list[int] = []
+        self.calls: list[list[str]] = []
         self.release = threading.Event()
 
     def link(self, texts, *, k, lang):
-        self.release.wait(5)  # hold the worker so that concurrent jobs pile up into one batch
-        self.calls.append(len(texts))
+        self.release.wait(5)  # hold the worker so that concurrent jobs pile up
+        self.calls.append(list(texts))
         if "boom" in texts:
             raise ValueError("boom")
         return [(t, k, lang) for t in texts]
 
 
-def test_batcher_groups_concurrent_jobs_and_isolates_failures():
-    from concurrent.futures import ThreadPoolExecutor
+def _submit(batcher, texts, k=1, langs=None):
+    """Queue a job; returns an Event set when it is done and a dict that then holds the job."""
+    done, box = threading.Event(), {}
 
+    def on_done(job):
+        box["job"] = job
+        done.set()
+
+    batcher.submit(texts, langs or [None] * len(texts), k, on_done)
+    return done, box
+
+
+def test_batcher_groups_concurrent_jobs_and_isolates_failures():
     from linker.service import MentionBatcher
 
     fake = _RecordingLinker()
     batcher = MentionBatcher(fake, "fake")
-    jobs = [(["a"], 1, None), (["b", "c"], 1, None), (["d"], 3, "es"), (["boom"], 1, None), (["e"], 1, None)]
-
-    def run(job):
-        texts, k, lang = job
-        try:
-            return batcher.link(texts, k=k, lang=lang)
-        except ValueError as exc:
-            return f"error: {exc}"
-
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        futures = [pool.submit(run, job) for job in jobs]
-        time.sleep(0.3)
-        fake.release.set()
-        results = [f.result(timeout=10) for f in futures]
-    assert results == [
-        [("a", 1, None)], [("b", 1, None), ("c", 1, None)], [("d", 3, "es")], "error: boom", [("e", 1, None)],
+    jobs = [(["a"], 1, None), (["b", "c"], 1, ["es", None]), (["d"], 3, ["es"]), (["boom"], 1, None),
+            (["e"], 1, None)]
+    submitted = [_submit(batcher, texts, k, langs) for texts, k, langs in jobs]
+    fake.release.set()
+    for done, _ in submitted:
+        assert done.wait(10)
+    outcomes = [box["job"].results if box["job"].error is None else f"error: {box['job'].error}"
+                for _, box in submitted]
+    assert outcomes == [
+        [("a", 1, None)], [("b", 1, "es"), ("c", 1, None)], [("d", 3, "es")], "error: boom", [("e", 1, None)],
     ]
-    assert sum(fake.calls) > len(jobs) - 1  # every text linked; the failing group was retried job by job
-    assert max(fake.calls) > 1  # at least one call served several requests at once
+    assert max(len(call) for call in fake.calls) > 1  # at least one call served several requests at once
+    assert batcher._pending == 0
+
+
+def test_batcher_interleaves_a_small_request_with_a_large_one():
+    from linker.service import MentionBatcher
+
+    fake = _RecordingLinker()
+    batcher = MentionBatcher(fake, "fake")
+    big = [f"big{i}" for i in range(10 * MentionBatcher.MAX_BATCH)]
+    big_done, big_box = _submit(batcher, big)
+    time.sleep(0.2)  # the worker is now inside its first call, on the big request alone
+    small_done, _ = _submit(batcher, ["small"])
+    fake.release.set()
+    assert small_done.wait(10) and big_done.wait(10)
+    # the small request rode in the second call, not behind the big request's 10 calls
+    assert [i for i, call in enumerate(fake.calls) if "small" in call] == [1]
+    assert all(len(call) <= MentionBatcher.MAX_BATCH for call in fake.calls)
+    assert big_box["job"].results == [(t, 1, None) for t in big]  # every slice back in its place
+
+
+def test_batcher_refuses_work_beyond_its_queue_and_the_app_answers_429(indexes):
+    from linker.service import BusyError, MentionBatcher
+
+    fake = _RecordingLinker()
+    batcher = MentionBatcher(fake, "fake", max_pending=3)
+    first, _ = _submit(batcher, ["a", "b"])
+    with pytest.raises(BusyError, match="2 mentions are waiting"):
+        _submit(batcher, ["c", "d"])
+    fake.release.set()
+    assert first.wait(10)
+    second, _ = _submit(batcher, ["c", "d"])  # admitted again once the queue drained
+    assert second.wait(10)
+
+    app = create_app([indexes["hpo"]])
+    app.state.indexes["hpo"].batcher.max_pending = 0
+    with TestClient(app) as c:
+        response = c.post("/link", json={"mentions": M})
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert response.json()["field"] == "mentions" and "queue of index hpo" in response.json()["error"]

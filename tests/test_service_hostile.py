@@ -1,0 +1,263 @@
+"""Fault injection against the HTTP service: hostile requests never get a 5xx, limits hold while the body
+streams in and after NFKC normalisation, every error has the one body shape {"error", "field"}.
+
+The fast tests drive the app in-process (TestClient, or the raw ASGI interface where the body must arrive
+in chunks); the slow ones start a real uvicorn server on 127.0.0.1 and attack it under a load of
+well-behaved clients (tests/service_attack.py holds the attacks, shared with scripts/reliability_service.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from linker.service import ServiceLimits, create_app
+from linker.text import normalize
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
+from normalize_tables import build_indexes  # noqa: E402  (tiny MedDRA-like and HPO-like concept tables)
+
+LIMITS = ServiceLimits(max_text_chars=40, max_mentions=4, max_request_chars=100, max_k=10, max_body_bytes=2000)
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    indexes = build_indexes(tmp_path_factory.mktemp("indexes"))
+    return create_app([indexes["meddra"], indexes["hpo"]], LIMITS)
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def no_internal_errors(app):
+    """Every test here also checks that no request reached the catch-all for bugs."""
+    before = app.state.internal_errors
+    yield
+    assert app.state.internal_errors == before
+
+
+def post_raw(client, raw: bytes | str, headers=JSON_HEADERS):
+    return client.post("/link", content=raw, headers=headers)
+
+
+def assert_error(response, status: int, field: str | None, message: str = ""):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) <= {"error", "field", "errors"} and body["field"] == field, body
+    assert message in body["error"], body
+
+
+# ----------------------------------------------------------------------------- surrogates
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ('{"mentions": [{"text": "hair\\ud800loss"}]}', "mentions[0].text"),
+    ('{"mentions": [{"text": "nausea"}, {"text": "\\udfff"}]}', "mentions[1].text"),
+    ('{"mentions": [{"text": "nausea", "id": "m\\ud83d"}]}', "mentions[0].id"),
+    ('{"mentions": [{"text": "nausea", "lang": "\\ud800"}]}', "mentions[0].lang"),
+    ('{"mentions": [{"text": "nausea"}], "index": "\\ud800"}', "index"),
+])
+def test_lone_surrogates_are_422_naming_the_field(client, raw, field):
+    assert_error(post_raw(client, raw), 422, field, "expected Unicode text, found a lone surrogate at character")
+
+
+def test_a_surrogate_pair_escape_is_one_valid_character(client):
+    response = post_raw(client, '{"mentions": [{"text": "nausea \\ud83d\\ude00", "id": "\\ud83d\\ude00"}]}')
+    assert response.status_code == 200
+    assert response.json()["results"][0]["id"] == "\U0001F600"
+
+
+def test_a_surrogate_in_a_key_still_gets_a_utf8_error_body(client):
+    response = post_raw(client, '{"mentions": [{"text": "nausea", "\\ud800": 1}]}')
+    assert_error(response, 422, "mentions[0]", "unable to parse raw data as a unicode string, found '\\ud800'")
+    response.content.decode("utf-8")  # strict UTF-8: the surrogate came back escaped, not raw
+
+
+# ----------------------------------------------------------------------------- NFKC and work limits
+
+
+def test_text_length_is_checked_after_nfkc(client):
+    assert len(unicodedata.normalize("NFKC", "\ufdfa")) == 18  # the largest expansion in Unicode
+    assert_error(post_raw(client, json.dumps({"mentions": [{"text": "\ufdfa" * 3}]})), 422, "mentions[0].text",
+                 "expected at most 40 characters after NFKC normalisation, found 54 (from 3)")
+    assert client.post("/link", json={"mentions": [{"text": "\ufdfa" * 2}]}).status_code == 200  # 36 chars
+
+
+def test_a_request_has_a_budget_of_normalised_characters(client):
+    ok = {"mentions": [{"text": "a" * 40}, {"text": "b" * 40}, {"text": "c" * 20}]}  # 100 characters
+    assert client.post("/link", json=ok).status_code == 200
+    over = {"mentions": [{"text": "a" * 40}, {"text": "b" * 40}, {"text": "\ufdfa"}]}  # 80 + 18 + ... > 100
+    over["mentions"].append({"text": "x" * 5})
+    assert_error(client.post("/link", json=over), 413, "mentions",
+                 "expected at most 100 characters in all after normalisation, found more (103 up to mentions[3])")
+
+
+def test_blank_after_normalisation_is_empty(client):
+    assert normalize("\u3000\u2003") == ""
+    assert_error(client.post("/link", json={"mentions": [{"text": "\u3000\u2003"}]}), 422, "mentions[0].text",
+                 "expected a non-empty text")
+
+
+# ----------------------------------------------------------------------------- body: size, nesting, JSON
+
+
+def _asgi_post(app, chunks, headers=()):
+    """POST /link through the raw ASGI interface, the body in `chunks`; (status, body, chunks read)."""
+    read = 0
+    sent: list[dict] = []
+
+    async def receive():
+        nonlocal read
+        if read < len(chunks):
+            read += 1
+            return {"type": "http.request", "body": chunks[read - 1], "more_body": read < len(chunks)}
+        await asyncio.sleep(3600)  # no disconnect: the app must not wait for more
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/link", "raw_path": b"/link", "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), *headers], "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 80), "state": {}}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 30))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body), read
+
+
+def test_a_chunked_body_is_refused_at_the_first_chunk_past_the_limit(app):
+    chunks = [b'{"mentions": [{"text": "' + b"x" * 500] * 1000  # 524 kB in 524-byte chunks: never read whole
+    status, body, read = _asgi_post(app, chunks)
+    assert (status, body["field"]) == (413, "body") and read == 4
+    assert body["error"] == "body: expected at most 2000 bytes, found more (read 2096 so far)"
+
+
+def test_a_chunked_valid_body_is_linked(app):
+    raw = json.dumps({"mentions": [{"text": "hair loss", "id": 1}], "k": 1}).encode()
+    status, body, _ = _asgi_post(app, [raw[i:i + 7] for i in range(0, len(raw), 7)])
+    assert status == 200 and body["results"][0]["candidates"][0]["concept_id"] == "10001760"
+
+
+@pytest.mark.parametrize(("length", "status", "message"), [
+    (b"2001", 413, "body: expected at most 2000 bytes, found 2001 bytes"),
+    (b"9" * 5000, 413, "body: expected at most 2000 bytes, found 999"),  # no int() of 5,000 digits
+    (b"12x", 400, "Content-Length: expected a number, found '12x'"),
+    ("\u00b2".encode("latin-1"), 400, "Content-Length: expected a number"),  # "²".isdigit() is True
+])
+def test_content_length_is_checked_before_reading(app, length, status, message):
+    got, body, read = _asgi_post(app, [b"{}"], headers=[(b"content-length", length)])
+    assert (got, read) == (status, 0) and body["error"].startswith(message)
+
+
+def test_deep_nesting_and_huge_numbers_are_400_or_422_in_the_one_shape():
+    big = ServiceLimits(max_body_bytes=4 * 1024 * 1024)
+    app = create_app([build_indexes(Path(__import__("tempfile").mkdtemp()))["hpo"]], big)
+    with TestClient(app) as c:
+        deep = '{"mentions": [{"text": "a", "id": ' + "[" * 200_000 + "]" * 200_000 + "}]}"
+        assert_error(post_raw(c, deep), 400, "body", "body: expected JSON that can be parsed, found RecursionError")
+        shallow = '{"mentions": [{"text": "a", "id": ' + "[" * 500 + "]" * 500 + "}]}"
+        assert_error(post_raw(c, shallow), 422, "mentions[0].id", "found [[[...]]]")
+        huge = '{"mentions": [{"text": "a"}], "k": ' + "9" * 5000 + "}"
+        assert_error(post_raw(c, huge), 400, "body", "found ValueError: Exceeds the limit (4300 digits)")
+        assert_error(post_raw(c, '{"mentions": [{"text": "a"}], "k": ' + "9" * 4000 + "}"), 422, "k",
+                     "expected an integer from 1 to 100, found 9999")
+    assert app.state.internal_errors == 0
+
+
+@pytest.mark.parametrize(("method", "path", "headers", "raw", "status", "field", "message"), [
+    ("GET", "/nope", {}, None, 404, "path", "expected one of POST /link"),
+    ("GET", "/link", {}, None, 405, "method", "method: expected POST for /link, found GET"),
+    ("DELETE", "/health", {}, None, 405, "method", "found DELETE"),
+    ("POST", "/link", {"content-type": "text/plain"}, b'{"mentions": []}', 415, "Content-Type",
+     "Content-Type: expected application/json, found 'text/plain'"),
+    ("POST", "/link", {"content-type": "application/x-www-form-urlencoded"}, b"mentions=a", 415, "Content-Type", ""),
+    ("POST", "/link", JSON_HEADERS, b'{"mentions": [', 400, "body", "body: expected JSON, found invalid JSON"),
+    ("POST", "/link", JSON_HEADERS, b"", 422, "body", "body: Field required"),
+    ("POST", "/link", JSON_HEADERS, b"\xff\xfe{}", 400, "body", "invalid JSON"),
+])
+def test_every_error_has_the_one_body_shape(client, method, path, headers, raw, status, field, message):
+    response = client.request(method, path, headers=headers, content=raw)
+    assert_error(response, status, field, message)
+
+
+def test_json_with_a_charset_or_suffix_is_json(client):
+    for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        response = post_raw(client, json.dumps({"mentions": [{"text": "nausea"}]}), {"content-type": content_type})
+        assert response.status_code == 200, content_type
+
+
+# ----------------------------------------------------------------------------- generated hostile requests
+
+# Characters chosen to break things: lone surrogates, the largest NFKC expansions (U+FDFA 18x, U+3300
+# squared katakana), case mappings that lengthen ("İ", "ß" upper), combining marks, controls, white space
+# that NFKC turns into plain spaces, and ordinary letters.
+HOSTILE_CHARS = st.sampled_from(["\ud800", "\udbff", "\udc00", "\ufdfa", "\u3300", "\u0130", "\u00df", "\u0345",
+                                 "\x00", "\u200b", "\u3000", "\u2003", "\ufeff", "a", "n", " ", "\U0001F600"])
+HOSTILE_TEXT = st.lists(HOSTILE_CHARS | st.characters(), max_size=45).map("".join)
+MENTION = st.fixed_dictionaries(
+    {"text": HOSTILE_TEXT},
+    optional={"id": HOSTILE_TEXT | st.integers(-(2**70), 2**70), "lang": st.sampled_from(["en", "es", "\ud800"])},
+)
+REQUEST = st.fixed_dictionaries({"mentions": st.lists(MENTION, min_size=1, max_size=LIMITS.max_mentions)},
+                                optional={"k": st.integers(1, 10)})
+
+
+def expected_failure(request: dict) -> tuple[int, str] | None:
+    """The (status, field) the service must answer for a schema-valid request, None for 200: the spec."""
+    work = 0
+    for i, m in enumerate(request["mentions"]):
+        for name in ("text", "id", "lang"):
+            if isinstance(m.get(name), str) and any("\ud800" <= c <= "\udfff" for c in m[name]):
+                return 422, f"mentions[{i}].{name}"
+        normalized = len(normalize(m["text"]))
+        if len(m["text"]) > LIMITS.max_text_chars or normalized > LIMITS.max_text_chars or not normalized:
+            return 422, f"mentions[{i}].text"
+        work += normalized
+        if work > LIMITS.max_request_chars:
+            return 413, "mentions"
+    return None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=REQUEST)
+def test_generated_hostile_requests_get_the_specified_answer(client, request):
+    raw = json.dumps(request)  # ensure_ascii: lone surrogates travel as "\ud800" escapes, as a client sends them
+    response = post_raw(client, raw)
+    failure = expected_failure(request)
+    if failure is None:
+        assert response.status_code == 200, response.text
+        body = json.loads(response.content.decode("utf-8"))  # strict UTF-8
+        assert [r["text"] for r in body["results"]] == [m["text"] for m in request["mentions"]]
+        assert [r.get("id") for r in body["results"]] == [m.get("id") for m in request["mentions"]]
+    else:
+        assert_error(response, *failure)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | HOSTILE_TEXT,
+                        lambda children: st.lists(children, max_size=3)
+                        | st.dictionaries(st.sampled_from(["mentions", "text", "id", "lang", "k", "index"])
+                                          | HOSTILE_TEXT, children, max_size=3),
+                        max_leaves=20).map(json.dumps),
+       cut=st.integers(0, 400))
+def test_generated_hostile_bodies_never_5xx(client, raw, cut):
+    for body in (raw, raw[:cut]):  # whole, and cut short (truncated uploads)
+        response = post_raw(client, body)
+        assert response.status_code < 500
+        if response.status_code != 200:
+            assert set(response.json()) <= {"error", "field", "errors"}
