@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from linker.errors import MissingInputError
+from linker.errors import InputFormatError, MissingInputError
 
 # A single-byte fallback for lines that are not UTF-8. cp1252 is a superset of latin-1's
 # printable range and is what legacy MedDRA and UMLS files on Windows were written in;
@@ -44,20 +44,34 @@ def open_binary(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 
 
-def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+def iter_lines(path: str | Path, *, max_line_bytes: int | None = None) -> Iterator[tuple[int, str]]:
     """Yield (1-based line number, line without its line ending), streaming and encoding-tolerant.
 
     Each line is decoded on its own, so a file that is UTF-8 except for a few legacy bytes
     (a common state of hand-edited terminology files) still reads, and memory stays constant.
-    A UTF-8 byte-order mark at the start is dropped.
+    A UTF-8 byte-order mark at the start is dropped. With `max_line_bytes`, a longer line raises
+    InputFormatError after reading at most that many bytes of it.
     """
     path = Path(path)
     with open_binary(path) as handle:
-        for number, raw in enumerate(handle, start=1):
-            line = decode_line(raw.rstrip(b"\r\n"))
-            if number == 1 and line.startswith("\ufeff"):
-                line = line[1:]
-            yield number, line
+        yield from iter_handle_lines(handle, path, max_line_bytes=max_line_bytes)
+
+
+def iter_handle_lines(handle, where: str | Path, *, max_line_bytes: int | None = None) -> Iterator[tuple[int, str]]:
+    """`iter_lines` over an open binary handle (a file, or stdin's buffer)."""
+    # readline(n) returns at most n bytes, so one huge line is never held whole: +2 leaves room for CR LF.
+    size = -1 if max_line_bytes is None else max_line_bytes + 2
+    number = 0
+    while raw := handle.readline(size):
+        number += 1
+        raw = raw.rstrip(b"\r\n")
+        if max_line_bytes is not None and len(raw) > max_line_bytes:
+            raise InputFormatError(where, f"lines of at most {max_line_bytes:,} bytes", "a longer line", line=number,
+                                   fix="raise --max-line-bytes if this line is genuine")
+        line = decode_line(raw)
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        yield number, line
 
 
 @contextlib.contextmanager

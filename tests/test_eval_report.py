@@ -107,7 +107,7 @@ def test_cli_eval_ok_and_report(index_dir, fixtures, tmp_path, capsys):
     ("args", "message"),
     [
         (["--dataset", "conll:x.txt"], "error: unknown dataset format 'conll'; available: biosyn, brat"),
-        (["--dataset", "brat:{fx}/bad.ann"], "bad.ann:3: expected 'TYPE START END"),
+        (["--dataset", "brat:{fx}/bad.ann"], "bad.ann:3: expected a text-bound line 'T1<TAB>Type START END"),
         (["--dataset", "query:{fx}/mentions.query", "--filter", "dict0.3"], "error: unknown filter 'dict0.3'"),
         (["--dataset", "query:{fx}/mentions.query", "--k", "one"], "error: --k takes comma-separated integers"),
         (["--dataset", "query:{fx}/mentions.query", "--mode", "fuzzy"], "error: unknown filter mode 'fuzzy'"),

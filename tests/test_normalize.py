@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from linker.cli.main import main
 from linker.errors import ConfigError, InputFormatError, LinkerError, MissingInputError, UnknownNameError
 from linker.link import Linker
-from linker.normalize import normalize_ade_xml, normalize_brat, normalize_jsonl, normalize_path, read_ade_xml, read_brat
+from linker.formats.ade_xml import read_ade_xml
+from linker.formats.brat import read_brat
+from linker.normalize import normalize_ade_xml, normalize_brat, normalize_jsonl, normalize_path
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
 from normalize_tables import build_indexes  # noqa: E402  (tiny MedDRA-like and HPO-like concept tables)
@@ -119,7 +121,7 @@ def test_jsonl_bad_line_names_file_and_line_and_writes_nothing(meddra, tmp_path,
 
 
 def test_cli_jsonl_stdin_to_stdout(indexes, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": "a", "text": "Itching"}\n'))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"id": "a", "text": "Itching"}\n')))
     assert run_cli(["normalize", "--index", str(indexes["meddra"]), "--input", "-", "--format", "jsonl",
                     "--output", "-"]) == 0
     [line] = capsys.readouterr().out.splitlines()

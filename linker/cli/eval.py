@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import progress_enabled, split_csv
+from linker.cli.common import LENIENT_HELP, progress_enabled, split_csv
 from linker.cli.main import app
 from linker.errors import ConfigError
 from linker.eval.report import evaluate, markdown_table
@@ -29,6 +29,7 @@ def eval_cli(
                                       help="Map predicted ids through this xref prefix (UMLS) before comparing with gold."),
     same_as: Path = typer.Option(None, "--same-as", help="File of id groups 'ID|ID...' (e.g. MEDIC) that name one concept."),
     query_lang: bool = typer.Option(False, "--query-lang", help="Restrict candidates to names in each mention's language."),
+    lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
 ) -> None:
     """Score an index on a test set; prints the table (and writes a report with --report)."""
     try:
@@ -38,7 +39,7 @@ def eval_cli(
     result = evaluate(
         index, dataset, train_spec=tuple(train or ()), filters=split_csv(filter_), ks=ks,
         report_dir=None if report is None else report.parent, name=None if report is None else report.name, progress=progress_enabled(), mode=mode, composite=composite,
-        gold_via_xref=gold_via_xref, same_as=same_as, query_lang=query_lang, abbreviations=abbreviations,
+        gold_via_xref=gold_via_xref, same_as=same_as, query_lang=query_lang, abbreviations=abbreviations, lenient=lenient,
     )
     typer.echo(markdown_table([(Path(dataset.split(":", 1)[-1].split("#")[0]).name, result)], intervals=True))
     typer.echo(f"{100 * result.reachable:.2f}% of mentions have a gold id in the dictionary; "

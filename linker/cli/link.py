@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import echo_json
+from linker.cli.common import MAX_LINE_HELP, echo_json, read_limits
 from linker.cli.main import app
 from linker.errors import InputFormatError
 from linker.link import Linker, LinkResult
@@ -34,6 +34,7 @@ def link_cli(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
     input_path: Path = typer.Option(None, "--input", help='JSONL of {"text": ..., "id"?, "lang"?}; - for stdin.'),
     output: Path = typer.Option(None, "--output", help="JSONL with a 'candidates' list added; - for stdout."),
+    max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
 ) -> None:
     """Link mentions to concepts: the top-k distinct concepts with scores and matched names."""
     if not mentions and input_path is None:
@@ -42,7 +43,8 @@ def link_cli(
         raise InputFormatError("command line", "mention texts or --input, not both", "both")
     linker = Linker.load(index)
     if input_path is not None:
-        summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang)
+        summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
+                                         limits=read_limits(max_line_bytes, None))
         if output is not None and str(output) != "-":
             typer.echo(f"linked {summary.mentions:,} mentions to {output}", err=True)
         return

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from linker.cli.common import LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, read_limits
 from linker.cli.main import app
 from linker.errors import ConfigError
 from linker.link import Linker
@@ -26,19 +27,27 @@ def normalize_cli(
     expand_abbreviations: bool = typer.Option(
         False, "--expand-abbreviations",
         help="brat, ade-xml: link an abbreviation defined in its document ('... syndrome (NMS)') as the long form."),
+    lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
+    max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
+    max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
 ) -> None:
     """Normalise predicted spans: add ranked concepts (jsonl), brat normalisation lines, or TAC/ADE-Eval Reactions."""
     if (input_path == "-" or output == "-") and fmt != "jsonl":
         raise ConfigError(f"`-` (stdin/stdout) works with --format jsonl only, found --format {fmt}")
+    limits = read_limits(max_line_bytes, max_document_bytes)
     started = time.perf_counter()
     linker = Linker.load(index)
     if input_path == "-" or output == "-":
-        summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang)
+        summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang, limits=limits)
     else:
         summary = normalize_path(linker, input_path, output, fmt=fmt, k=k, db=db, lang=lang, overwrite=overwrite,
-                                 expand_abbreviations=expand_abbreviations)
+                                 expand_abbreviations=expand_abbreviations, lenient=lenient, limits=limits)
+    for message in summary.skipped:
+        typer.echo(f"skipped {message}", err=True)
     typer.echo(
-        f"normalised {summary.mentions:,} spans ({summary.linked:,} linked) in {summary.documents:,} "
+        f"normalised {summary.mentions:,} spans ({summary.linked:,} linked"
+        + (f", {len(summary.skipped):,} skipped" if summary.skipped else "")
+        + f") in {summary.documents:,} "
         f"document(s) -> {output} in {time.perf_counter() - started:.1f}s",
         err=True,
     )

@@ -42,13 +42,16 @@ import csv
 import io
 import logging
 import re
-import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from linker.errors import InputFormatError, MissingInputError, UnknownNameError, shorten
-from linker.fileio import decode_line, iter_lines
+from linker.formats import DEFAULT_LIMITS, ReadLimits
+from linker.formats.brat import brat_sources, read_source
+from linker.formats.codiesp import read_codiesp
+from linker.formats.mention_lists import read_biosyn, read_id_list
+from linker.formats.pubtator import read_pubtator
 from linker.preprocess import expand_abbreviations, find_abbreviations, fix_typos, read_typos, split_composite
 from linker.text import normalize
 
@@ -82,6 +85,8 @@ class DatasetSpec:
     format: str
     path: Path
     options: dict[str, str]
+    limits: ReadLimits = DEFAULT_LIMITS
+    lenient: bool = False  # brat: skip (and log) annotations whose span does not fit the .txt
 
     def __str__(self) -> str:
         opts = "&".join(k if v == "" else f"{k}={v}" for k, v in self.options.items())
@@ -119,9 +124,14 @@ def parse_spec(spec: str) -> DatasetSpec:
     return DatasetSpec(fmt, Path(path), options)
 
 
-def load_dataset(spec: str) -> list[Mention]:
-    """Read the mentions of a dataset spec (see the module docstring for the formats)."""
+def load_dataset(spec: str, *, limits: ReadLimits = DEFAULT_LIMITS, lenient: bool = False) -> list[Mention]:
+    """Read the mentions of a dataset spec (see the module docstring for the formats).
+
+    The files are read by `linker.formats` under `limits`; `lenient` skips brat annotations whose
+    spans do not fit their .txt (logged) instead of failing.
+    """
     parsed = parse_spec(spec)
+    parsed = DatasetSpec(parsed.format, parsed.path, parsed.options, limits, lenient)
     if not parsed.path.exists():
         raise MissingInputError(f"{parsed.path}: no such file or folder (dataset {spec})")
     mentions = LOADERS[parsed.format](parsed)
@@ -170,34 +180,16 @@ def _load_pubtator(spec: DatasetSpec) -> list[Mention]:
     mentions: list[Mention] = []
     skipped = 0
     for file in _files(spec.path, ".txt"):
-        doc_text: dict[str, list[str]] = {}
-        for number, line in iter_lines(file):
-            head = line[:40]
-            if "|t|" in head or "|a|" in head:
-                doc, _, text = line.partition("|t|" if "|t|" in head else "|a|")
-                doc_text.setdefault(doc, []).append(text)
-                continue
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) == 4 and fields[1] == "CID":  # BC5CDR chemical-induced-disease relation
-                continue
-            if len(fields) < 6:
-                raise InputFormatError(file, "a PubTator title/abstract line or "
-                                       "'doc<TAB>start<TAB>end<TAB>mention<TAB>type<TAB>ids'",
-                                       shorten(line), line=number)
-            doc, start, end, text, _type, ids = fields[:6]
-            if not (start.isdigit() and end.isdigit()):
-                raise InputFormatError(file, "integer start and end offsets", f"{start!r} {end!r}", line=number)
-            if ids.strip() in {"", "-1"}:
+        for row in read_pubtator(file, limits=spec.limits):
+            if row.ids.strip() in {"", "-1"}:
                 skipped += 1
                 continue
-            gold = _parts(ids, part_seps="|+", alt_sep=None)
+            gold = _parts(row.ids, part_seps="|+", alt_sep=None)
             gold = tuple(tuple(_mesh(a) for a in part) for part in gold)
             if biosyn and len(gold) > 1 and _mixed_mesh_omim(gold):
                 gold = (tuple(a for part in gold for a in part),)
-            text, parts_text = rewrite(doc, doc_text.get(doc, ()), text, len(gold))
-            mentions.append(Mention(text, gold, lang, doc, int(start), int(end), parts_text))
+            text, parts_text = rewrite(row.doc, row.doc_text, row.text, len(gold))
+            mentions.append(Mention(text, gold, lang, row.doc, row.start, row.end, parts_text))
     if skipped:
         log.info("%s: left out %d mentions without a concept id (-1)", spec.path, skipped)
     if rewrite.counts:
@@ -248,33 +240,11 @@ class _MentionRewriter:
 # --------------------------------------------------------------------------- brat
 
 
-def _brat_sources(path: Path) -> Iterator[tuple[str, Callable[[], list[str]]]]:
-    """(name, reader of lines) for every .ann file in a folder or a zip, read in place."""
-    if path.is_dir():
-        for file in sorted(path.rglob("*.ann")):
-            yield str(file), lambda file=file: [line for _, line in iter_lines(file)]
-        return
-    if not zipfile.is_zipfile(path):
-        if path.suffix == ".ann":
-            yield str(path), lambda: [line for _, line in iter_lines(path)]
-            return
-        raise InputFormatError(path, "a folder or zip of brat .ann files, or one .ann file", "another kind of file")
-    archive = zipfile.ZipFile(path)
-    for name in sorted(archive.namelist()):
-        if name.endswith(".ann") and "__MACOSX" not in name.split("/"):
-            yield f"{path}!{name}", lambda name=name: [
-                decode_line(raw) for raw in archive.read(name).splitlines()
-            ]
-
-
 def _language_of(name: str) -> str | None:
     for folder in re.split(r"[/\\!]", name):
         if folder.lower() in LANGUAGE_FOLDERS:
             return LANGUAGE_FOLDERS[folder.lower()]
     return None
-
-
-_SPAN = re.compile(r"^(\d+) (\d+)((?:;\d+ \d+)*)$")
 
 
 def _note_id(note: str) -> str:
@@ -292,42 +262,26 @@ def _load_brat(spec: DatasetSpec) -> list[Mention]:
     _check_options(spec, {"lang"})
     wanted = spec.options.get("lang")
     mentions: list[Mention] = []
-    unnoted = 0
-    for name, read in _brat_sources(spec.path):
-        lang = _language_of(name) or wanted or "und"
+    unnoted = skipped = 0
+    for source in brat_sources(spec.path, limits=spec.limits):
+        lang = _language_of(source.name) or wanted or "und"
         if wanted and lang != wanted:
             continue
-        spans: dict[str, tuple[str, int, int, int]] = {}
-        notes: dict[str, str] = {}
-        for number, line in enumerate(read(), start=1):
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if line.startswith("T"):
-                if len(fields) < 3:
-                    raise InputFormatError(name, "'Tn<TAB>TYPE START END[;START END]<TAB>text'", shorten(line), line=number)
-                type_span = fields[1].split(" ", 1)
-                match = _SPAN.match(type_span[1]) if len(type_span) == 2 else None
-                if not match:
-                    raise InputFormatError(name, "'TYPE START END[;START END]' in a text-bound annotation",
-                                           shorten(fields[1]), line=number)
-                offsets = [int(x) for x in re.findall(r"\d+", type_span[1])]
-                spans[fields[0]] = ("\t".join(fields[2:]), min(offsets), max(offsets), number)
-            elif line.startswith("#"):
-                target = fields[1].split(" ") if len(fields) > 1 else []
-                if len(target) != 2 or target[0] != "AnnotatorNotes":
-                    continue  # other comment kinds carry no gold id
-                notes[target[1]] = fields[2] if len(fields) > 2 else ""
-            elif line[0] not in "RAEMN*":
-                raise InputFormatError(name, "a brat annotation line (T, R, E, A, M, N, *, #)", shorten(line), line=number)
-        for tid, (text, start, end, _number) in spans.items():
-            code = _note_id(notes.get(tid, ""))
+        doc = read_source(source, lenient=spec.lenient)
+        for message in doc.skipped:
+            log.warning("skipped %s", message)
+        skipped += len(doc.skipped)
+        for entity in doc.entities:
+            code = _note_id(doc.notes.get(entity.tid, ""))
             if not code:
                 unnoted += 1
                 continue
-            mentions.append(Mention(text, ((code,),), lang, Path(name.split("!")[-1]).stem, start, end))
+            mentions.append(Mention(entity.text, ((code,),), lang, Path(source.name.split("!")[-1]).stem,
+                                    entity.start, entity.end))
     if unnoted:
         log.info("%s: left out %d annotations without an AnnotatorNotes id", spec.path, unnoted)
+    if skipped:
+        log.warning("%s: skipped %d annotations whose spans do not fit their .txt (--lenient)", spec.path, skipped)
     return mentions
 
 
@@ -341,21 +295,8 @@ def _load_codiesp(spec: DatasetSpec) -> list[Mention]:
         raise InputFormatError("codiesp options", "D (diagnoses) or P (procedures)", "both")
     label = "PROCEDIMIENTO" if "P" in spec.options else "DIAGNOSTICO"
     lang = spec.options.get("lang", "es")
-    mentions = []
-    for number, line in iter_lines(spec.path):
-        if not line.strip():
-            continue
-        fields = line.split("\t")
-        if len(fields) != 5 or fields[1] not in {"DIAGNOSTICO", "PROCEDIMIENTO"}:
-            raise InputFormatError(spec.path, "'doc<TAB>DIAGNOSTICO|PROCEDIMIENTO<TAB>code<TAB>mention<TAB>start end[;start end]'",
-                                   shorten(line), line=number)
-        if fields[1] != label:
-            continue
-        offsets = [int(x) for x in re.findall(r"\d+", fields[4])]
-        if not offsets:
-            raise InputFormatError(spec.path, "character offsets 'start end'", shorten(fields[4]), line=number)
-        mentions.append(Mention(fields[3], ((fields[2],),), lang, fields[0], min(offsets), max(offsets)))
-    return mentions
+    return [Mention(row.text, ((row.code,),), lang, row.doc, row.start, row.end)
+            for row in read_codiesp(spec.path, limits=spec.limits) if row.label == label]
 
 
 # --------------------------------------------------------------------------- biosyn, tsv, query
@@ -365,45 +306,26 @@ def _load_codiesp(spec: DatasetSpec) -> list[Mention]:
 def _load_biosyn(spec: DatasetSpec) -> list[Mention]:
     _check_options(spec, {"lang"})
     lang = spec.options.get("lang", "en")
-    mentions = []
-    for file in _files(spec.path, ".concept"):
-        for number, line in iter_lines(file):
-            if not line.strip():
-                continue
-            fields = line.split("||")
-            if len(fields) != 5 or "|" not in fields[1]:
-                raise InputFormatError(file, "'doc||start|end||type||mention||cui'", shorten(line), line=number)
-            start, _, end = fields[1].partition("|")
-            gold = _parts(fields[4], part_seps="+", alt_sep="|")
-            mentions.append(Mention(fields[3], gold, lang, fields[0],
-                                    int(start) if start.isdigit() else -1, int(end) if end.isdigit() else -1))
-    return mentions
+    return [Mention(row.text, _parts(row.ids, part_seps="+", alt_sep="|"), lang, row.doc, row.start, row.end)
+            for file in _files(spec.path, ".concept") for row in read_biosyn(file, limits=spec.limits)]
 
 
-def _simple(spec: DatasetSpec, sep: str, expected: str) -> list[Mention]:
+def _id_list(spec: DatasetSpec) -> list[Mention]:
     _check_options(spec, {"lang"})
     default_lang = spec.options.get("lang", "en")
-    mentions = []
-    for number, line in iter_lines(spec.path):
-        if not line.strip():
-            continue
-        fields = line.split(sep)
-        if len(fields) not in (2, 3) or not fields[0].strip() or not fields[1].strip():
-            raise InputFormatError(spec.path, expected, shorten(line), line=number)
-        lang = fields[2].strip() if len(fields) == 3 else default_lang
-        mentions.append(Mention(fields[1].strip(), _parts(fields[0], part_seps="+", alt_sep="|"), lang,
-                                spec.path.name, number, number))
-    return mentions
+    return [Mention(row.text, _parts(row.ids, part_seps="+", alt_sep="|"), row.lang or default_lang,
+                    spec.path.name, row.line, row.line)
+            for row in read_id_list(spec.path, spec.format, limits=spec.limits)]
 
 
 @_loader("tsv")
 def _load_tsv(spec: DatasetSpec) -> list[Mention]:
-    return _simple(spec, "\t", "'id<TAB>mention[<TAB>lang]'")
+    return _id_list(spec)
 
 
 @_loader("query")
 def _load_query(spec: DatasetSpec) -> list[Mention]:
-    return _simple(spec, "||", "'id||mention'")
+    return _id_list(spec)
 
 
 def available_formats() -> list[str]:

@@ -152,6 +152,7 @@ def evaluate(
     abbreviations: str | Path | None = None,
     same_as: str | Path | None = None,
     name: str | None = None,
+    lenient: bool = False,
 ) -> EvalReport:
     """Link a test set with the index at `index_dir` and score it under each filter.
 
@@ -161,7 +162,8 @@ def evaluate(
     through the concept table's xrefs. `query_lang`: restrict candidates to names in each
     mention's language (off by default: CodiEsp links Spanish mentions to English names).
     `same_as`: a file of id groups (`read_same_as`); a predicted id also counts as the other ids
-    of its group (MEDIC's MeSH and OMIM ids of one disease).
+    of its group (MEDIC's MeSH and OMIM ids of one disease). `lenient`: skip (and log) brat
+    annotations whose spans do not fit their .txt instead of failing.
     """
     from linker.link import Linker  # eval sits above link; imported here to keep `datasets` light
 
@@ -178,8 +180,8 @@ def evaluate(
     seconds["load_index"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    mentions = load_dataset(dataset_spec)
-    train_texts = [m.text for spec in train_specs for m in load_dataset(spec)]
+    mentions = load_dataset(dataset_spec, lenient=lenient)
+    train_texts = [m.text for spec in train_specs for m in load_dataset(spec, lenient=lenient)]
     seconds["load_data"] = time.perf_counter() - t
 
     t = time.perf_counter()
