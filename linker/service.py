@@ -43,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import linker
 from linker.errors import ConfigError, LinkerError
+from linker.index.manifest import public_manifest
 from linker.link import Linker, MeddraPath
 from linker.text import normalize
 
@@ -548,12 +549,12 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
 
     @app.get("/indexes")
     async def list_indexes() -> dict:
-        """The loaded indexes with their versions, languages and build manifests."""
+        """The loaded indexes by name with their versions, languages and build manifests (without server paths)."""
         return {
             "default": default,
             "indexes": [
                 {"name": i.name, "version": i.linker.version, "languages": sorted(i.languages),
-                 "manifest": i.linker.manifest}
+                 "manifest": public_manifest(i.linker.manifest)}
                 for i in indexes.values()
             ],
         }

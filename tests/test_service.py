@@ -51,6 +51,9 @@ def test_health_and_indexes(client, indexes):
         ("meddra", ["en", "es"], "tfidf"), ("hpo", ["en"], "tfidf"),
     ]
     assert body["indexes"][0]["version"] == Linker.load(indexes["meddra"]).version
+    # Names and manifests, but none of the server's paths (the build machine's concept table, its folders).
+    assert str(indexes["meddra"].parent) not in json.dumps(body)
+    assert body["indexes"][0]["manifest"]["concepts"]["source_path"].endswith(".parquet")
 
 
 def test_link_ranked_concepts_with_version(client, indexes):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import typer
 
@@ -14,11 +13,6 @@ def split_csv(values: list[str] | None) -> tuple[str, ...]:
     for value in values or []:
         out.extend(v.strip() for v in value.split(",") if v.strip())
     return tuple(out)
-
-
-def progress_enabled() -> bool:
-    """Progress bars on for a terminal, off for pipes, files and tests."""
-    return sys.stderr.isatty()
 
 
 def echo_json(obj) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import LENIENT_HELP, progress_enabled, split_csv
+from linker.cli.common import LENIENT_HELP, split_csv
 from linker.cli.main import app
 from linker.errors import ConfigError
 from linker.eval.report import evaluate, markdown_table
@@ -38,7 +38,7 @@ def eval_cli(
         raise ConfigError(f"--k takes comma-separated integers, found {k!r}") from None
     result = evaluate(
         index, dataset, train_spec=tuple(train or ()), filters=split_csv(filter_), ks=ks,
-        report_dir=None if report is None else report.parent, name=None if report is None else report.name, progress=progress_enabled(), mode=mode, composite=composite,
+        report_dir=None if report is None else report.parent, name=None if report is None else report.name, mode=mode, composite=composite,
         gold_via_xref=gold_via_xref, same_as=same_as, query_lang=query_lang, abbreviations=abbreviations, lenient=lenient,
     )
     typer.echo(markdown_table([(Path(dataset.split(":", 1)[-1].split("#")[0]).name, result)], intervals=True))

@@ -32,8 +32,11 @@ def _tfidf_config(ngram: str, analyzer: str, threads: int | None):
 
 
 def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None):
+    from linker.encoders import check_encoder_name
     from linker.index.dense import DenseConfig
 
+    if encoder is not None:
+        check_encoder_name(encoder)  # before the concept table is read
     options = {"encoder": encoder, "faiss_kind": faiss_index, "batch_size": batch_size, "threads": threads}
     return DenseConfig(**{key: value for key, value in options.items() if value is not None})
 

@@ -10,11 +10,28 @@ import logging
 import sys
 
 import typer
+from typer import _click as typer_click  # typer vendors its own click
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
+import linker
+from linker import progress
 from linker.errors import LinkerError
+
+# `linker --help` lists commands in the order a user runs them, not in registration order.
+PIPELINE_ORDER = ("dict", "index", "link", "normalize", "serve", "eval", "train")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class PipelineOrderGroup(TyperGroup):
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        rank = {name: i for i, name in enumerate(PIPELINE_ORDER)}
+        return sorted(names, key=lambda name: (rank.get(name, len(rank)), name))
+
 
 app = typer.Typer(
     name="linker",
+    cls=PipelineOrderGroup,
     help="Multilingual medical entity linking: dictionaries, indexes, linking, evaluation, training, service.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -22,13 +39,32 @@ app = typer.Typer(
 )
 
 
+def configure_logging(*, verbose: bool = False, quiet: bool = False) -> None:
+    """linker's own INFO lines (one result per step, progress in logs) by default; other
+    libraries' below WARNING (FAISS's AVX512 probing, sentence-transformers' device choice) only with -v."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING)
+    logging.getLogger("linker").setLevel(logging.DEBUG if verbose else logging.ERROR if quiet else logging.INFO)
+    progress.set_enabled(not quiet)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"linker {linker.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _global_options(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only log errors."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log details, including other libraries' messages."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only log errors; no progress."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
-    level = logging.DEBUG if verbose else logging.ERROR if quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging(verbose=verbose, quiet=quiet)
 
 
 def _register() -> None:
@@ -43,11 +79,41 @@ def _register() -> None:
 _register()
 
 
+def _value_name(typed: str) -> str:
+    """`<path>` -> PATH, `<str>` and `<list[str]>` (a repeatable option) -> TEXT: click's names."""
+    name = typed.strip("<>").removeprefix("list[").removesuffix("]").upper()
+    return {"STR": "TEXT", "INT": "INTEGER"}.get(name, name)
+
+
+def _plain_help(command) -> object:
+    """Drop typer's type placeholders from help: `<bool>` beside flags, `<path>`/`<int>` beside
+    values, `{table}` in usage lines. Values show click's upper-case type name (`--k INTEGER`)."""
+    help_option = command.get_help_option(typer_click.Context(command))
+    for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        if isinstance(param, TyperArgument):
+            name = param.display_name_raw.upper()
+            shown = name if param.nargs == 1 else f"{name}..."
+            param.metavar = name
+            param._usage_display_name = lambda shown=shown, required=param.required: shown if required else f"[{shown}]"
+            param.display_type_rich = lambda ctx: None
+        elif isinstance(param, TyperOption):
+            param.display_type_rich = (lambda ctx: None) if param.is_flag else (
+                lambda ctx, typed=param.display_type: _value_name(typed(ctx)))
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+    return command
+
+
+def cli_command():
+    """The click command behind `linker`, with plain help."""
+    return _plain_help(typer.main.get_command(app))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI. Typer's own handling covers usage errors (usage line, exit 2) and --help;
     a LinkerError from the library becomes one `error: ...` line on stderr and exit 1."""
     try:
-        app(args=argv, prog_name="linker")
+        cli_command()(args=argv, prog_name="linker")
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise

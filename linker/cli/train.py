@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import echo_json, progress_enabled
+from linker.cli.common import echo_json
 from linker.cli.main import app
+from linker.progress import on_terminal
 
 train_app = typer.Typer(help="Train dense encoders (BioSyn, SapBERT-style self-alignment).", no_args_is_help=True)
 app.add_typer(train_app, name="train")
@@ -36,15 +37,17 @@ def biosyn_cli(
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
 ) -> None:
     """Fine-tune an encoder BioSyn-style (synonym marginalisation, candidates refreshed every epoch)."""
+    from linker.encoders import check_encoder_name
     from linker.train.biosyn import BiosynConfig, train_biosyn
 
+    check_encoder_name(encoder)  # before any data is read
     config = BiosynConfig(
         lr=lr, batch_size=batch_size, epochs=epochs, topk=topk, dense_ratio=dense_ratio,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, max_queries=max_queries,
         seed=seed, device=device, threads=threads,
     )
     summary = train_biosyn(list(train), dict_path, encoder=encoder, out=out, config=config, resume=resume,
-                           show_progress=progress_enabled())
+                           show_progress=on_terminal())
     echo_json(summary)
 
 
@@ -66,11 +69,13 @@ def sap_cli(
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
 ) -> None:
     """Self-alignment pretraining on the dictionary's own synonym pairs (SapBERT-style, cross-lingual when it can)."""
+    from linker.encoders import check_encoder_name
     from linker.train.sap import SapConfig, train_sap
 
+    check_encoder_name(encoder)  # before any data is read
     config = SapConfig(
         lr=lr, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, seed=seed, device=device, threads=threads,
     )
-    summary = train_sap(dict_path, encoder=encoder, out=out, config=config, resume=resume, show_progress=progress_enabled())
+    summary = train_sap(dict_path, encoder=encoder, out=out, config=config, resume=resume, show_progress=on_terminal())
     echo_json(summary)

@@ -27,6 +27,7 @@ from linker.eval.datasets import Mention, load_dataset
 from linker.eval.filters import FILTERS, Normaliser, ReferenceSet, filter_indices, read_abbreviations
 from linker.eval.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Accuracy, accuracy, mention_hits
 from linker.fileio import atomic_file
+from linker.progress import bar
 from linker.text import code_key
 
 log = logging.getLogger(__name__)
@@ -112,27 +113,21 @@ def read_same_as(path: str | Path) -> dict[str, tuple[str, ...]]:
 
 
 def _predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
-             progress: bool) -> list[tuple[tuple[str, ...], ...]]:
+             progress: bool | None) -> list[tuple[tuple[str, ...], ...]]:
     """Per mention, one ranking of concept ids per query text (`Mention.queries`); each text linked once."""
     keys = list(dict.fromkeys((text, m.lang if query_lang else None) for m in mentions for text in m.queries))
     by_lang: dict[str | None, list[str]] = {}
     for text, lang in keys:
         by_lang.setdefault(lang, []).append(text)
     ranked: dict[tuple[str, str | None], tuple[str, ...]] = {}
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(keys), desc="linking", unit="mention")
+    reporter = bar(len(keys), desc="linking test mentions", unit="mention", show=progress)
     for lang, texts in by_lang.items():
         for start in range(0, len(texts), LINK_BATCH):
             chunk = texts[start : start + LINK_BATCH]
             for text, result in zip(chunk, linker_.link(chunk, k=k, lang=lang)):
                 ranked[(text, lang)] = tuple(c.concept_id for c in result.candidates)
-            if bar is not None:
-                bar.update(len(chunk))
-    if bar is not None:
-        bar.close()
+            reporter.update(len(chunk))
+    reporter.close()
     return [tuple(ranked[(text, m.lang if query_lang else None)] for text in m.queries) for m in mentions]
 
 
@@ -144,7 +139,7 @@ def evaluate(
     filters: Sequence[str] = ("full",),
     ks: Sequence[int] = (1, 5),
     report_dir: str | Path | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     mode: str = "faithful",
     composite: str = "all",
     gold_via_xref: str | None = None,

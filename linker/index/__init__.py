@@ -164,7 +164,7 @@ def build_index(dict_path: str | Path, *, kind: str, out: str | Path, config: An
             **extra,
         }
         manifest = write_manifest(tmp, manifest)
-    log.info("built %s index %s: %d names of %d concepts in %.1fs", kind, out, len(names), concepts,
+    log.debug("built %s index %s: %d names of %d concepts in %.1fs", kind, out, len(names), concepts,
              manifest["build_seconds"])
     return manifest
 

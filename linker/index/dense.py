@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError, IndexMismatchError, MissingInputError, UnknownNameError
+from linker.progress import bar
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ FAISS_FILE = f"{SUBDIR}/index.faiss"
 PARAMS = f"{SUBDIR}/params.json"
 PROGRESS = "progress.json"
 WORK_EMBEDDINGS = "embeddings.npy"
+PROGRESS_ROWS = 1024  # names encoded between two progress updates (a few seconds on 2 cores)
 MISSING_SCORE = -np.inf  # score reported beside row -1 (fewer than k names found)
 
 
@@ -113,7 +115,7 @@ def encode_names(
     *,
     batch_size: int = 64,
     chunk_rows: int = 8192,
-    show_progress: bool = False,
+    show_progress: bool | None = None,
 ) -> np.memmap:
     """Encode `names` (passage role) into ``work_dir/embeddings.npy``, resuming a partial run.
 
@@ -138,26 +140,20 @@ def encode_names(
         vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
     else:
         vectors = np.load(path, mmap_mode="r+")
-    bar = None
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n, initial=done, unit="name", desc="encoding names")
-    started, start_row = time.perf_counter(), done
+    reporter = bar(n, initial=done, desc="encoding names", unit="name", show=show_progress)
     while done < n:
         end = min(done + chunk_rows, n)
-        vectors[done:end] = encoder.encode(names[done:end], role="passage", batch_size=batch_size)
+        # Encoded in slices so that the progress moves every few seconds, not once per chunk.
+        for start in range(done, end, PROGRESS_ROWS):
+            stop = min(start + PROGRESS_ROWS, end)
+            vectors[start:stop] = encoder.encode(names[start:stop], role="passage", batch_size=batch_size)
+            reporter.update(stop - start)
         vectors.flush()
         done = end
         tmp = progress_path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"key": key, "rows": n, "dim": dim, "done": done}), encoding="utf-8")
         os.replace(tmp, progress_path)
-        if bar is not None:
-            bar.update(end - bar.n)
-        elapsed = time.perf_counter() - started
-        log.info("encoded %d/%d names (%.0f names/s)", done, n, (done - start_row) / max(elapsed, 1e-9))
-    if bar is not None:
-        bar.close()
+    reporter.close()
     del vectors
     return np.load(path, mmap_mode="r")
 
@@ -204,7 +200,7 @@ def _nlist(config: DenseConfig, n: int) -> int:
     return max(1, min(nlist, n))
 
 
-def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 65536):
+def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 8192):
     """The FAISS structure of `config.faiss_kind` (None for flat: the embeddings are the index)."""
     import faiss
 
@@ -236,9 +232,13 @@ def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 65536
         sample_size = min(n, max(256 * nlist, 2**config.pq_nbits * 40 if kind == "ivf-pq" else 0))
         rng = np.random.default_rng(config.seed)
         sample = np.sort(rng.choice(n, size=sample_size, replace=False))
+        # One FAISS call with no progress of its own: say what is happening before it starts.
+        log.info("training FAISS %s (%d lists) on %d of %d vectors", kind, nlist, sample_size, n)
         index.train(np.ascontiguousarray(embeddings[sample], dtype=np.float32))
-    for start in range(0, n, block):
-        index.add(np.ascontiguousarray(embeddings[start : start + block], dtype=np.float32))
+    with bar(n, desc=f"adding to FAISS {kind}", unit="vector") as reporter:
+        for start in range(0, n, block):
+            index.add(np.ascontiguousarray(embeddings[start : start + block], dtype=np.float32))
+            reporter.update(min(block, n - start))
     _tune(index, config)
     return index
 
@@ -291,7 +291,7 @@ class DenseNameIndex:
         config: DenseConfig,
         *,
         work_dir: Path | None = None,
-        show_progress: bool = False,
+        show_progress: bool | None = None,
     ) -> DenseNameIndex:
         """Encode `names` and index them. `work_dir` holds the resumable embeddings (a temporary
         folder when None); keep it stable across runs to resume an interrupted build."""
@@ -325,7 +325,7 @@ class DenseNameIndex:
         index._work_path = Path(work_dir)
         if config.faiss_kind != "flat" and config.recall_sample:
             index.params["recall"] = index.measure_recall(names, config.recall_sample)
-        log.info("dense index: %d names, %s, %s", len(names), config.faiss_kind, index.params)
+        log.debug("dense index: %d names, %s, %s", len(names), config.faiss_kind, index.params)
         return index
 
     def measure_recall(self, names: Sequence[str], sample: int, ks: tuple[int, ...] = (1, 10)) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import linker
@@ -54,6 +55,12 @@ def read_manifest(folder: str | Path) -> dict:
     """Read ``manifest.json`` of an index folder, without checking the files."""
     folder = Path(folder)
     path = folder / MANIFEST
+    if folder.is_file():
+        what = "a concept table (from `linker dict build`)" if folder.suffix == ".parquet" else "a file"
+        raise MissingInputError(
+            f"{folder}: expected an index folder, found {what}; `link`, `normalize`, `serve` and `eval` take an "
+            f"index folder, which `linker index build --dict {folder} --out DIR` makes from a concept table"
+        )
     if not folder.is_dir():
         raise MissingInputError(f"{folder}: no such index folder; build one with `linker index build`")
     if not path.is_file():
@@ -66,6 +73,18 @@ def read_manifest(folder: str | Path) -> dict:
         raise IndexMismatchError(f"{path}: not valid JSON ({exc}); rebuild the index") from None
     if not isinstance(manifest, dict) or "kind" not in manifest or "files" not in manifest:
         raise IndexMismatchError(f"{path}: expected a linker index manifest with 'kind' and 'files'; rebuild the index")
+    return manifest
+
+
+def public_manifest(manifest):
+    """The manifest without the building machine's paths (for GET /indexes): an absolute path
+    (the concept table's source, an encoder folder) becomes its last component."""
+    if isinstance(manifest, dict):
+        return {key: public_manifest(value) for key, value in manifest.items()}
+    if isinstance(manifest, list):
+        return [public_manifest(value) for value in manifest]
+    if isinstance(manifest, str) and os.path.isabs(manifest):
+        return Path(manifest).name
     return manifest
 
 

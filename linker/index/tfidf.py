@@ -31,6 +31,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sparse_dot_topn import sp_matmul_topn
 
 from linker.errors import ConfigError, InputFormatError, UnknownNameError
+from linker.progress import track
 from linker.text import MODES, normalize
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,11 @@ class TfidfNameIndex:
     @classmethod
     def build(cls, names: Sequence[str], config: TfidfConfig = TfidfConfig()) -> TfidfNameIndex:
         vectorizer = _vectorizer(config)
-        normalized = [normalize(n, config.normalization) for n in names]
+        # fit_transform reads its input once, counting n-grams (most of the build's time), so a
+        # generator shows that pass's progress.
+        normalized = (normalize(n, config.normalization) for n in track(names, desc="tf-idf n-grams", unit="name"))
         matrix = vectorizer.fit_transform(normalized).tocsr()
-        log.info("tf-idf: %d names, %d n-gram features, %d non-zeros", matrix.shape[0], matrix.shape[1], matrix.nnz)
+        log.debug("tf-idf: %d names, %d n-gram features, %d non-zeros", matrix.shape[0], matrix.shape[1], matrix.nnz)
         return cls(config, vectorizer, matrix)
 
     def save(self, folder: Path) -> None:
