@@ -12,7 +12,9 @@ to an Arrow record batch, so a distributed engine (Ray Data ``map_batches``, Spa
 
 from __future__ import annotations
 
+import copy
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,8 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from linker.dictionary import ConceptTable
-from linker.errors import InputFormatError, UnknownNameError, shorten
+from linker.confidence import RETRIEVER_SCORER, read_calibration
+from linker.errors import ConfigError, InputFormatError, UnknownNameError, shorten
 from linker.index import LoadedIndex, load_index
+from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
 from linker.retrieve import ConceptHits, ConceptIndex, top_concepts
 
 log = logging.getLogger(__name__)
@@ -44,7 +48,12 @@ class MeddraPath:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A concept proposed for a mention, with the dictionary name that matched best."""
+    """A concept proposed for a mention, with the dictionary name that matched best.
+
+    `score` ranks the candidates: the re-ranker's logit when one is used, else the retriever's
+    score, which `retriever_score` always keeps. `confidence` is the calibrated P(this candidate
+    is right) (`linker.confidence`), None when the index has no calibration for this scorer.
+    """
 
     concept_id: str
     preferred_name: str
@@ -55,11 +64,19 @@ class Candidate:
     term_id: str  # the source's id of the matched name (e.g. the MedDRA LLT code)
     term_type: str
     hierarchy: tuple[MeddraPath, ...] = ()  # MedDRA PTs only, primary path first
+    retriever_score: float | None = None  # None only for hand-made candidates; the Linker always sets it
+    confidence: float | None = None
 
     def to_dict(self) -> dict:
         """The JSON form shared by `linker link --json`, the normaliser and the HTTP service."""
         out = asdict(self)
         out["score"] = round(float(self.score), 6)
+        if self.retriever_score is not None:
+            out["retriever_score"] = round(float(self.retriever_score), 6)
+        if self.confidence is not None:
+            out["confidence"] = round(float(self.confidence), 6)
+        else:
+            del out["confidence"]  # no calibration for this index and scorer
         if not self.hierarchy:
             del out["hierarchy"]  # only MedDRA candidates carry one
         return out
@@ -67,11 +84,18 @@ class Candidate:
 
 @dataclass(frozen=True)
 class LinkResult:
+    """One mention's candidates; `nil` ("no link") when the best one is below the Linker's
+    `min_confidence` (the candidates are then dropped) or when there is none at all."""
+
     mention: str
     candidates: tuple[Candidate, ...]
 
+    @property
+    def nil(self) -> bool:
+        return not self.candidates
+
     def to_dict(self) -> dict:
-        return {"mention": self.mention, "candidates": [c.to_dict() for c in self.candidates]}
+        return {"mention": self.mention, "candidates": [c.to_dict() for c in self.candidates], "nil": self.nil}
 
 
 _PATH_TYPE = pa.struct([(f, pa.string()) for f in MeddraPath.__dataclass_fields__ if f != "primary_soc"]
@@ -87,6 +111,8 @@ CANDIDATE_TYPE = pa.struct(
         ("term_id", pa.string()),
         ("term_type", pa.string()),
         ("hierarchy", pa.list_(_PATH_TYPE)),
+        ("retriever_score", pa.float32()),
+        ("confidence", pa.float32()),
     ]
 )
 """Arrow type of one candidate in `Linker.link_batch`'s ``candidates`` column (a list of these)."""
@@ -98,10 +124,34 @@ class Linker:
     `lang` *restricts* candidates to names of that language (exactly, see `linker.retrieve`);
     it does not boost. The preferred name shown is the concept's preferred name in the
     mention's language when given, else English, else any language's.
+
+    With a `reranker` (`linker.rerank.CrossEncoder`), the retriever's top `rerank_k` concepts
+    are re-scored and re-ordered before the cut to k. With a calibration in the index folder
+    that matches the scorer, every candidate carries a `confidence`; with `min_confidence`, a
+    mention whose best candidate is below it gets no candidates ("no link", `LinkResult.nil`).
     """
 
-    def __init__(self, index: LoadedIndex) -> None:
+    def __init__(self, index: LoadedIndex, *, reranker: CrossEncoder | None = None,
+                 rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None) -> None:
+        if rerank_k < 1:
+            raise ConfigError(f"rerank_k must be >= 1, found {rerank_k}")
+        if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
+            raise ConfigError(f"min_confidence is a probability from 0 to 1, found {min_confidence}")
         self.index = index
+        self.reranker = reranker
+        self.rerank_k = rerank_k
+        self.calibration = read_calibration(index.folder, index.manifest)
+        if self.calibration is not None and self.calibration.scorer != self.scorer:
+            log.warning("%s: its calibration was fitted for scorer %s, this Linker scores with %s; "
+                        "candidates get no confidence (run `linker calibrate` with this re-ranker)",
+                        index.folder, self.calibration.scorer[:20], self.scorer[:20])
+            self.calibration = None
+        if min_confidence is not None and self.calibration is None:
+            raise ConfigError(f"--min-confidence needs a calibration of {index.folder} for this scorer; "
+                              f"run `linker calibrate --index {index.folder} --dataset SPEC` first")
+        self.min_confidence = min_confidence
+        self._dropped: np.ndarray | None = None  # name rows of concepts removed by `without_concepts`
+        self.stats = {"texts": 0, "retrieve_seconds": 0.0, "rerank_seconds": 0.0, "rerank_pairs": 0}
         table = index.concepts.table
         self._concepts = ConceptIndex(table.column("concept_id"))
         self._names: list[str] = table.column("name").to_pylist()
@@ -132,9 +182,37 @@ class Linker:
         return paths
 
     @classmethod
-    def load(cls, index_dir: str | Path, *, checksums: bool = True) -> Linker:
-        """Load and verify an index folder (IndexMismatchError when its files do not match its manifest)."""
-        return cls(load_index(index_dir, checksums=checksums))
+    def load(cls, index_dir: str | Path, *, checksums: bool = True, rerank: str | Path | None = None,
+             rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None) -> Linker:
+        """Load and verify an index folder (IndexMismatchError when its files do not match its manifest).
+
+        `rerank`: a re-ranker folder or hub name; None uses the one bound to the index
+        (`linker index build --reranker`) if any, ``"none"`` disables it.
+        """
+        index = load_index(index_dir, checksums=checksums)
+        if rerank is None and index.manifest.get("reranker"):
+            rerank = index.folder / RERANKER_DIR
+        reranker = None if rerank is None or str(rerank) == "none" else CrossEncoder.load(rerank)
+        return cls(index, reranker=reranker, rerank_k=rerank_k, min_confidence=min_confidence)
+
+    @property
+    def scorer(self) -> str:
+        """What `Candidate.score` is: the retriever's score or one re-ranker's (calibrations are per scorer)."""
+        return RETRIEVER_SCORER if self.reranker is None else self.reranker.scorer
+
+    def without_concepts(self, concept_ids: Sequence[str]) -> Linker:
+        """This Linker as if `concept_ids` were not in the dictionary (their names masked out).
+
+        Used to make unlinkable test mentions for the "no link" evaluation without rebuilding
+        the index; a tf-idf index keeps the idf weights of the full dictionary.
+        """
+        other = copy.copy(self)
+        other._lang_masks = {}
+        other.stats = dict.fromkeys(self.stats, 0)
+        wanted = set(concept_ids)
+        codes = [i for i, cid in enumerate(self._concepts.ids) if cid in wanted]
+        other._dropped = np.isin(self._concepts.codes, np.asarray(codes, dtype=np.int64))
+        return other
 
     @property
     def manifest(self) -> dict:
@@ -156,11 +234,12 @@ class Linker:
 
     def _allowed(self, lang: str | None) -> np.ndarray | None:
         if lang is None:
-            return None
+            return None if self._dropped is None else ~self._dropped
         if lang not in self._langs:
             raise UnknownNameError("language in this index", lang, self._langs)
         if lang not in self._lang_masks:
-            self._lang_masks[lang] = self._lang_codes == self._langs.index(lang)
+            mask = self._lang_codes == self._langs.index(lang)
+            self._lang_masks[lang] = mask if self._dropped is None else mask & ~self._dropped
         return self._lang_masks[lang]
 
     def preferred_name(self, concept: int, lang: str | None) -> str:
@@ -195,24 +274,44 @@ class Linker:
         rows = sorted(rows, key=lambda r: (not r["primary_soc"], r["soc_code"], r["hlgt_code"], r["hlt_code"]))
         return tuple(MeddraPath(**{f: r[f] for f in MeddraPath.__dataclass_fields__}) for r in rows)
 
-    def _candidates(self, hits: ConceptHits, lang: str | None) -> tuple[Candidate, ...]:
+    def _candidates(self, hits: ConceptHits, final: np.ndarray, lang: str | None, k: int) -> tuple[Candidate, ...]:
+        """The top k of `hits` by `final` score (score desc, concept_id), with confidences and the NIL rule."""
+        order = np.lexsort((hits.concepts, -final))[:k]  # concept codes are in concept_id order
+        confidence = self.calibration(final[order]) if self.calibration is not None else [None] * len(order)
+        if self.min_confidence is not None and (len(order) == 0 or confidence[0] < self.min_confidence):
+            return ()
         out = []
-        for concept, row, score in zip(hits.concepts.tolist(), hits.rows.tolist(), hits.scores.tolist()):
+        for i, conf in zip(order.tolist(), confidence):
+            concept, row = int(hits.concepts[i]), int(hits.rows[i])
             concept_id = self._concepts.ids[concept]
             out.append(
                 Candidate(
                     concept_id=concept_id,
                     preferred_name=self.preferred_name(concept, lang),
                     matched_name=self._names[row],
-                    score=float(score),
+                    score=float(final[i]),
                     lang=self._langs[self._lang_codes[row]],
                     source=self._sources[self._source_codes[row]],
                     term_id=self._term_ids[row],
                     term_type=self._types[self._type_codes[row]],
                     hierarchy=self._paths(concept_id, lang),
+                    retriever_score=float(hits.scores[i]),
+                    confidence=None if conf is None else float(conf),
                 )
             )
         return tuple(out)
+
+    def _rerank(self, mentions: Sequence[str], hits: list[ConceptHits]) -> list[np.ndarray]:
+        """Each mention's re-ranker scores of its retrieved concepts (their matched names), in one batch."""
+        pairs_m = [m for m, h in zip(mentions, hits) for _ in range(len(h.rows))]
+        pairs_n = [self._names[row] for h in hits for row in h.rows.tolist()]
+        scores = self.reranker.score(pairs_m, pairs_n) if pairs_m else np.zeros(0, dtype=np.float32)
+        self.stats["rerank_pairs"] += len(pairs_m)
+        out, pos = [], 0
+        for h in hits:
+            out.append(scores[pos : pos + len(h.rows)])
+            pos += len(h.rows)
+        return out
 
     def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None) -> list[LinkResult]:
         """The top-k distinct concepts for each mention, sorted by (score desc, concept_id).
@@ -227,9 +326,18 @@ class Linker:
             if not isinstance(mention, str) or not mention.strip():
                 raise InputFormatError(f"mentions[{i}]", "a non-empty mention text",
                                        shorten(mention) if isinstance(mention, str) else type(mention).__name__)
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, found {k}")
         allowed = self._allowed(lang)
-        hits = top_concepts(self.index.names, self._concepts, list(mentions), k, allowed=allowed)
-        return [LinkResult(m, self._candidates(h, lang)) for m, h in zip(mentions, hits)]
+        fetch = k if self.reranker is None else max(k, self.rerank_k)
+        started = time.perf_counter()
+        hits = top_concepts(self.index.names, self._concepts, list(mentions), fetch, allowed=allowed)
+        retrieved = time.perf_counter()
+        finals = [h.scores for h in hits] if self.reranker is None else self._rerank(mentions, hits)
+        self.stats["texts"] += len(mentions)
+        self.stats["retrieve_seconds"] += retrieved - started
+        self.stats["rerank_seconds"] += time.perf_counter() - retrieved
+        return [LinkResult(m, self._candidates(h, f, lang, k)) for m, h, f in zip(mentions, hits, finals)]
 
     def link_batch(self, batch: pa.RecordBatch, *, k: int = 5) -> pa.RecordBatch:
         """Link column ``text`` (optional column ``lang`` per row, null = any language).

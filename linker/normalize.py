@@ -150,7 +150,7 @@ def normalize_jsonl_lines(
                                     reporter=reporter)
             for span, cands in zip(spans, candidates, strict=True):
                 linked += bool(cands)
-                write_jsonl(out, {**span.record, "candidates": [c.to_dict() for c in cands]})
+                write_jsonl(out, {**span.record, "candidates": [c.to_dict() for c in cands], "nil": not cands})
     return NormalizeSummary("jsonl", getattr(out, "name", "<stream>"), 1, total, linked)
 
 

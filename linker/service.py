@@ -109,6 +109,8 @@ class CandidateOut(BaseModel):
     term_id: str
     term_type: str
     hierarchy: list[MeddraPath] | None = None  # pydantic validates the Linker's own dataclass
+    retriever_score: float | None = None  # the retriever's score; `score` is the re-ranker's when there is one
+    confidence: float | None = None  # calibrated P(correct); absent when the index has no calibration
 
 
 class MentionOut(BaseModel):
@@ -116,6 +118,7 @@ class MentionOut(BaseModel):
     text: str
     lang: str | None = None
     candidates: list[CandidateOut]
+    nil: bool = Field(description="No link: no candidate, or the best one below the service's --min-confidence.")
 
 
 class LinkResponse(BaseModel):
@@ -391,9 +394,12 @@ class _Loaded:
     languages: frozenset[str]
 
 
-def load_indexes(index_dirs: Sequence[str | Path], max_pending: int = ServiceLimits.max_pending_mentions
-                 ) -> dict[str, _Loaded]:
-    """Load each index folder once; its name is the folder name (which must be unique)."""
+def load_indexes(index_dirs: Sequence[str | Path], max_pending: int = ServiceLimits.max_pending_mentions,
+                 linker_options: dict | None = None) -> dict[str, _Loaded]:
+    """Load each index folder once; its name is the folder name (which must be unique).
+
+    `linker_options`: keyword arguments of `Linker.load` (rerank, rerank_k, min_confidence) for every index.
+    """
     if not index_dirs:
         raise ConfigError("no index given; pass --index DIR (one or more)")
     loaded: dict[str, _Loaded] = {}
@@ -401,7 +407,7 @@ def load_indexes(index_dirs: Sequence[str | Path], max_pending: int = ServiceLim
         name = Path(folder).resolve().name
         if name in loaded:
             raise ConfigError(f"two indexes named {name!r}; index folders must have distinct names")
-        lk = Linker.load(folder)
+        lk = Linker.load(folder, **(linker_options or {}))
         loaded[name] = _Loaded(name, lk, MentionBatcher(lk, name, max_pending), frozenset(lk.languages))
         log.info("loaded index %s (%s)", name, lk.version)
     return loaded
@@ -465,14 +471,16 @@ def _render(loaded: _Loaded, k: int, mentions: list[MentionIn], results: list) -
         if m.lang is not None:
             item["lang"] = m.lang
         item["candidates"] = [c.to_dict() for c in result.candidates]
+        item["nil"] = result.nil
         out.append(item)
     body = {"index": loaded.name, "version": loaded.linker.version, "k": k, "results": out}
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = ServiceLimits()) -> FastAPI:
+def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = ServiceLimits(), *,
+               linker_options: dict | None = None) -> FastAPI:
     """The FastAPI app with `index_dirs` loaded (LinkerError here, before serving, if one is bad)."""
-    indexes = load_indexes(index_dirs, limits.max_pending_mentions)
+    indexes = load_indexes(index_dirs, limits.max_pending_mentions, linker_options)
     default = next(iter(indexes))
     app = FastAPI(
         title="linker",

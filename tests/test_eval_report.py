@@ -53,7 +53,7 @@ def test_evaluate_filters_subsets_and_hits(index_dir, fixtures, tmp_path):
     assert report.row("dict").acc(1).correct == 1  # WD, among the 3 non-dictionary mentions
     assert report.reachable == 1.0
     names = sorted(p.split("/")[-1] for p in report.files)
-    assert names == ["rep.json", "rep.md", "rep.png"]
+    assert names == ["rep.coverage.png", "rep.json", "rep.md", "rep.png"]
     saved = json.loads((tmp_path / "rep/rep.json").read_text())
     assert saved["config"]["filters"] == ["full", "dict", "dict0.2", "train", "train0.2"]
     assert saved["config"]["index_manifest"]["kind"] == "tfidf"
@@ -100,7 +100,7 @@ def test_cli_eval_ok_and_report(index_dir, fixtures, tmp_path, capsys):
           "--filter", "full,dict", "--k", "1,5", "--report", str(tmp_path / "cli")])  # returns: exit 0
     out = capsys.readouterr().out
     assert "| pubtator_slice.txt | all | 5 | 60.00 [20.00, 100.00] | 80.00 [40.00, 100.00] | 3 | 33.33 [" in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cli.json", "cli.md", "cli.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cli.coverage.png", "cli.json", "cli.md", "cli.png"]
 
 
 @pytest.mark.parametrize(

@@ -45,9 +45,10 @@ def test_exact_name_links_with_matched_name_and_hierarchy(linker):
     assert result.mention == "chest pain"
     assert result.candidates == (
         Candidate("10008479", "Chest pain", "Chest pain", result.candidates[0].score, "en", "meddra",
-                  "10008479", "PT", (CHEST_PRIMARY, CHEST_SECONDARY)),
+                  "10008479", "PT", (CHEST_PRIMARY, CHEST_SECONDARY), retriever_score=result.candidates[0].score),
     )
     assert result.candidates[0].score == pytest.approx(1.0, abs=1e-6)
+    assert result.candidates[0].confidence is None  # the index has no calibration
 
 
 def test_synonym_match_reports_llt_and_preferred_name(linker):

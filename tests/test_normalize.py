@@ -62,10 +62,12 @@ def test_jsonl_round_trip_keeps_fields_and_ranks_candidates(meddra, tmp_path):
     assert records[2]["note"] == "kept" and records[2]["lang"] == "es"
     top = [[c["concept_id"] for c in r["candidates"]] for r in records]
     assert top == [["10001760", "10019211"], ["10019211", "10028813"], ["10028813", "10001760"], []]
+    assert [r["nil"] for r in records] == [False, False, False, True]
     hair = records[0]["candidates"][0]
     assert hair | {"hierarchy": None} == {
         "concept_id": "10001760", "preferred_name": "Alopecia", "matched_name": "Hair loss", "score": 1.0,
         "lang": "en", "source": "meddra", "term_id": "10019045", "term_type": "LLT", "hierarchy": None,
+        "retriever_score": 1.0,
     }
     assert hair["hierarchy"] == [{
         "hlt_code": "10001769", "hlt_name": "Alopecias", "hlgt_code": "10014982",

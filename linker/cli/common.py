@@ -30,3 +30,23 @@ def read_limits(max_line_bytes: int | None, max_document_bytes: int | None):
 MAX_LINE_HELP = "Longest input line accepted, in bytes (default 1 MiB); a longer line is an error, never read whole."
 MAX_DOCUMENT_HELP = "Largest brat .ann/.txt or XML document accepted, in bytes (default 64 MiB)."
 LENIENT_HELP = "brat: skip (and report) annotations whose offsets or text do not match the .txt, instead of failing."
+
+
+# Options shared by link, normalize, serve and eval (one definition, one help text).
+RERANK_HELP = "Re-ranker folder (`linker train rerank`) or hub name; default: the index's bound one; 'none' = off."
+RERANK_K_HELP = "Retrieved concepts the re-ranker re-scores per mention."
+MIN_CONFIDENCE_HELP = "'No link' when the best candidate's calibrated confidence is below this (needs `linker calibrate`)."
+
+
+def rerank_option():
+    return typer.Option(None, "--rerank", help=RERANK_HELP)
+
+
+def rerank_k_option():
+    from linker.rerank import DEFAULT_RERANK_K
+
+    return typer.Option(DEFAULT_RERANK_K, "--rerank-k", help=RERANK_K_HELP)
+
+
+def min_confidence_option():
+    return typer.Option(None, "--min-confidence", help=MIN_CONFIDENCE_HELP)

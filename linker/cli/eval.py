@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import LENIENT_HELP, split_csv
+from linker.cli.common import LENIENT_HELP, rerank_k_option, rerank_option, split_csv
 from linker.cli.main import app
 from linker.errors import ConfigError
-from linker.eval.report import evaluate, markdown_table
+from linker.eval.report import evaluate, markdown_table, trust_markdown
 
 
 @app.command("eval")
@@ -30,6 +30,10 @@ def eval_cli(
     same_as: Path = typer.Option(None, "--same-as", help="File of id groups 'ID|ID...' (e.g. MEDIC) that name one concept."),
     query_lang: bool = typer.Option(False, "--query-lang", help="Restrict candidates to names in each mention's language."),
     lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
+    rerank: str = rerank_option(),
+    rerank_k: int = rerank_k_option(),
+    nil_fraction: float = typer.Option(0.0, "--nil-fraction", help="Remove this share of the gold concepts from the dictionary and score 'no link' answers (needs `linker calibrate`)."),
+    min_confidence: float = typer.Option(0.5, "--min-confidence", help="With --nil-fraction: 'no link' below this calibrated confidence."),
 ) -> None:
     """Score an index on a test set; prints the table (and writes a report with --report)."""
     try:
@@ -40,7 +44,11 @@ def eval_cli(
         index, dataset, train_spec=tuple(train or ()), filters=split_csv(filter_), ks=ks,
         report_dir=None if report is None else report.parent, name=None if report is None else report.name, mode=mode, composite=composite,
         gold_via_xref=gold_via_xref, same_as=same_as, query_lang=query_lang, abbreviations=abbreviations, lenient=lenient,
+        rerank=rerank, rerank_k=rerank_k, nil_fraction=nil_fraction, min_confidence=min_confidence,
     )
     typer.echo(markdown_table([(Path(dataset.split(":", 1)[-1].split("#")[0]).name, result)], intervals=True))
+    for line in trust_markdown(result):
+        if line:
+            typer.echo(line)
     typer.echo(f"{100 * result.reachable:.2f}% of mentions have a gold id in the dictionary; "
                f"{result.seconds['total']:.1f}s" + (f"; report: {', '.join(result.files)}" if result.files else ""))

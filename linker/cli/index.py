@@ -53,6 +53,7 @@ def build_cli(
     faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type (flat, hnsw, ivf-sq8, ivf-pq)."),
     batch_size: int = typer.Option(None, "--batch-size", help="dense/hybrid: encoding batch size."),
     sparse_weight: float = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score."),
+    reranker: Path = typer.Option(None, "--reranker", help="Re-ranker folder (`linker train rerank`) to bind: copied in, used by default."),
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
     if kind == "tfidf":
@@ -67,7 +68,7 @@ def build_cli(
                               dense=_dense_config(encoder, faiss_index, batch_size, threads), **extra)
     else:
         config = None  # build_index names the valid kinds
-    manifest = build_index(dict_path, kind=kind, out=out, config=config)
+    manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker)
     counts = manifest["counts"]
     typer.echo(f"wrote {out}: {kind} index of {counts['names']:,} names of {counts['concepts']:,} concepts "
                f"in {manifest['build_seconds']:.1f}s")
@@ -92,6 +93,11 @@ def info_cli(
     typer.echo(f"  concept table {concepts['source_path']} (sha256 {concepts['sha256'][:12]})")
     if manifest.get("encoder"):
         typer.echo(f"  encoder {manifest['encoder']}")
+    if manifest.get("reranker"):
+        typer.echo(f"  re-ranker {manifest['reranker']['name']} (sha256 {manifest['reranker']['sha256'][:12]})")
+    if manifest.get("calibration"):
+        cal = manifest["calibration"]
+        typer.echo(f"  calibration {cal['method']} on {cal['mentions']:,} mentions of {cal['fitted_on']}")
     typer.echo(f"  parameters {manifest['parameters']}")
     size = sum(entry["size"] for entry in manifest["files"].values())
     typer.echo(f"  {len(manifest['files'])} files, {size / 2**20:.1f} MiB" + ("" if no_check else ", verified"))

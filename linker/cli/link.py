@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import MAX_LINE_HELP, echo_json, read_limits
+from linker.cli.common import MAX_LINE_HELP, echo_json, min_confidence_option, read_limits, rerank_k_option, rerank_option
 from linker.cli.main import app
 from linker.errors import InputFormatError
 from linker.link import Linker, LinkResult
@@ -16,10 +16,11 @@ from linker.normalize import normalize_jsonl_stream
 def _print(result: LinkResult) -> None:
     typer.echo(result.mention)
     if not result.candidates:
-        typer.echo("  (no candidate)")
+        typer.echo("  (no link)")
     for rank, c in enumerate(result.candidates, start=1):
         matched = "" if c.matched_name == c.preferred_name else f"  [matched {c.matched_name!r} {c.term_type} {c.lang}]"
-        typer.echo(f"  {rank}. {c.concept_id}\t{c.score:.4f}\t{c.preferred_name}{matched}")
+        confidence = "" if c.confidence is None else f"\tconfidence {c.confidence:.3f}"
+        typer.echo(f"  {rank}. {c.concept_id}\t{c.score:.4f}{confidence}\t{c.preferred_name}{matched}")
         for path in c.hierarchy:
             typer.echo(f"       {'primary ' if path.primary_soc else ''}SOC {path.soc_code} {path.soc_name}"
                        f" > HLGT {path.hlgt_code} > HLT {path.hlt_code} {path.hlt_name}")
@@ -35,13 +36,16 @@ def link_cli(
     input_path: Path = typer.Option(None, "--input", help='JSONL of {"text": ..., "id"?, "lang"?}; - for stdin.'),
     output: Path = typer.Option(None, "--output", help="JSONL with a 'candidates' list added; - for stdout."),
     max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
+    rerank: str = rerank_option(),
+    rerank_k: int = rerank_k_option(),
+    min_confidence: float = min_confidence_option(),
 ) -> None:
     """Link mentions to concepts: the top-k distinct concepts with scores and matched names."""
     if not mentions and input_path is None:
         raise InputFormatError("command line", "mention texts or --input FILE.jsonl", "neither")
     if mentions and input_path is not None:
         raise InputFormatError("command line", "mention texts or --input, not both", "both")
-    linker = Linker.load(index)
+    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
     if input_path is not None:
         summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
                                          limits=read_limits(max_line_bytes, None))

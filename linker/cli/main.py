@@ -69,6 +69,7 @@ def _global_options(
 
 def _register() -> None:
     # Each group lives in its own module; importing it adds its commands to `app`.
+    from linker.cli import calibrate as _calibrate  # noqa: F401
     from linker.cli import dict as _dict  # noqa: F401
     from linker.cli import eval as _eval  # noqa: F401
     from linker.cli import train as _train  # noqa: F401

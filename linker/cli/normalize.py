@@ -7,7 +7,9 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, read_limits
+from linker.cli.common import (
+    LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, min_confidence_option, read_limits, rerank_k_option, rerank_option,
+)
 from linker.cli.main import app
 from linker.errors import ConfigError
 from linker.link import Linker
@@ -30,13 +32,16 @@ def normalize_cli(
     lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
     max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
     max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
+    rerank: str = rerank_option(),
+    rerank_k: int = rerank_k_option(),
+    min_confidence: float = min_confidence_option(),
 ) -> None:
     """Normalise predicted spans: add ranked concepts (jsonl), brat normalisation lines, or TAC/ADE-Eval Reactions."""
     if (input_path == "-" or output == "-") and fmt != "jsonl":
         raise ConfigError(f"`-` (stdin/stdout) works with --format jsonl only, found --format {fmt}")
     limits = read_limits(max_line_bytes, max_document_bytes)
     started = time.perf_counter()
-    linker = Linker.load(index)
+    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
     if input_path == "-" or output == "-":
         summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang, limits=limits)
     else:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from linker.cli.common import min_confidence_option, rerank_k_option, rerank_option
 from linker.cli.main import app
 
 
@@ -20,6 +21,9 @@ def serve_cli(
     max_text_chars: int = typer.Option(None, "--max-text-chars", help="Longest mention text accepted (default 500)."),
     max_mentions: int = typer.Option(None, "--max-mentions", help="Most mentions per request (default 1000)."),
     max_k: int = typer.Option(None, "--max-k", help="Largest k accepted (default 100)."),
+    rerank: str = rerank_option(),
+    rerank_k: int = rerank_k_option(),
+    min_confidence: float = min_confidence_option(),
 ) -> None:
     """Serve POST /link, GET /health, GET /indexes and the OpenAPI docs at /docs."""
     import uvicorn
@@ -28,6 +32,7 @@ def serve_cli(
 
     given = {"max_text_chars": max_text_chars, "max_mentions": max_mentions, "max_k": max_k}
     limits = ServiceLimits(**{name: value for name, value in given.items() if value is not None})
-    service = create_app(index, limits)  # loads every index now: a bad one fails before the port opens
+    linker_options = {"rerank": rerank, "rerank_k": rerank_k, "min_confidence": min_confidence}
+    service = create_app(index, limits, linker_options=linker_options)  # loads every index now: a bad one fails before the port opens
     typer.echo(f"serving {', '.join(service.state.indexes)} on http://{host}:{port} (docs at /docs)", err=True)
     uvicorn.run(service, host=host, port=port, log_level="warning", access_log=False)

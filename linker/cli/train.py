@@ -1,4 +1,4 @@
-"""`linker train biosyn|sap`: fine-tune a dense encoder; the result is a model folder for `index build --encoder`."""
+"""`linker train biosyn|sap|rerank`: fine-tune a dense encoder (a model folder for `index build --encoder`) or a re-ranker (for `--rerank`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from linker.cli.common import echo_json
 from linker.cli.main import app
 from linker.progress import on_terminal
 
-train_app = typer.Typer(help="Train dense encoders (BioSyn, SapBERT-style self-alignment).", no_args_is_help=True)
+train_app = typer.Typer(help="Train dense encoders (BioSyn, SapBERT-style self-alignment) and cross-encoder re-rankers.", no_args_is_help=True)
 app.add_typer(train_app, name="train")
 
 _DEVICE_HELP = "cpu, cuda, or auto (a GPU when present)."
@@ -78,4 +78,36 @@ def sap_cli(
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, seed=seed, device=device, threads=threads,
     )
     summary = train_sap(dict_path, encoder=encoder, out=out, config=config, resume=resume, show_progress=on_terminal())
+    echo_json(summary)
+
+
+@train_app.command("rerank")
+def rerank_cli(
+    dict_path: Path = typer.Option(..., "--dict", help="Concept table (.parquet): its synonyms are the self-supervised queries."),
+    encoder: str = typer.Option(..., "--encoder", help="Base model: minilm, e5-small, a model folder or a hub name."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output re-ranker folder, e.g. models/ncbi-rerank."),
+    train: list[str] = typer.Option(None, "--train", help="Labelled mentions as dataset specs (repeat), added to the synonym queries."),
+    max_queries: int = typer.Option(20000, "--max-queries", help="Synonym queries (seeded sample); labelled mentions are all used."),
+    synonyms_per_concept: int = typer.Option(2, "--synonyms-per-concept", help="Names of one concept used as queries."),
+    negatives: int = typer.Option(7, "--negatives", help="Hard negatives per query (tf-idf's best names of other concepts)."),
+    lr: float = typer.Option(2e-5, "--lr", help="Learning rate."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Queries per step (each with 1 + negatives pairs)."),
+    epochs: int = typer.Option(1, "--epochs", help="Epochs."),
+    checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Steps between checkpoints (0: after each epoch only)."),
+    bf16: bool = typer.Option(True, "--bf16/--fp32", help="bfloat16 autocast where the CPU or GPU supports it."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
+    threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint."),
+) -> None:
+    """Train a cross-encoder re-ranker (mention, name) -> score on dictionary synonyms and labelled mentions."""
+    from linker.train.rerank import RerankConfig, train_rerank
+
+    config = RerankConfig(
+        lr=lr, batch_size=batch_size, negatives=negatives, epochs=epochs, max_queries=max_queries,
+        synonyms_per_concept=synonyms_per_concept, checkpoint_every=checkpoint_every, seed=seed, device=device,
+        threads=threads, bf16=bf16,
+    )
+    summary = train_rerank(dict_path, encoder=encoder, out=out, train_specs=tuple(train or ()), config=config,
+                           resume=resume, show_progress=on_terminal())
     echo_json(summary)

@@ -26,6 +26,7 @@ from linker.errors import ConfigError, UnknownNameError
 from linker.eval.datasets import Mention, load_dataset
 from linker.eval.filters import FILTERS, Normaliser, ReferenceSet, filter_indices, read_abbreviations
 from linker.eval.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Accuracy, accuracy, mention_hits
+from linker.eval.trust import calibration_section, coverage_chart, nil_section, remove_gold_concepts
 from linker.fileio import atomic_file
 from linker.progress import bar
 from linker.text import code_key
@@ -59,6 +60,9 @@ class EvalReport:
     seconds: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     files: tuple[str, ...] = ()
+    rerank: dict | None = None  # retriever alone vs re-ranked, per filter; latency
+    calibration: dict | None = None  # ECE before/after, accuracy / coverage (`linker.eval.trust`)
+    nil: dict | None = None  # "no link" precision / recall / F1 with gold concepts removed
 
     def row(self, filter_name: str, lang: str = "all") -> EvalRow:
         return next(r for r in self.rows if r.filter == filter_name and r.lang == lang)
@@ -112,23 +116,67 @@ def read_same_as(path: str | Path) -> dict[str, tuple[str, ...]]:
     return {k: tuple(sorted(v)) for k, v in groups.items()}
 
 
-def _predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
-             progress: bool | None) -> list[tuple[tuple[str, ...], ...]]:
-    """Per mention, one ranking of concept ids per query text (`Mention.queries`); each text linked once."""
+@dataclass(frozen=True)
+class Ranked:
+    """One query text's candidates as evaluation needs them."""
+
+    ids: tuple[str, ...]  # final order (the re-ranker's when there is one)
+    retriever_ids: tuple[str, ...]  # the same concepts in the retriever's order
+    top_score: float  # -inf without candidates
+    top_confidence: float  # nan without a calibration, -inf without candidates
+
+
+def _ranked(candidates) -> Ranked:
+    if not candidates:
+        return Ranked((), (), -math.inf, -math.inf)
+    retriever = sorted(candidates, key=lambda c: (-c.retriever_score, c.concept_id))
+    top = candidates[0]
+    return Ranked(tuple(c.concept_id for c in candidates), tuple(c.concept_id for c in retriever), float(top.score),
+                  math.nan if top.confidence is None else float(top.confidence))
+
+
+def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
+            progress: bool | None) -> list[tuple[Ranked, ...]]:
+    """Per mention, one `Ranked` per query text (`Mention.queries`); each distinct text linked once.
+
+    With a re-ranker, all of its `rerank_k` concepts are kept (k is raised to it), so that the
+    retriever's own top-k can be scored from the same call.
+    """
+    if linker_.reranker is not None:
+        k = max(k, linker_.rerank_k)
     keys = list(dict.fromkeys((text, m.lang if query_lang else None) for m in mentions for text in m.queries))
     by_lang: dict[str | None, list[str]] = {}
     for text, lang in keys:
         by_lang.setdefault(lang, []).append(text)
-    ranked: dict[tuple[str, str | None], tuple[str, ...]] = {}
+    ranked: dict[tuple[str, str | None], Ranked] = {}
     reporter = bar(len(keys), desc="linking test mentions", unit="mention", show=progress)
     for lang, texts in by_lang.items():
         for start in range(0, len(texts), LINK_BATCH):
             chunk = texts[start : start + LINK_BATCH]
             for text, result in zip(chunk, linker_.link(chunk, k=k, lang=lang)):
-                ranked[(text, lang)] = tuple(c.concept_id for c in result.candidates)
+                ranked[(text, lang)] = _ranked(result.candidates)
             reporter.update(len(chunk))
     reporter.close()
     return [tuple(ranked[(text, m.lang if query_lang else None)] for text in m.queries) for m in mentions]
+
+
+def top_of(ranked: Sequence[tuple[Ranked, ...]], field_name: str) -> np.ndarray:
+    """Per mention, the weakest of its queries' best `top_score`/`top_confidence` (every part must be right)."""
+    return np.array([min(getattr(r, field_name) for r in queries) for queries in ranked], dtype=np.float64)
+
+
+def gold_matcher(linker_, *, gold_via_xref: str | None, same_as: str | Path | None):
+    """(expand, known): predicted id -> the ids it stands for, and the code keys the dictionary can reach."""
+    xrefs = _xref_map(linker_, gold_via_xref) if gold_via_xref else {}
+    if same_as:
+        id_groups = read_same_as(same_as)
+        for concept_id in set(linker_.concepts.table.column("concept_id").to_pylist()):
+            if concept_id in id_groups:
+                xrefs[concept_id] = tuple(sorted({*xrefs.get(concept_id, ()), *id_groups[concept_id]}))
+    expand = (lambda cid: xrefs.get(cid, ())) if xrefs else None
+    known = {code_key(c) for c in linker_.concepts.table.column("concept_id").to_pylist()}
+    known |= {code_key(x) for ids in xrefs.values() for x in ids}
+    return expand, known
 
 
 def evaluate(
@@ -148,6 +196,10 @@ def evaluate(
     same_as: str | Path | None = None,
     name: str | None = None,
     lenient: bool = False,
+    rerank: str | Path | None = None,
+    rerank_k: int | None = None,
+    nil_fraction: float = 0.0,
+    min_confidence: float = 0.5,
 ) -> EvalReport:
     """Link a test set with the index at `index_dir` and score it under each filter.
 
@@ -159,8 +211,17 @@ def evaluate(
     `same_as`: a file of id groups (`read_same_as`); a predicted id also counts as the other ids
     of its group (MEDIC's MeSH and OMIM ids of one disease). `lenient`: skip (and log) brat
     annotations whose spans do not fit their .txt instead of failing.
+
+    `rerank`/`rerank_k`: as `Linker.load`; with a re-ranker the report also scores the
+    retriever's own order from the same call (the re-ranker's gain). `nil_fraction`: remove this
+    share of the gold concepts and score "no link" decisions at `min_confidence`
+    (`linker.eval.trust`). Calibration figures are always reported (on the Full set).
     """
     from linker.link import Linker  # eval sits above link; imported here to keep `datasets` light
+    from linker.rerank import DEFAULT_RERANK_K
+
+    if not 0.0 <= nil_fraction < 1.0:
+        raise ConfigError(f"--nil-fraction is a share of the gold concepts from 0 to 1, found {nil_fraction}")
 
     ks = tuple(sorted(set(int(k) for k in ks)))
     if not ks or ks[0] < 1:
@@ -171,7 +232,7 @@ def evaluate(
     started = time.perf_counter()
 
     t = time.perf_counter()
-    linker_ = Linker.load(index_dir)
+    linker_ = Linker.load(index_dir, rerank=rerank, rerank_k=rerank_k or DEFAULT_RERANK_K)
     seconds["load_index"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -191,18 +252,11 @@ def evaluate(
     seconds["filter"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    predicted = _predict(linker_, mentions, max(ks), query_lang=query_lang, progress=progress)
+    ranked = predict(linker_, mentions, max(ks), query_lang=query_lang, progress=progress)
+    predicted = [tuple(r.ids for r in queries) for queries in ranked]
     seconds["link"] = time.perf_counter() - t
 
-    xrefs = _xref_map(linker_, gold_via_xref) if gold_via_xref else {}
-    if same_as:
-        id_groups = read_same_as(same_as)
-        for concept_id in set(linker_.concepts.table.column("concept_id").to_pylist()):
-            if concept_id in id_groups:
-                xrefs[concept_id] = tuple(sorted({*xrefs.get(concept_id, ()), *id_groups[concept_id]}))
-    expand = (lambda cid: xrefs.get(cid, ())) if xrefs else None
-    known = {code_key(c) for c in linker_.concepts.table.column("concept_id").to_pylist()}
-    known |= {code_key(x) for ids in xrefs.values() for x in ids}
+    expand, known = gold_matcher(linker_, gold_via_xref=gold_via_xref, same_as=same_as)
     gold = [m.gold for m in mentions]
     in_dict = np.array([all(any(code_key(a) in known for a in part) for part in g) for g in gold], dtype=bool)
     reachable = float(in_dict.mean()) if gold else math.nan
@@ -218,6 +272,40 @@ def evaluate(
         for lang, sel in groups:
             rows.append(EvalRow(f, lang, int(len(sel)), tuple(accuracy(hits[k][sel], k) for k in ks),
                                 float(in_dict[sel].mean()) if len(sel) else math.nan))
+    rerank_section = None
+    if linker_.reranker is not None:
+        retriever_predicted = [tuple(r.retriever_ids for r in queries) for queries in ranked]
+        retriever_hits = {k: mention_hits(gold, retriever_predicted, k, composite=composite, expand=expand) for k in ks}
+        stats = linker_.stats
+        rerank_section = {
+            "reranker": {"name": linker_.reranker.info.name, "sha256": linker_.reranker.info.sha256},
+            "rerank_k": linker_.rerank_k,
+            "rows": [{"filter": f, "n": len(subsets[f]),
+                      **{f"retriever_acc{k}": float(retriever_hits[k][subsets[f]].mean()) if subsets[f] else math.nan
+                         for k in ks},
+                      **{f"reranked_acc{k}": float(hits[k][subsets[f]].mean()) if subsets[f] else math.nan for k in ks}}
+                     for f in filter_names],
+            "texts_linked": stats["texts"],
+            "pairs_scored": stats["rerank_pairs"],
+            "retrieve_ms_per_mention": 1000 * stats["retrieve_seconds"] / max(stats["texts"], 1),
+            "rerank_ms_per_mention": 1000 * stats["rerank_seconds"] / max(stats["texts"], 1),
+        }
+    top_score, top_conf = top_of(ranked, "top_score"), top_of(ranked, "top_confidence")
+    hits_at_1 = hits[1] if 1 in hits else mention_hits(gold, predicted, 1, composite=composite, expand=expand)
+    calibration_report = calibration_section(top_score, top_conf, hits_at_1, linker_.scorer)
+    nil_report = None
+    if nil_fraction > 0:
+        if linker_.calibration is None:
+            raise ConfigError(f"--nil-fraction needs calibrated confidences; run `linker calibrate --index {index_dir}` "
+                              "(with the same re-ranker) first")
+        removed, gold_nil = remove_gold_concepts(linker_.concepts.table.column("concept_id").to_pylist(), gold,
+                                                 nil_fraction, expand=expand)
+        masked = linker_.without_concepts(removed)
+        nil_ranked = predict(masked, mentions, 1, query_lang=query_lang, progress=progress)
+        nil_hits = mention_hits(gold, [tuple(r.ids for r in q) for q in nil_ranked], 1, composite=composite,
+                                expand=expand)
+        nil_report = nil_section(top_of(nil_ranked, "top_confidence"), nil_hits, gold_nil, min_confidence, removed,
+                                 nil_fraction)
     seconds["score"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - started
     seconds = {key: round(value, 3) for key, value in seconds.items()}
@@ -237,6 +325,8 @@ def evaluate(
         "gold_via_xref": gold_via_xref,
         "same_as": str(same_as) if same_as else None,
         "query_lang": query_lang,
+        "scorer": linker_.scorer,
+        "calibration": linker_.manifest.get("calibration"),
         "ks": list(ks),
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": 0.95},
         "mentions": len(mentions),
@@ -244,7 +334,8 @@ def evaluate(
         "cpu_count": os.cpu_count(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
-    report = EvalReport(dataset_spec, str(index_dir), ks, tuple(rows), reachable, seconds, config)
+    report = EvalReport(dataset_spec, str(index_dir), ks, tuple(rows), reachable, seconds, config,
+                        rerank=rerank_section, calibration=calibration_report, nil=nil_report)
     if report_dir is not None:
         report = write_report(report, report_dir, name=name)
     return report
@@ -323,6 +414,8 @@ def write_report(report: EvalReport, report_dir: str | Path, *, name: str | None
     report_dir = Path(report_dir)
     name = name or report_dir.name
     paths = {ext: report_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
+    if report.calibration is not None:
+        paths["coverage"] = report_dir / f"{name}.coverage.png"
     report = EvalReport(**{**asdict_shallow(report), "files": tuple(str(p) for p in paths.values())})
     with atomic_file(paths["json"]) as tmp:
         tmp.write_text(json.dumps(report.to_dict(), ensure_ascii=False, indent=2, default=str) + "\n", encoding="utf-8")
@@ -337,6 +430,7 @@ def write_report(report: EvalReport, report_dir: str | Path, *, name: str | None
         "",
         markdown_table([(Path(report.dataset.split(':', 1)[-1].split('#')[0]).name, report)], intervals=True, reach=True),
         "",
+        *trust_markdown(report),
         "Seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in report.seconds.items()),
         "",
     ]
@@ -344,7 +438,49 @@ def write_report(report: EvalReport, report_dir: str | Path, *, name: str | None
         tmp.write_text("\n".join(md), encoding="utf-8")
     with atomic_file(paths["png"]) as tmp:
         _chart(report, tmp, name)
+    if "coverage" in paths:
+        with atomic_file(paths["coverage"]) as tmp:
+            coverage_chart(report.calibration, tmp, name)
     return report
+
+
+def trust_markdown(report: EvalReport) -> list[str]:
+    """Markdown lines for the re-ranker, calibration and NIL sections (empty when absent)."""
+    lines: list[str] = []
+    if report.rerank:
+        r = report.rerank
+        lines += [f"Re-ranker `{r['reranker']['name']}` (sha256 {r['reranker']['sha256'][:12]}) over the retriever's "
+                  f"top {r['rerank_k']}: {r['rerank_ms_per_mention']:.1f} ms per mention to re-rank, "
+                  f"{r['retrieve_ms_per_mention']:.1f} ms to retrieve.", "",
+                  "| filter | n | " + " | ".join(f"retriever Acc@{k} | re-ranked Acc@{k} | gain" for k in report.ks) + " |",
+                  "|---|---|" + "---|---|---|" * len(report.ks)]
+        for row in r["rows"]:
+            cells = [FILTER_TITLES.get(row["filter"], row["filter"]), f"{row['n']:,}"]
+            for k in report.ks:
+                before, after = row[f"retriever_acc{k}"], row[f"reranked_acc{k}"]
+                cells += [_pct(before), _pct(after), f"{100 * (after - before):+.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if report.calibration:
+        c = report.calibration
+        at = c["at_coverage"]
+        ece = "no calibration" if c["ece_calibrated"] is None else f"{c['ece_calibrated']:.4f}"
+        lines += [f"Calibration (Full, {c['mentions']:,} mentions, Acc@1 {_pct(c['accuracy_at_1'])}): ECE of the raw "
+                  f"score {c['ece_raw']:.4f}, of the calibrated confidence {ece}. Keeping the "
+                  f"{_pct(at['coverage'])}% most confident ({c['confidence']} >= "
+                  f"{'–' if at['threshold'] is None else format(at['threshold'], '.4f')}): Acc@1 "
+                  f"{_pct(at['accuracy'])}.", ""]
+    if report.nil:
+        n = report.nil
+        best = n["best_f1_oracle"]
+        lines += [f"No link: {n['concepts_removed']:,} gold concepts ({100 * n['fraction_removed']:.0f}%) removed from "
+                  f"the dictionary, {n['gold_nil']:,} of {n['mentions']:,} mentions left without an answer. At "
+                  f"confidence < {n['threshold']}: {n['predicted_nil']:,} 'no link' answers, precision "
+                  f"{_pct(n['precision'])}, recall {_pct(n['recall'])}, F1 {_pct(n['f1'])}; Acc@1 of the linked "
+                  f"answerable mentions {_pct(n['linked_accuracy_at_1'])}."
+                  + ("" if best is None else f" Best F1 over thresholds (oracle): {_pct(best['f1'])} at "
+                     f"{best['threshold']:.4f}."), ""]
+    return lines
 
 
 def asdict_shallow(obj) -> dict:

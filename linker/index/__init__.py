@@ -123,11 +123,13 @@ def _check_out(out: Path) -> None:
         )
 
 
-def build_index(dict_path: str | Path, *, kind: str, out: str | Path, config: Any = None) -> dict:
+def build_index(dict_path: str | Path, *, kind: str, out: str | Path, config: Any = None,
+                reranker: str | Path | None = None) -> dict:
     """Build an index of `kind` over the names of the concept table at `dict_path`; return the manifest.
 
     `config` is the kind's config dataclass (`TfidfConfig`, `DenseConfig`, `HybridConfig`);
-    None takes its defaults. The resolved config is recorded in the manifest.
+    None takes its defaults. The resolved config is recorded in the manifest. `reranker`: a
+    re-ranker folder (`linker train rerank`) copied into the index and used by default when linking.
     """
     spec = get_kind(kind)
     config = spec.config_type() if config is None else config
@@ -144,6 +146,10 @@ def build_index(dict_path: str | Path, *, kind: str, out: str | Path, config: An
         if table.hierarchy is not None:
             shutil.copyfile(hierarchy_path(table.path), hierarchy_path(tmp / CONCEPTS))
         extra = spec.build(names, config, tmp)
+        if reranker is not None:
+            from linker.rerank import bind_reranker
+
+            extra["reranker"] = bind_reranker(reranker, tmp)
         concepts = len(set(table.table.column("concept_id").to_pylist()))
         manifest = {
             "format": INDEX_FORMAT,

@@ -18,6 +18,7 @@ from pathlib import Path
 import linker
 from linker.dictionary import sha256_file
 from linker.errors import IndexMismatchError, MissingInputError
+from linker.fileio import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,17 @@ def file_entry(folder: Path, relative: str) -> dict:
 
 def describe_files(folder: Path) -> dict[str, dict]:
     """Size and sha256 of every file in `folder` (recursively), except the manifest itself."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    files = sorted(p for p in folder.rglob("*")
+                   if p.is_file() and p.name != MANIFEST and not (p.name.startswith(".") and p.name.endswith(".tmp")))
     return {p.relative_to(folder).as_posix(): file_entry(folder, p.relative_to(folder).as_posix()) for p in files}
 
 
 def write_manifest(folder: Path, manifest: dict) -> dict:
     """Add the file list to `manifest` and write it as ``folder/manifest.json``; return it."""
     manifest = {**manifest, "files": describe_files(folder)}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n")
+    # Atomic: `linker calibrate` rewrites the manifest of a live index folder.
+    with atomic_file(folder / MANIFEST) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n")
     return manifest
 
 

@@ -1,0 +1,292 @@
+"""`train_rerank`: a cross-encoder (mention, candidate name) -> score, trained on what the retriever confuses.
+
+Training queries come from two places:
+
+- the dictionary itself (self-supervised, no annotated data needed): for a concept with two or
+  more distinct names, one name plays the mention and the concept's other names are right
+  answers (`synonyms_per_concept` anchors per concept, a seeded sample of `max_queries` in all);
+- labelled mentions (`--train` dataset specs), all of them, single-concept mentions only.
+
+Each query gets one positive and `negatives` hard negatives, mined once before training with a
+character tf-idf index over the dictionary names (the retriever the project ships; the same
+confusions a dense retriever makes are mostly lexical too): the positive is the best-scoring
+name of a gold concept other than the query's own row (BioSyn's "hard positive"), the negatives
+are the best-scoring names of other concepts. The loss is the softmax cross-entropy of the
+positive among its group (1 + negatives logits), the listwise objective cross-encoder
+re-rankers are usually fine-tuned with. Negatives are not re-mined between epochs (BioSyn
+re-mines because its retriever is the model being trained; here the retriever is fixed).
+
+Conventions shared with `train sap` / `train biosyn`: seeded order and dropout per epoch,
+checkpoints in ``<out>.checkpoint`` (every `checkpoint_every` steps and after each epoch) and
+``--resume``, bf16 autocast where the CPU supports it, progress bar or ~10 log lines per epoch,
+``train_config.json`` and ``train_metrics.json`` beside the weights (safetensors).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from linker.dictionary import read_concept_table
+from linker.errors import ConfigError
+from linker.retrieve import ConceptIndex
+from linker.text import code_key
+from linker.train import common
+
+log = logging.getLogger(__name__)
+
+MINE_BATCH = 1024  # queries per tf-idf search while mining
+
+
+@dataclass(frozen=True)
+class RerankConfig:
+    lr: float = 2e-5  # the usual BERT-size fine-tuning rate (sentence-transformers' cross-encoder examples)
+    batch_size: int = 16  # queries per step; each brings 1 + negatives pairs
+    negatives: int = 7  # hard negatives per query: 8 pairs per query, 128 per step at batch 16
+    epochs: int = 1
+    max_queries: int | None = 20000  # synonym queries (seeded sample); labelled mentions are all kept
+    synonyms_per_concept: int = 2
+    fetch: int = 64  # names retrieved per query to find a positive and the negatives
+    weight_decay: float = 0.01
+    checkpoint_every: int = 200  # steps; 0 = only after each epoch
+    seed: int = 0
+    device: str = "auto"
+    threads: int | None = None
+    bf16: bool = True  # autocast to bfloat16 where the CPU (AVX512-BF16/AMX) or GPU supports it
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "negatives", "epochs", "synonyms_per_concept", "fetch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, found {getattr(self, name)}")
+        if self.fetch <= self.negatives:
+            raise ConfigError(f"fetch ({self.fetch}) must exceed negatives ({self.negatives})")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be positive, found {self.lr}")
+
+
+@dataclass(frozen=True)
+class Group:
+    """One training query: its text, one right name, hard wrong names."""
+
+    mention: str
+    positive: str
+    negatives: tuple[str, ...]
+    labelled: bool
+
+
+@dataclass(frozen=True)
+class _Query:
+    text: str
+    concepts: frozenset[int]
+    own_row: int  # the anchor's own name row (never its own positive), -1 for labelled mentions
+    labelled: bool
+
+
+def _synonym_queries(codes: np.ndarray, names: list[str], config: RerankConfig) -> list[_Query]:
+    rng = random.Random(config.seed)
+    by_concept: dict[int, list[int]] = {}
+    for row, code in enumerate(codes.tolist()):
+        by_concept.setdefault(code, []).append(row)
+    queries = []
+    for code, rows in by_concept.items():
+        distinct = list({names[r].lower(): r for r in rows}.values())
+        if len(distinct) < 2:
+            continue
+        for row in rng.sample(distinct, min(config.synonyms_per_concept, len(distinct))):
+            queries.append(_Query(names[row], frozenset([code]), row, False))
+    if config.max_queries is not None and len(queries) > config.max_queries:
+        queries = rng.sample(queries, config.max_queries)
+    return queries
+
+
+def _labelled_queries(specs: Sequence[str], concepts: ConceptIndex) -> tuple[list[_Query], dict]:
+    from linker.eval.datasets import load_dataset
+
+    code_of = {code_key(cid): i for i, cid in enumerate(concepts.ids)}
+    queries, composite, unknown = [], 0, 0
+    for spec in specs:
+        for mention in load_dataset(spec):
+            if len(mention.gold) != 1:
+                composite += 1
+                continue
+            wanted = frozenset(code_of[code_key(a)] for a in mention.gold[0] if code_key(a) in code_of)
+            if not wanted:
+                unknown += 1
+                continue
+            queries.append(_Query(mention.text, wanted, -1, True))
+    unique = list({(q.text, q.concepts): q for q in queries}.values())
+    return unique, {"labelled_mentions": len(queries), "labelled_unique": len(unique),
+                    "composite_dropped": composite, "gold_not_in_dictionary": unknown}
+
+
+def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: RerankConfig) -> tuple[list[Group], dict]:
+    """The training groups (query, hard positive, hard negatives) and counts for the metrics file."""
+    from linker.index.tfidf import TfidfConfig, TfidfNameIndex
+
+    table = read_concept_table(dict_path).table
+    names: list[str] = table.column("name").to_pylist()
+    concepts = ConceptIndex(table.column("concept_id"))
+    codes = concepts.codes
+    queries = _synonym_queries(codes, names, config)
+    labelled, stats = _labelled_queries(train_specs, concepts)
+    queries += labelled
+    if not queries:
+        raise ConfigError(f"{dict_path}: no concept has two distinct names and no labelled mention was given; "
+                          "nothing to train a re-ranker on")
+    index = TfidfNameIndex.build(names, TfidfConfig())
+    rng = random.Random(config.seed + 1)
+    by_concept: dict[int, list[int]] = {}
+    for row, code in enumerate(codes.tolist()):
+        by_concept.setdefault(code, []).append(row)
+    groups: list[Group] = []
+    no_positive = padded = 0
+    fetch = min(config.fetch, index.size)
+    for start in range(0, len(queries), MINE_BATCH):
+        chunk = queries[start : start + MINE_BATCH]
+        _scores, rows = index.search([q.text for q in chunk], fetch)
+        for query, hits in zip(chunk, rows.tolist()):
+            lower = query.text.lower()
+            positive, negatives, seen = None, [], set(query.concepts)
+            for row in hits:
+                if row < 0:
+                    break
+                code = int(codes[row])
+                if code in query.concepts:
+                    if positive is None and row != query.own_row and (query.labelled or names[row].lower() != lower):
+                        positive = names[row]
+                elif code not in seen and len(negatives) < config.negatives:
+                    seen.add(code)
+                    negatives.append(names[row])
+            if positive is None:  # no other name of a gold concept among the fetched: any other one
+                others = [r for c in sorted(query.concepts) for r in by_concept[c]
+                          if r != query.own_row and (query.labelled or names[r].lower() != lower)]
+                if not others:
+                    no_positive += 1
+                    continue
+                positive = names[rng.choice(others)]
+            while len(negatives) < config.negatives:  # rare: a tiny dictionary; random other concepts
+                row = rng.randrange(len(names))
+                if int(codes[row]) not in seen:
+                    seen.add(int(codes[row]))
+                    negatives.append(names[row])
+                    padded += 1
+                elif len(seen) >= len(concepts):
+                    raise ConfigError(f"{dict_path}: too few concepts for {config.negatives} negatives per query")
+            groups.append(Group(query.text, positive, tuple(negatives), query.labelled))
+    stats.update({"synonym_queries": sum(not g.labelled for g in groups), "groups": len(groups),
+                  "queries_without_positive": no_positive, "random_negatives": padded,
+                  "dictionary_names": len(names), "concepts": len(concepts)})
+    log.info("re-ranker training groups: %s", stats)
+    return groups, stats
+
+
+def train_rerank(
+    dict_path: str | Path,
+    *,
+    encoder: str,
+    out: str | Path,
+    train_specs: Sequence[str] = (),
+    config: RerankConfig = RerankConfig(),
+    resume: bool = False,
+    show_progress: bool = False,
+) -> dict:
+    """Train a cross-encoder from `encoder` on `dict_path` synonyms (+ labelled `train_specs`); write `out`."""
+    from linker.rerank import CrossEncoder, autocast, bf16_supported, init_cross_encoder
+
+    out = Path(out)
+    dict_path = Path(dict_path)
+    common.set_seed(config.seed)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = common.pick_device(config.device)
+    groups, group_stats = mine_groups(dict_path, train_specs, config)
+
+    state = {"epoch": 0, "step": 0, "step_in_epoch": 0}
+    metrics = common.Metrics(extra={"data": group_stats})
+    if resume:
+        model_dir, saved, tensors, param_groups = common.load_checkpoint(out)
+        state = {key: saved.get(key, 0) for key in state}
+        metrics = common.Metrics.from_json(saved["metrics"])
+        model = CrossEncoder.load(model_dir, device=device, bf16=config.bf16)
+    else:
+        model = init_cross_encoder(encoder, device=device, bf16=config.bf16, seed=config.seed)
+    params = [p for p in model.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    if resume:
+        common.restore_optimizer(optimizer, tensors, param_groups)
+
+    timer = common.Timer()
+    steps_per_epoch = math.ceil(len(groups) / config.batch_size)
+    width = 1 + config.negatives
+    target = torch.zeros(config.batch_size, dtype=torch.long, device=device)
+    for epoch in range(state["epoch"], config.epochs):
+        model.model.train()
+        order = list(range(len(groups)))
+        random.Random(config.seed + epoch).shuffle(order)
+        first = state["step_in_epoch"] if epoch == state["epoch"] else 0
+        torch.manual_seed(config.seed + epoch * 100_003 + first)  # dropout: a resumed run continues seeded
+        bar = tqdm(range(first, steps_per_epoch), desc=f"rerank epoch {epoch + 1}/{config.epochs}",
+                   disable=not show_progress)
+        epoch_losses: list[float] = []
+        for step in bar:
+            batch = [groups[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
+            mentions = [g.mention for g in batch for _ in range(width)]
+            names = [name for g in batch for name in (g.positive, *g.negatives)]
+            with autocast(device, config.bf16):
+                logits = model.logits(mentions, names).float().view(len(batch), width)  # (batch, 1 + negatives)
+            loss = torch.nn.functional.cross_entropy(logits, target[: len(batch)])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            state["step"] += 1
+            state["step_in_epoch"] = step + 1
+            value = float(loss.detach())
+            epoch_losses.append(value)
+            accuracy = float((logits.argmax(dim=1) == 0).float().mean())
+            metrics.steps.append({"step": state["step"], "epoch": epoch + 1, "loss": round(value, 6),
+                                  "batch_acc": round(accuracy, 4), "seconds": timer.seconds})
+            if not show_progress and (step + 1) % max(1, steps_per_epoch // 10) == 0:
+                recent = metrics.steps[-max(1, steps_per_epoch // 10):]
+                log.info("rerank epoch %d step %d/%d: loss %.4f, batch acc %.3f (%.0fs)", epoch + 1, step + 1,
+                         steps_per_epoch, np.mean([s["loss"] for s in recent]),
+                         np.mean([s["batch_acc"] for s in recent]), timer.seconds)
+            bar.set_postfix(loss=f"{value:.4f}")
+            if config.checkpoint_every and state["step"] % config.checkpoint_every == 0 and step + 1 < steps_per_epoch:
+                common.save_checkpoint(out, model, optimizer, state, metrics)
+                model.model.train()
+        if epoch_losses:
+            metrics.epochs.append({"epoch": epoch + 1, "mean_loss": round(float(np.mean(epoch_losses)), 6),
+                                   "seconds": timer.seconds})
+            log.info("rerank epoch %d: mean loss %.4f (%.0fs)", epoch + 1, metrics.epochs[-1]["mean_loss"],
+                     timer.seconds)
+        state.update(epoch=epoch + 1, step_in_epoch=0)
+        if epoch + 1 < config.epochs:
+            common.save_checkpoint(out, model, optimizer, state, metrics)
+
+    model.model.eval()
+    metrics.extra.update({
+        "train_seconds": timer.seconds,
+        "steps": state["step"],
+        "bf16": bool(config.bf16 and (device.startswith("cuda") or bf16_supported())),
+        "hardware": common.hardware(device, config.threads),
+        "parameters": sum(p.numel() for p in model.model.parameters()),
+        "resumed": resume,
+    })
+    run_config = {
+        **common.run_header("rerank", encoder, None),
+        "config": asdict(config),
+        "data": {"dict": str(dict_path), "train": list(train_specs)},
+        "data_sha256": common.data_hashes([dict_path]),
+    }
+    common.write_outputs(out, model, config=run_config, metrics=metrics)
+    return {"out": str(out), **{k: v for k, v in metrics.extra.items() if k != "hardware"},
+            "first_loss": metrics.steps[0]["loss"] if metrics.steps else None,
+            "last_epoch_loss": metrics.epochs[-1]["mean_loss"] if metrics.epochs else None}

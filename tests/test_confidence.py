@@ -1,0 +1,231 @@
+"""Calibrated confidence and "no link": the isotonic map, `linker calibrate`, --min-confidence at every edge."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from linker.cli.main import main
+from linker.confidence import (
+    CALIBRATION, Calibration, at_coverage, coverage_curve, expected_calibration_error, fit_isotonic, raw_probability,
+)
+from linker.errors import ConfigError, IndexMismatchError
+from linker.eval.calibrate import calibrate
+from linker.eval.report import evaluate
+from linker.eval.trust import nil_section, remove_gold_concepts
+from linker.index.manifest import read_manifest, verify
+from linker.link import Linker
+from linker.normalize import normalize_jsonl, normalize_path
+from linker.service import create_app
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
+from normalize_tables import build_indexes  # noqa: E402
+
+FIX = Path(__file__).parent / "fixtures"
+HELDIN = f"tsv:{FIX / 'confidence/heldin.tsv'}"
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory) -> Path:
+    """The tiny MedDRA-like tf-idf index, calibrated on 14 held-in mentions."""
+    folder = build_indexes(tmp_path_factory.mktemp("conf"))["meddra"]
+    calibrate(folder, HELDIN)
+    return folder
+
+
+# ----------------------------------------------------------------------------- the map and its metrics
+
+
+def test_isotonic_fit_is_monotone_and_bounded():
+    scores = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    correct = [0, 1, 0, 0, 1, 1, 1, 1]
+    cal = fit_isotonic(scores, correct, scorer="retriever", fitted_on="x")
+    # PAV pools (0.2, 0.3, 0.4) -> 1/3; below the range it is flat (clip), above too.
+    assert cal(np.array([0.1, 0.3, 0.8])).tolist() == pytest.approx([0.0, 1 / 3, 1.0])
+    assert cal([-5.0, 5.0]).tolist() == [0.0, 1.0]
+    grid = cal(np.linspace(-1, 2, 200))
+    assert np.all(np.diff(grid) >= 0) and grid.min() >= 0 and grid.max() <= 1
+    assert (cal.mentions, cal.accuracy) == (8, 5 / 8)
+    assert cal.threshold_for(0.9) == pytest.approx(0.5)
+
+
+def test_fit_needs_two_mentions():
+    with pytest.raises(ConfigError, match="at least 2"):
+        fit_isotonic([0.5], [1], scorer="retriever")
+
+
+def test_ece_exact_small_case():
+    # Bin [0.9, 1.0]: confidence 0.95 twice, one right -> |0.5 - 0.95| * 2; bin [0.1, 0.2): 0.1 wrong -> 0.1.
+    assert expected_calibration_error([0.95, 0.95, 0.1], [1, 0, 0]) == pytest.approx((0.45 * 2 + 0.1) / 3)
+    assert expected_calibration_error([1.0, 0.0], [1, 0]) == 0.0
+    assert np.isnan(expected_calibration_error([], []))
+
+
+def test_coverage_curve_keeps_ties_together_and_never_keeps_no_candidate():
+    coverage, accuracy, thresholds = coverage_curve([0.9, 0.5, 0.5, -np.inf], [1, 1, 0, 0])
+    assert coverage.tolist() == [0.25, 0.75] and accuracy.tolist() == pytest.approx([1.0, 2 / 3])
+    assert thresholds.tolist() == [0.9, 0.5]
+    assert at_coverage([0.9, 0.5, 0.5, -np.inf], [1, 1, 0, 0], 0.5) == {
+        "target": 0.5, "threshold": 0.5, "coverage": 0.75, "accuracy": pytest.approx(2 / 3)}
+    assert at_coverage([0.9, -np.inf], [1, 0], 0.9)["threshold"] is None
+
+
+def test_raw_probability_clips_cosines_and_squashes_logits():
+    assert raw_probability([-0.2, 0.4, 1.3], "retriever").tolist() == [0.0, 0.4, 1.0]
+    assert raw_probability([0.0], "rerank:abc").tolist() == [0.5]
+
+
+# ----------------------------------------------------------------------------- calibrate + Linker
+
+
+def test_calibrate_stores_a_verified_file_and_candidates_carry_confidence(calibrated):
+    manifest = read_manifest(calibrated)
+    assert CALIBRATION in manifest["files"] and manifest["calibration"]["mentions"] == 14
+    assert manifest["calibration"]["scorer"] == "retriever"
+    verify(calibrated, manifest)
+    linker = Linker.load(calibrated)
+    [result] = linker.link(["hair loss"], k=3)
+    confidences = [c.confidence for c in result.candidates]
+    assert all(0.0 <= c <= 1.0 for c in confidences) and confidences == sorted(confidences, reverse=True)
+    assert result.candidates[0].confidence == pytest.approx(linker.calibration(result.candidates[0].score))
+    assert result.candidates[0].retriever_score == result.candidates[0].score
+
+
+def test_min_confidence_gives_no_link(calibrated):
+    strict = Linker.load(calibrated, min_confidence=1.0)
+    exact, vague = strict.link(["hair loss", "zzz qqq hair"], k=3)
+    top = Linker.load(calibrated).link(["zzz qqq hair"], k=1)[0].candidates[0]
+    assert exact.candidates and not exact.nil  # an exact name: every held-in exact hit was right
+    assert top.confidence < 1.0
+    assert vague.candidates == () and vague.nil
+    assert vague.to_dict() == {"mention": "zzz qqq hair", "candidates": [], "nil": True}
+
+
+def test_min_confidence_without_calibration_is_refused(tmp_path):
+    plain = build_indexes(tmp_path)["meddra"]
+    with pytest.raises(ConfigError, match="linker calibrate"):
+        Linker.load(plain, min_confidence=0.5)
+    with pytest.raises(ConfigError, match="from 0 to 1"):
+        Linker.load(plain, min_confidence=1.5)
+
+
+def test_changed_calibration_file_is_refused(calibrated, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(calibrated, copy)
+    data = json.loads((copy / CALIBRATION).read_text())
+    data["y"] = [1.0 for _ in data["y"]]
+    (copy / CALIBRATION).write_text(json.dumps(data))
+    with pytest.raises(IndexMismatchError, match="calibration.json"):
+        Linker.load(copy)
+
+
+def test_calibration_of_another_scorer_gives_no_confidence(calibrated, tmp_path, caplog):
+    copy = tmp_path / "other"
+    shutil.copytree(calibrated, copy)
+    cal = Calibration(**{**json.loads((copy / CALIBRATION).read_text()), "scorer": "rerank:0123"})
+    from linker.confidence import write_calibration
+
+    write_calibration(copy, cal)
+    linker = Linker.load(copy)
+    assert linker.calibration is None and "fitted for scorer" in caplog.text
+    assert linker.link(["hair loss"], k=1)[0].candidates[0].confidence is None
+
+
+# ----------------------------------------------------------------------------- edges
+
+
+def test_jsonl_brat_and_service_show_no_link(calibrated, tmp_path):
+    strict = Linker.load(calibrated, min_confidence=1.0)
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text('{"text": "hair loss"}\n{"text": "zzz qqq hair"}\n')
+    normalize_jsonl(strict, spans, tmp_path / "out.jsonl", k=2)
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(r["nil"], len(r["candidates"])) for r in records] == [(False, 2), (True, 0)]
+    assert 0 < records[0]["candidates"][0]["confidence"] <= 1
+
+    brat = tmp_path / "brat"
+    brat.mkdir()
+    (brat / "doc.txt").write_text("hair loss and zzz qqq hair\n")
+    (brat / "doc.ann").write_text("T1\tProblem 0 9\thair loss\nT2\tProblem 14 26\tzzz qqq hair\n")
+    normalize_path(strict, brat, tmp_path / "brat_out", fmt="brat")
+    lines = (tmp_path / "brat_out/doc.ann").read_text().splitlines()
+    assert [line.split("\t")[1].split()[1] for line in lines if line.startswith("N")] == ["T1"]
+
+    app = create_app([calibrated], linker_options={"min_confidence": 1.0})
+    with TestClient(app) as client:
+        body = client.post("/link", json={"mentions": [{"text": "hair loss"}, {"text": "zzz qqq hair"}]}).json()
+    first, second = body["results"]
+    assert (first["nil"], second["nil"], second["candidates"]) == (False, True, [])
+    assert set(first["candidates"][0]) >= {"confidence", "retriever_score", "score"}
+
+
+def test_cli_calibrate_and_link_min_confidence(tmp_path, capsys):
+    folder = build_indexes(tmp_path)["meddra"]
+    main(["link", "--index", str(folder), "hair loss"])
+    assert "confidence" not in capsys.readouterr().out
+    main(["calibrate", "--index", str(folder), "--dataset", HELDIN])
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["mentions"], summary["scorer"]) == (14, "retriever")
+    assert 0 <= summary["ece_fitted_in_sample"] <= summary["ece_raw"] + 1e-9
+    main(["link", "--index", str(folder), "--min-confidence", "1.0", "--json", "hair loss", "zzz qqq hair"])
+    out = json.loads(capsys.readouterr().out)
+    assert [r["nil"] for r in out] == [False, True]
+    main(["link", "--index", str(folder), "--min-confidence", "1.0", "zzz qqq hair"])
+    assert "(no link)" in capsys.readouterr().out
+
+
+def test_cli_min_confidence_without_calibration_exits_1(tmp_path, capsys):
+    folder = build_indexes(tmp_path)["meddra"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["link", "--index", str(folder), "--min-confidence", "0.5", "hair loss"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --min-confidence needs a calibration") and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def test_remove_gold_concepts_marks_mentions_without_answer():
+    ids = ["A", "B", "C", "D"]
+    gold = [(("A",),), (("B",),), (("A",), ("C",)), (("Z",),)]
+    removed, nil = remove_gold_concepts(ids, gold, 0.34, expand=None, seed=0)
+    assert len(removed) == 1 and set(removed) <= {"A", "B", "C"}  # D is nobody's gold
+    expected = [("A" in removed), ("B" in removed), ("A" in removed or "C" in removed), True]
+    assert nil.tolist() == expected
+    assert remove_gold_concepts(ids, gold, 0.0, expand=None)[1].tolist() == [False, False, False, True]
+
+
+def test_nil_section_precision_recall_f1():
+    conf = np.array([0.9, 0.2, 0.4, -np.inf])
+    correct = np.array([True, False, False, False])
+    gold_nil = np.array([False, True, False, True])
+    out = nil_section(conf, correct, gold_nil, 0.5, ["X"], 0.2)
+    # predicted NIL: 0.2, 0.4, -inf -> 3; true NIL among them: 2 of 2 gold
+    assert (out["predicted_nil"], out["true_nil"], out["gold_nil"]) == (3, 2, 2)
+    assert (out["precision"], out["recall"]) == (pytest.approx(2 / 3), 1.0)
+    assert out["f1"] == pytest.approx(0.8) and out["linked_accuracy_at_1"] == 1.0
+    assert out["best_f1_oracle"]["f1"] == pytest.approx(1.0)  # threshold 0.4: predicts 0.2 and -inf only
+
+
+def test_evaluate_reports_calibration_and_nil(calibrated, tmp_path):
+    report = evaluate(calibrated, HELDIN, ks=(1,), nil_fraction=0.4, report_dir=tmp_path, name="rep")
+    cal = report.calibration
+    assert cal["mentions"] == 14 and cal["confidence"] == "calibrated"
+    assert cal["ece_calibrated"] <= cal["ece_raw"]
+    assert report.nil["concepts_removed"] == 2 and report.nil["gold_nil"] >= 2
+    md = (tmp_path / "rep.md").read_text()
+    assert "ECE of the raw score" in md and "No link:" in md
+    assert (tmp_path / "rep.coverage.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evaluate_nil_needs_calibration(tmp_path):
+    plain = build_indexes(tmp_path)["meddra"]
+    with pytest.raises(ConfigError, match="calibrate"):
+        evaluate(plain, HELDIN, ks=(1,), nil_fraction=0.2)

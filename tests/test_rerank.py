@@ -1,0 +1,168 @@
+"""Cross-encoder re-ranker: training groups, train/resume with the tiny model, --rerank and index binding."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linker.cli.main import main
+from linker.errors import ConfigError, MissingInputError
+from linker.eval.calibrate import calibrate
+from linker.eval.report import evaluate
+from linker.index import build_index
+from linker.index.manifest import read_manifest
+from linker.link import Linker
+from linker.rerank import RERANKER_DIR, CrossEncoder
+from linker.train.rerank import RerankConfig, mine_groups, train_rerank
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
+from normalize_tables import build_indexes  # noqa: E402
+
+FIX = Path(__file__).parent / "fixtures"
+HELDIN = f"tsv:{FIX / 'confidence/heldin.tsv'}"
+TINY = RerankConfig(negatives=2, fetch=8, batch_size=4, epochs=2, checkpoint_every=0, device="cpu", threads=1)
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory) -> dict[str, Path]:
+    return build_indexes(tmp_path_factory.mktemp("rr_indexes"))
+
+
+@pytest.fixture(scope="module")
+def meddra_table(indexes) -> Path:
+    return indexes["meddra"] / "concepts.parquet"
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory, tiny_encoder_dir, meddra_table) -> Path:
+    out = tmp_path_factory.mktemp("rr") / "model"
+    train_rerank(meddra_table, encoder=str(tiny_encoder_dir), out=out, train_specs=(HELDIN,), config=TINY)
+    return out
+
+
+def test_groups_have_a_hard_positive_and_other_concepts_as_negatives(meddra_table):
+    groups, stats = mine_groups(meddra_table, (HELDIN,), TINY)
+    synonyms = [g for g in groups if not g.labelled]
+    # Concepts with two distinct names (case-insensitive): Alopecia/Hair loss, Headache/Head pain,
+    # Pruritus/Itching, Nausea/Náuseas; each name is an anchor (2 per concept).
+    assert {(g.mention, g.positive) for g in synonyms} >= {("Hair loss", "Alopecia"), ("Head pain", "Headache")}
+    assert all(g.mention.lower() != g.positive.lower() for g in synonyms)
+    hair = next(g for g in synonyms if g.mention == "Hair loss")
+    assert len(hair.negatives) == 2 and "Alopecia" not in hair.negatives
+    labelled = [g for g in groups if g.labelled]
+    assert stats["labelled_unique"] == 14 and len(labelled) == 14
+    assert next(g for g in labelled if g.mention == "severe head pain").positive in {"Head pain", "Headache"}
+    assert next(g for g in labelled if g.mention == "dizziness").positive == "Dizziness"  # exact: a fine positive
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match="fetch"):
+        RerankConfig(negatives=8, fetch=8)
+    with pytest.raises(ConfigError, match="batch_size"):
+        RerankConfig(batch_size=0)
+
+
+def test_trained_folder_is_safetensors_with_metrics(reranker):
+    names = {p.name for p in reranker.iterdir()}
+    assert {"model.safetensors", "config.json", "linker_reranker.json", "train_config.json",
+            "train_metrics.json"} <= names
+    assert not any(n.endswith(".bin") for n in names)
+    metrics = json.loads((reranker / "train_metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    groups = metrics["extra"]["data"]["groups"]
+    assert len(metrics["steps"]) == 2 * -(-groups // 4)  # 2 epochs of ceil(groups / batch 4) steps
+    assert not reranker.with_name(reranker.name + ".checkpoint").exists()
+
+
+def test_scores_are_deterministic_and_batch_independent(reranker):
+    model = CrossEncoder.load(reranker)
+    pairs = [("hair loss", "Alopecia"), ("hair loss", "Nausea"), ("head pain", "Headache")]
+    one = model.score([m for m, _ in pairs], [n for _, n in pairs], batch_size=1)
+    all_at_once = model.score([m for m, _ in pairs], [n for _, n in pairs])
+    np.testing.assert_allclose(one, all_at_once, atol=2e-2)  # bf16 padding differs by batch
+    assert model.score([], []).shape == (0,)
+
+
+def test_resume_continues_after_the_checkpointed_epoch(tmp_path, tiny_encoder_dir, meddra_table, reranker):
+    out = tmp_path / "model"
+    one_epoch = RerankConfig(**{**TINY.__dict__, "epochs": 1})
+    train_rerank(meddra_table, encoder=str(tiny_encoder_dir), out=out, train_specs=(HELDIN,), config=one_epoch)
+    # Fake an interruption after epoch 1 of 2: save the 1-epoch model as the checkpoint of a 2-epoch run.
+    from linker.train import common
+
+    model = CrossEncoder.load(out)
+    import torch
+
+    optimizer = torch.optim.AdamW(model.model.parameters(), lr=TINY.lr)
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    common.save_checkpoint(tmp_path / "resumed", model, optimizer,
+                           {"epoch": 1, "step": len(metrics["steps"]), "step_in_epoch": 0},
+                           common.Metrics.from_json(metrics))
+    summary = train_rerank(meddra_table, encoder=str(tiny_encoder_dir), out=tmp_path / "resumed",
+                           train_specs=(HELDIN,), config=TINY, resume=True)
+    assert summary["resumed"] and summary["steps"] == 2 * len(metrics["steps"])
+    resumed = json.loads((tmp_path / "resumed/train_metrics.json").read_text())
+    assert [e["epoch"] for e in resumed["epochs"]] == [1, 2]
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path, tiny_encoder_dir, meddra_table):
+    with pytest.raises(MissingInputError, match="no checkpoint"):
+        train_rerank(meddra_table, encoder=str(tiny_encoder_dir), out=tmp_path / "none", config=TINY, resume=True)
+
+
+def test_linker_reranks_and_keeps_the_retriever_score(indexes, reranker):
+    plain = Linker.load(indexes["meddra"])
+    ranked = Linker.load(indexes["meddra"], rerank=reranker, rerank_k=4)
+    texts = ["hair loss", "head pain", "itchy skin"]
+    for before, after in zip(plain.link(texts, k=4), ranked.link(texts, k=3)):
+        assert len(after.candidates) == 3
+        scores = [c.score for c in after.candidates]
+        assert scores == sorted(scores, reverse=True)
+        retriever = {c.concept_id: c.score for c in before.candidates}
+        assert all(c.retriever_score == pytest.approx(retriever[c.concept_id]) for c in after.candidates)
+        model = ranked.reranker
+        direct = model.score([after.mention] * 3, [c.matched_name for c in after.candidates])
+        np.testing.assert_allclose(direct, scores, atol=2e-2)
+    assert ranked.scorer.startswith("rerank:") and ranked.stats["rerank_pairs"] == 12
+
+
+def test_bound_reranker_calibration_and_eval_gain(tmp_path, indexes, reranker):
+    out = tmp_path / "bound"
+    build_index(indexes["meddra"] / "concepts.parquet", kind="tfidf", out=out, reranker=reranker)
+    manifest = read_manifest(out)
+    assert manifest["reranker"]["name"] == "model" and f"{RERANKER_DIR}/model.safetensors" in manifest["files"]
+    linker = Linker.load(out)
+    assert linker.reranker is not None and linker.scorer == f"rerank:{manifest['reranker']['sha256']}"
+    assert Linker.load(out, rerank="none").reranker is None
+    summary = calibrate(out, HELDIN, rerank_k=4)
+    assert summary["scorer"] == linker.scorer
+    assert Linker.load(out, rerank_k=4).link(["hair loss"], k=1)[0].candidates[0].confidence is not None
+    assert Linker.load(out, rerank="none").calibration is None  # fitted for the re-ranker, not the retriever
+    report = evaluate(out, HELDIN, ks=(1, 2), rerank_k=4, report_dir=tmp_path, name="rep")
+    row = report.rerank["rows"][0]
+    assert row["n"] == 14 and 0 <= row["retriever_acc1"] <= 1 and 0 <= row["reranked_acc1"] <= 1
+    assert report.rerank["pairs_scored"] > 0 and report.rerank["rerank_ms_per_mention"] > 0
+    assert "re-ranked Acc@1" in (tmp_path / "rep.md").read_text()
+
+
+def test_bad_reranker_paths(tmp_path, indexes):
+    with pytest.raises(MissingInputError, match="no such re-ranker"):
+        Linker.load(indexes["meddra"], rerank=str(tmp_path / "absent"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MissingInputError, match="not a re-ranker folder"):
+        Linker.load(indexes["meddra"], rerank=str(tmp_path / "empty"))
+
+
+def test_cli_train_rerank_and_link(tmp_path, tiny_encoder_dir, meddra_table, indexes, capsys):
+    out = tmp_path / "cli_model"
+    main(["train", "rerank", "--dict", str(meddra_table), "--encoder", str(tiny_encoder_dir), "--out", str(out),
+          "--negatives", "2", "--batch-size", "4", "--device", "cpu", "--threads", "1", "--max-queries", "6"])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["data"]["synonym_queries"] == 6 and (out / "model.safetensors").is_file()
+    main(["link", "--index", str(indexes["meddra"]), "--rerank", str(out), "--rerank-k", "3", "--k", "2", "--json", "hair loss"])
+    [result] = json.loads(capsys.readouterr().out)
+    assert len(result["candidates"]) == 2 and all("retriever_score" in c for c in result["candidates"])
