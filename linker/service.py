@@ -28,6 +28,7 @@ import logging
 import queue
 import reprlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -66,10 +67,12 @@ class ServiceLimits:
     # JSON and id) ~ 2.1 MB at the defaults; 4 MiB leaves room. Counted as the body streams in.
     max_body_bytes: int = 4 * 1024 * 1024
     # Mentions admitted but not yet linked, per index: beyond this a request is answered 429 at once
-    # instead of queueing, which bounds the memory held by waiting requests (~20 maximal ones).
-    max_pending_mentions: int = 20_000
+    # instead of queueing, which bounds the memory held by waiting requests. Default: 20 maximal requests.
+    max_pending_mentions: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_pending_mentions is None:
+            object.__setattr__(self, "max_pending_mentions", 20 * self.max_mentions)
         for name, value in asdict(self).items():
             if value < 1:
                 raise ConfigError(f"service limit {name} must be >= 1, found {value}")
@@ -276,24 +279,31 @@ class BusyError(Exception):
 class MentionBatcher:
     """Links the mentions of concurrent requests together, fairly, on one worker thread per index.
 
-    Each round the worker takes an equal share of `MAX_BATCH` mentions from every waiting request
-    (at least one each, oldest first, the rest next round) and links them in one call per
-    (k, lang). A sparse product or an encoder pass over 64 queries costs little more than over one,
-    so small concurrent requests share work; and a request of 1,000 long mentions is cut into
-    slices, so a one-mention request that arrives behind it waits for about one call (~0.2 s),
-    not for the whole of it. That worker is the only thread that touches its `Linker`, which keeps
-    the Linker's lazy caches safe.
+    Each round the worker takes an equal share of one call's worth of mentions from every waiting
+    request (at least one each, oldest first, the rest next round) and links them in one call per
+    (k, lang). A call is sized to take about `CALL_SECONDS`, from the measured cost per mention
+    (it differs by index kind, text length and the machine's load): a sparse product or an encoder
+    pass over dozens of queries costs little more than over one, so small concurrent requests share
+    work, and a request of 1,000 long mentions is cut into slices, so a one-mention request that
+    arrives behind it waits for about two calls, not for all of it. That worker is the only thread
+    that touches its `Linker`, which keeps the Linker's lazy caches safe.
     """
 
-    MAX_BATCH = 64  # mentions per Linker.link call: ~10% per-call overhead, ~0.2 s on one core
+    CALL_SECONDS = 0.2  # per Linker.link call: ~10% of it is per-call overhead at tf-idf's ~3 ms a mention
+    MIN_BATCH, MAX_BATCH = 4, 256  # mentions per call, whatever the measured cost
 
     def __init__(self, linker: Linker, name: str, max_pending: int = 20_000) -> None:
         self.linker = linker
         self.max_pending = max_pending
         self._pending = 0  # mentions admitted and not yet finished
+        self._seconds_per_mention = 0.003  # running estimate, updated after every call
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         threading.Thread(target=self._run, name=f"linker-batcher-{name}", daemon=True).start()
+
+    def batch_size(self) -> int:
+        """Mentions in the next call: as many as take about CALL_SECONDS at the measured cost."""
+        return max(self.MIN_BATCH, min(self.MAX_BATCH, int(self.CALL_SECONDS / max(self._seconds_per_mention, 1e-6))))
 
     def submit(self, texts: list[str], langs: list[str | None], k: int, on_done: Callable[[_Job], None]) -> _Job:
         """Queue `texts`; `on_done(job)` runs on the worker thread with job.results or job.error set."""
@@ -334,14 +344,15 @@ class MentionBatcher:
                     active.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            share = max(1, self.MAX_BATCH // len(active))
+            batch = self.batch_size()
+            share = max(1, batch // len(active))
             round_: list[tuple[_Job, int, int]] = []
             size = 0
             for _ in range(len(active)):
-                if size >= self.MAX_BATCH:
+                if size >= batch:
                     break
                 job = active.popleft()
-                stop = min(job.next + share, len(job.texts), job.next + self.MAX_BATCH - size)
+                stop = min(job.next + share, len(job.texts), job.next + batch - size)
                 round_.append((job, job.next, stop))
                 size += stop - job.next
                 job.next = stop
@@ -363,8 +374,12 @@ class MentionBatcher:
             self._link_items(items, k, lang)
 
     def _link_items(self, items: list[tuple[_Job, int]], k: int, lang: str | None) -> None:
+        started = time.perf_counter()
         try:
             results = self.linker.link([job.texts[i] for job, i in items], k=k, lang=lang)
+            # a moving average: follows a change of load within a few calls, ignores one slow call
+            cost = (time.perf_counter() - started) / len(items)
+            self._seconds_per_mention = 0.7 * self._seconds_per_mention + 0.3 * cost
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, never lost
             jobs = list(dict.fromkeys(job for job, _ in items))
             if len(jobs) > 1:  # one request's input must not fail the others: retry each alone
@@ -394,7 +409,7 @@ class _Loaded:
     languages: frozenset[str]
 
 
-def load_indexes(index_dirs: Sequence[str | Path], max_pending: int = ServiceLimits.max_pending_mentions,
+def load_indexes(index_dirs: Sequence[str | Path], max_pending: int = 20_000,
                  linker_options: dict | None = None) -> dict[str, _Loaded]:
     """Load each index folder once; its name is the folder name (which must be unique).
 

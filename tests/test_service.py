@@ -357,3 +357,22 @@ def test_batcher_refuses_work_beyond_its_queue_and_the_app_answers_429(indexes):
         response = c.post("/link", json={"mentions": M})
     assert response.status_code == 429 and response.headers["retry-after"] == "1"
     assert response.json()["field"] == "mentions" and "queue of index hpo" in response.json()["error"]
+
+
+def test_batcher_sizes_its_calls_by_the_measured_cost_per_mention():
+    from linker.service import MentionBatcher
+
+    class Slow:
+        calls: list[int] = []
+
+        def link(self, texts, *, k, lang):
+            self.calls.append(len(texts))
+            time.sleep(0.01 * len(texts))  # 10 ms a mention: 20 mentions make a 0.2 s call
+            return list(texts)
+
+    slow = Slow()
+    batcher = MentionBatcher(slow, "slow")
+    done, box = _submit(batcher, [str(i) for i in range(300)])
+    assert done.wait(30) and box["job"].results == [str(i) for i in range(300)]
+    assert slow.calls[0] == int(MentionBatcher.CALL_SECONDS / 0.003)  # the first guess: tf-idf's cost
+    assert 10 <= slow.calls[-2] <= 30  # then about CALL_SECONDS / 10 ms

@@ -3,7 +3,7 @@ streams in and after NFKC normalisation, every error has the one body shape {"er
 
 The fast tests drive the app in-process (TestClient, or the raw ASGI interface where the body must arrive
 in chunks); the slow ones start a real uvicorn server on 127.0.0.1 and attack it under a load of
-well-behaved clients (tests/service_attack.py holds the attacks, shared with scripts/reliability_service.py).
+well-behaved clients, with the attacks of scripts/reliability_service.py.
 """
 
 from __future__ import annotations
@@ -261,3 +261,40 @@ def test_generated_hostile_bodies_never_5xx(client, raw, cut):
         assert response.status_code < 500
         if response.status_code != 200:
             assert set(response.json()) <= {"error", "field", "errors"}
+
+
+# ----------------------------------------------------------------------------- a real server under attack
+
+# The answer each hostile case of scripts/reliability_service.py must get from a server with default limits.
+EXPECTED = {
+    "none": [], "surrogate_text": [422], "surrogate_id": [422], "chunked_body": [413], "nfkc_maximal": [422] * 4,
+    "valid_maximal": [200] * 4, "nesting": [400], "huge_number": [400], "wrong_content_type": [415],
+    "unknown_path_and_method": [404, 405],
+}
+
+
+@pytest.mark.slow
+def test_real_server_under_attack_never_5xx_keeps_memory_bounded_and_serves_the_others(tmp_path_factory, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import reliability_service as rs
+
+    index = build_indexes(tmp_path_factory.mktemp("indexes"))["meddra"]
+    texts = ["hair loss", "nausea", "head pain", "itching", "dizziness", "alopecia", "náuseas", "headache"]
+    attacks = rs.cases(texts, chunked_mib=20)  # 20 MiB read whole would cost the server ~1 GB
+    assert set(attacks) == set(EXPECTED)
+
+    def every_attack(base):
+        return {name: attack(base) for name, (_what, attack) in attacks.items()}
+
+    result = rs.run_case(rs.ROOT, index, every_attack, texts, clients=2, limit=240, settle=0.5)
+    answers = result["answers"]
+    assert {name: [a["status"] for a in got] for name, got in answers.items()} == EXPECTED
+    assert all(a["shape"] in {"{error, field}", "result"} for got in answers.values() for a in got), answers
+    assert result["server_alive_after"] and result["tracebacks_in_log"] == 0
+    well_behaved = result["well_behaved"]
+    assert well_behaved["requests"] > 0 and well_behaved["failed"] == 0, well_behaved
+    assert result["rss_mib"]["peak"] - result["rss_mib"]["start"] < 200, result["rss_mib"]
+    with capsys.disabled():  # recorded, not asserted: timings depend on the machine's load
+        print(f"\nunder attack: well-behaved p50/p99 {well_behaved['p50_ms']}/{well_behaved['p99_ms']} ms over "
+              f"{well_behaved['requests']} requests, slowest /health {result['health_max_ms']} ms, "
+              f"RSS {result['rss_mib']}")

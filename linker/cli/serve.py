@@ -20,6 +20,8 @@ def serve_cli(
     port: int = typer.Option(8000, "--port", help="TCP port."),
     max_text_chars: int = typer.Option(None, "--max-text-chars", help="Longest mention text accepted (default 500)."),
     max_mentions: int = typer.Option(None, "--max-mentions", help="Most mentions per request (default 1000)."),
+    max_request_chars: int = typer.Option(
+        None, "--max-request-chars", help="Most characters per request in all, after normalisation (default 100000)."),
     max_k: int = typer.Option(None, "--max-k", help="Largest k accepted (default 100)."),
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
@@ -30,7 +32,8 @@ def serve_cli(
 
     from linker.service import ServiceLimits, create_app
 
-    given = {"max_text_chars": max_text_chars, "max_mentions": max_mentions, "max_k": max_k}
+    given = {"max_text_chars": max_text_chars, "max_mentions": max_mentions, "max_request_chars": max_request_chars,
+             "max_k": max_k}
     limits = ServiceLimits(**{name: value for name, value in given.items() if value is not None})
     linker_options = {"rerank": rerank, "rerank_k": rerank_k, "min_confidence": min_confidence}
     service = create_app(index, limits, linker_options=linker_options)  # loads every index now: a bad one fails before the port opens
