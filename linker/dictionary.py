@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 import linker
 from linker.errors import InputFormatError, LinkerError, MissingInputError
-from linker.fileio import atomic_file
+from linker.fileio import atomic_file, check_output, native_read
 from linker.progress import bar
 from linker.schema import CONCEPT_SCHEMA, HIERARCHY_SCHEMA, ConceptName, HierarchyRow, validate_concept_table
 from linker.sources import SourceOptions, get_source
@@ -113,16 +113,19 @@ def build_dictionary(
     out: str | Path,
     *,
     options: SourceOptions = SourceOptions(),
+    overwrite: bool = False,
 ) -> BuildSummary:
     """Read every source, filter, drop duplicate (concept_id, name, lang) rows, write parquet atomically.
 
     The first occurrence of a duplicate wins, so sources yield a concept's preferred name first.
     Memory grows with the output only (one 8-byte key per kept row), never with the input.
+    An existing `out` is replaced only with `overwrite`; it may never be one of the inputs.
     """
     started = dt.datetime.now(dt.timezone.utc)
     out = Path(out)
     if not sources:
         raise LinkerError("no source given; pass --source NAME PATH...")
+    _check_table_output(out, [p for spec in sources for p in spec.paths], overwrite)
     outputs = []
     for spec in sources:
         reader = get_source(spec.name)
@@ -221,17 +224,18 @@ def read_concept_table(path: str | Path) -> ConceptTable:
             f"{path}: expected a concept table (.parquet), found {what}; `dict info`, `index build --dict` and "
             f"`train --dict` take the concept table from `linker dict build`{copy}"
         )
-    try:
+    with native_read(path, "a parquet concept table"):
         table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputFormatError(path, "a parquet concept table", f"unreadable file ({exc})") from None
-    # The footer's key-value metadata: `build_dictionary` adds it after streaming the rows, where
-    # the Arrow schema stored in the file can no longer carry it.
-    raw_meta = (pq.read_metadata(path).metadata or {}).get(META_KEY)
-    meta = json.loads(raw_meta) if raw_meta else {}
+        # The footer's key-value metadata: `build_dictionary` adds it after streaming the rows, where
+        # the Arrow schema stored in the file can no longer carry it.
+        raw_meta = (pq.read_metadata(path).metadata or {}).get(META_KEY)
+        meta = json.loads(raw_meta) if raw_meta else {}
     table = validate_concept_table(table, str(path))
     side = hierarchy_path(path)
-    hierarchy = pq.read_table(side) if side.exists() else None
+    hierarchy = None
+    if side.exists():
+        with native_read(side, "a parquet hierarchy table"):
+            hierarchy = pq.read_table(side)
     return ConceptTable(path=path, table=table, meta=meta, hierarchy=hierarchy)
 
 
@@ -261,11 +265,22 @@ def describe(path: str | Path, *, samples: int = 5) -> dict:
     }
 
 
-def merge_tables(paths: Sequence[str | Path], out: str | Path) -> BuildSummary:
-    """Concatenate concept tables, dropping duplicate (concept_id, name, lang) rows; first table wins."""
+def _check_table_output(out: Path, inputs: Sequence[str | Path], overwrite: bool) -> None:
+    """The table and its hierarchy side table are outputs; neither may be an input (or its side table)."""
+    inputs = [*inputs, *(hierarchy_path(Path(p)) for p in inputs)]
+    check_output(out, inputs=inputs, overwrite=overwrite, option="--out")
+    check_output(hierarchy_path(out), inputs=inputs, overwrite=True, option="--out (hierarchy side table)")
+
+
+def merge_tables(paths: Sequence[str | Path], out: str | Path, *, overwrite: bool = False) -> BuildSummary:
+    """Concatenate concept tables, dropping duplicate (concept_id, name, lang) rows; first table wins.
+
+    An existing `out` is replaced only with `overwrite`; it may never be one of the inputs.
+    """
     started = dt.datetime.now(dt.timezone.utc)
     if not paths:
         raise LinkerError("no concept table given to merge")
+    _check_table_output(Path(out), paths, overwrite)
     tables = [read_concept_table(p) for p in paths]
     combined = pa.concat_tables([t.table for t in tables])
     keys = [hash(k) for k in zip(*(combined.column(c).to_pylist() for c in ("concept_id", "name", "lang")))]

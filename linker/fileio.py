@@ -1,16 +1,21 @@
-"""File helpers shared by every layer: tolerant line reading and atomic writes."""
+"""File helpers shared by every layer: tolerant line reading, output guards and atomic writes."""
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import json
+import logging
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from linker.errors import InputFormatError, MissingInputError
+from linker.errors import ConfigError, InputFormatError, MissingInputError
+
+log = logging.getLogger(__name__)
 
 # A single-byte fallback for lines that are not UTF-8. cp1252 is a superset of latin-1's
 # printable range and is what legacy MedDRA and UMLS files on Windows were written in;
@@ -75,6 +80,148 @@ def iter_handle_lines(handle, where: str | Path, *, max_line_bytes: int | None =
 
 
 @contextlib.contextmanager
+def native_read(path: str | Path, expected: str, *, fix: str | None = None) -> Iterator[None]:
+    """Turn a native reader's failure (pyarrow, numpy, scipy, FAISS, safetensors) into one InputFormatError.
+
+    Those readers raise their own exception types, often with multi-line or path-less messages;
+    a file altered after its checksum was recorded reaches them, so each call is wrapped.
+    """
+    from linker.errors import LinkerError
+
+    try:
+        yield
+    except (LinkerError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the foreign reader is a bad file
+        message = " ".join(str(exc).split())[:200] or "no message"
+        raise InputFormatError(path, expected, f"{type(exc).__name__}: {message}", fix=fix) from None
+
+
+# ----------------------------------------------------------------------------- outputs
+#
+# Every output goes through `check_output` before any work and through `atomic_file` /
+# `atomic_dir` when written. Temporaries are named ``.<name>.linker-tmp-<pid>-<random>`` beside
+# the output, so a run killed with -9 leaves something recognisable: the next run that writes
+# into that folder removes the ones whose writer is dead. A folder we write carries `MARKER`;
+# `--overwrite` replaces only such folders, never one that something else wrote.
+
+MARKER = ".linker-output"
+_TEMP_TAG = "linker-tmp"
+_TEMPORARY = re.compile(rf"^\.(.+)\.{_TEMP_TAG}-(\d+)-\w+$")
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{_TEMP_TAG}-{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Remove our temporaries in `folder` whose writing process is gone; return what was removed."""
+    folder = Path(folder)
+    removed = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:  # absent or unreadable: nothing of ours to clean, and the write will say why
+        return removed
+    for entry in entries:
+        match = _TEMPORARY.match(entry.name)
+        if match is None or _pid_alive(int(match.group(2))):
+            continue
+        previous, original = entry / "old", folder / match.group(1)
+        if previous.is_dir() and not original.exists():  # killed between atomic_dir's two renames
+            os.replace(previous, original)
+            log.info("restored %s from %s", original, entry)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+        log.info("removed %s, left by process %s that no longer runs", entry, match.group(2))
+    return removed
+
+
+def _is_within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def check_output(
+    output: str | Path,
+    *,
+    inputs: Iterable[str | Path] = (),
+    overwrite: bool = False,
+    folder: bool = False,
+    option: str = "--output",
+) -> None:
+    """Refuse, before any work, an output that would destroy an input or something we did not write.
+
+    The output may not equal, contain or lie inside any input (after resolving symlinks). An
+    existing output file is replaced only with `overwrite`; an existing non-empty output folder
+    only with `overwrite` and only when it carries our `MARKER`.
+    """
+    out = Path(output)
+    _check_path_text(out, option)
+    target = out.resolve()
+    for given in inputs:
+        source = Path(given).resolve()
+        if _is_within(target, source) or _is_within(source, target):
+            relation = ("is the input" if target == source else "lies inside the input" if _is_within(target, source)
+                        else "contains the input")
+            raise ConfigError(f"{option} {out} {relation} {given}; choose an output outside every input "
+                              "so that no input is overwritten")
+    for ancestor in target.parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise ConfigError(f"{option} {out}: {ancestor} is a file, expected a folder")
+            break
+    remove_stale_temporaries(target.parent)
+    if not out.exists() and not out.is_symlink():
+        return
+    if folder:
+        if not out.is_dir():
+            raise ConfigError(f"{option} {out} is a file, expected a folder")
+        if not any(out.iterdir()):
+            return
+        if not (out / MARKER).is_file():
+            raise ConfigError(f"{option} {out} is a folder that linker did not write (no {MARKER} in it); "
+                              "choose a new folder, or empty or remove it yourself")
+        if not overwrite:
+            raise ConfigError(f"{option} {out} exists; pass --overwrite to replace it, or choose a new folder")
+    else:
+        if out.is_dir():
+            raise ConfigError(f"{option} {out} is a folder, expected a file")
+        if not overwrite:
+            raise ConfigError(f"{option} {out} exists; pass --overwrite to replace it, or choose a new file")
+
+
+def _check_path_text(path: Path, option: str) -> None:
+    """A path must be text: a non-UTF-8 byte would fail later, in a manifest or a message."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        byte = str(path)[exc.start].encode("utf-8", "surrogateescape")
+        raise InputFormatError(f"{option} {shown}", "a path in UTF-8", f"the byte {byte!r} at character {exc.start}",
+                               fix="rename the file or folder") from None
+
+
+def check_inputs(*paths: str | Path, option: str = "input") -> None:
+    """Input paths must be UTF-8 text too (see `_check_path_text`)."""
+    for path in paths:
+        _check_path_text(Path(path), option)
+
+
+@contextlib.contextmanager
 def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success rename it onto `path`, on failure remove it.
 
@@ -82,7 +229,8 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temporaries(path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -95,18 +243,24 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary folder beside `path`; on success it replaces `path` (a folder) whole."""
+    """Yield a temporary folder beside `path`; on success it replaces `path` (a folder) whole.
+
+    The folder gets our `MARKER`; a non-empty folder without it is never replaced (ConfigError).
+    """
     path = Path(path)
+    if path.is_dir() and any(path.iterdir()) and not (path / MARKER).is_file():
+        raise ConfigError(f"{path} is a folder that linker did not write (no {MARKER} in it); not replacing it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    remove_stale_temporaries(path.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
     try:
         yield tmp
+        (tmp / MARKER).write_text(json.dumps({"written_by": "linker", "pid": os.getpid()}) + "\n")
         os.chmod(tmp, _umask_mode(0o777))
         old = None
         if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
+            os.replace(path, old / "old")
         os.replace(tmp, path)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from linker.errors import ConfigError, UnknownNameError
-from linker.fileio import atomic_dir, atomic_file
+from linker.fileio import atomic_dir, atomic_file, check_inputs, check_output
 from linker.formats import DEFAULT_LIMITS, ReadLimits, input_files
 from linker.formats.ade_xml import ADE_MENTION_TYPES, label_text, read_ade_xml, write_ade_xml, write_reactions
 from linker.formats.brat import brat_lines, read_brat, write_brat
@@ -156,17 +156,25 @@ def normalize_jsonl_lines(
 
 def normalize_jsonl(
     linker: Linker, input_path: str | Path, output_path: str | Path, *, k: int = 1, lang: str | None = None,
-    limits: ReadLimits = DEFAULT_LIMITS,
+    limits: ReadLimits = DEFAULT_LIMITS, overwrite: bool = False,
 ) -> NormalizeSummary:
     """JSONL file -> JSONL file, written atomically; `lang` applies to spans without their own."""
-    return normalize_jsonl_stream(linker, str(input_path), str(output_path), k=k, lang=lang, limits=limits)
+    return normalize_jsonl_stream(linker, str(input_path), str(output_path), k=k, lang=lang, limits=limits,
+                                  overwrite=overwrite)
 
 
 def normalize_jsonl_stream(
     linker: Linker, input_path: str, output: str, *, k: int = 1, lang: str | None = None,
-    limits: ReadLimits = DEFAULT_LIMITS,
+    limits: ReadLimits = DEFAULT_LIMITS, overwrite: bool = False,
 ) -> NormalizeSummary:
-    """JSONL in and out where either side may be `-` (stdin / stdout); a file output is written atomically."""
+    """JSONL in and out where either side may be `-` (stdin / stdout); a file output is written atomically.
+
+    An existing output file is replaced only with `overwrite`, and never when it is the input.
+    """
+    if input_path != "-":
+        check_inputs(input_path, option="--input")
+    if output != "-":
+        check_output(output, inputs=[] if input_path == "-" else [input_path], overwrite=overwrite)
     source, where = jsonl_source(input_path, limits)
     if output == "-":
         return normalize_jsonl_lines(linker, source, where, sys.stdout, k=k, lang=lang)
@@ -182,13 +190,15 @@ def brat_db(candidate: Candidate) -> str:
     return candidate.source.split(":", 1)[0] or "linker"
 
 
-def _check_out_dir(output_path: Path, overwrite: bool) -> None:
-    """An output folder is replaced whole (atomic_dir), so never replace one holding anything unasked."""
-    if output_path.exists() and (not output_path.is_dir() or (any(output_path.iterdir()) and not overwrite)):
-        raise ConfigError(
-            f"--output {output_path} exists and is not an empty folder; choose a new --output, "
-            "or pass --overwrite to replace that folder whole"
-        )
+def _check_outputs(input_path: Path, outputs: Sequence[Path], overwrite: bool, *, companions: Sequence[Path] = ()) -> None:
+    """Before any work: no output may be, contain or lie inside the input (or a file read beside it).
+
+    A folder input gives a folder output (replaced whole, so only one that linker wrote); a file
+    input gives file outputs.
+    """
+    check_inputs(input_path, option="--input")
+    for output in outputs:
+        check_output(output, inputs=[input_path, *companions], overwrite=overwrite, folder=input_path.is_dir())
 
 
 def normalize_brat(
@@ -207,15 +217,17 @@ def normalize_brat(
     """brat .ann file or folder -> the same with normalisation lines, written atomically.
 
     A folder is mirrored (sub-folders kept); `.txt` and `.conf` files are copied beside. An
-    existing non-empty output folder is replaced only with `overwrite`. Annotations whose spans
+    existing output is replaced only with `overwrite` (a folder only when linker wrote it). Annotations whose spans
     do not fit their .txt fail the run, or with `lenient` are left unnormalised and reported.
     """
     if k != 1:
         raise ConfigError(f"the brat format writes one normalisation per annotation; use --k 1 (found --k {k})")
     input_path, output_path = Path(input_path), Path(output_path)
     files = input_files(input_path, ".ann")
-    if input_path.is_dir():
-        _check_out_dir(output_path, overwrite)
+    txt = input_path.with_suffix(".txt")
+    copy_txt = input_path.is_file() and txt.is_file()
+    _check_outputs(input_path, [output_path, *([output_path.with_suffix(".txt")] if copy_txt else [])], overwrite,
+                   companions=[txt] if input_path.is_file() else [])
     docs = [read_brat(p, limits=limits, lenient=lenient) for p in files]  # all validated before any linking
     linked = _link_documents(linker, [[e.text for e in d.entities] for d in docs], lang,
                              documents=[_brat_text(d) for d in docs] if expand else None)
@@ -225,8 +237,7 @@ def normalize_brat(
     ]
 
     if input_path.is_file():
-        txt = input_path.with_suffix(".txt")
-        if txt.is_file():
+        if copy_txt:
             with atomic_file(output_path.with_suffix(".txt")) as tmp:
                 shutil.copyfile(txt, tmp)
         with atomic_file(output_path) as tmp:
@@ -269,7 +280,7 @@ def normalize_ade_xml(
 ) -> NormalizeSummary:
     """TAC 2017 / ADE Eval XML file or folder -> the same labels with <Reactions>, written atomically.
 
-    An existing non-empty output folder is replaced only with `overwrite`.
+    An existing output is replaced only with `overwrite` (a folder only when linker wrote it).
     """
     if k != 1:
         raise ConfigError(f"the ade-xml format writes one Normalization per reaction; use --k 1 (found --k {k})")
@@ -277,8 +288,7 @@ def normalize_ade_xml(
         _check_meddra(linker)
     input_path, output_path = Path(input_path), Path(output_path)
     files = input_files(input_path, ".xml")
-    if input_path.is_dir():
-        _check_out_dir(output_path, overwrite)
+    _check_outputs(input_path, [output_path], overwrite)
     docs = [read_ade_xml(p, limits=limits) for p in files]
     linked = _link_documents(linker, [[m.text for m in d.mentions] for d in docs], lang,
                              documents=[label_text(d) for d in docs] if expand else None)
@@ -366,12 +376,10 @@ def normalize_path(
     """
     if fmt not in FORMATS:
         raise UnknownNameError("input format", fmt, FORMATS)
-    if Path(input_path).resolve() == Path(output_path).resolve() and fmt != "jsonl":
-        raise ConfigError(f"--output {output_path} is the input; choose another path so the input stays intact")
     if fmt == "jsonl":
         if expand_abbreviations:
             raise ConfigError("--expand-abbreviations needs the documents: use --format brat or ade-xml")
-        return normalize_jsonl(linker, input_path, output_path, k=k, lang=lang, limits=limits)
+        return normalize_jsonl(linker, input_path, output_path, k=k, lang=lang, limits=limits, overwrite=overwrite)
     if fmt == "brat":
         return normalize_brat(linker, input_path, output_path, k=k, db=db, lang=lang, overwrite=overwrite,
                               expand=expand_abbreviations, lenient=lenient, limits=limits)

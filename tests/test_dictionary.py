@@ -95,7 +95,7 @@ def test_failed_build_leaves_the_good_table_and_no_temporary_files(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("C0002170\tAlopecia\n" * 70_000 + "C0018681\n", encoding="utf-8")  # fails after a row group
     with pytest.raises(InputFormatError, match=r"bad\.tsv:70001"):
-        build_dictionary([SourceSpec("tsv", (bad,))], out)
+        build_dictionary([SourceSpec("tsv", (bad,))], out, overwrite=True)
     assert out.read_bytes() == before
     assert leftovers(tmp_path) == []
 

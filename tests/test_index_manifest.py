@@ -117,14 +117,16 @@ def test_failed_build_leaves_the_old_index(built, monkeypatch):
 
     monkeypatch.setattr(tfidf_module.TfidfNameIndex, "build", broken)
     with pytest.raises(RuntimeError, match="disk full"):
-        build_index(table, kind="tfidf", out=folder)
+        build_index(table, kind="tfidf", out=folder, overwrite=True)
     assert load_index(folder).manifest == manifest
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []  # no temp folder left
 
 
-def test_rebuild_replaces_the_index(built):
+def test_rebuild_replaces_the_index_only_with_overwrite(built):
     folder, old, table = built
-    new = build_index(table, kind="tfidf", out=folder, config=tfidf_module.TfidfConfig(ngram_max=3))
+    with pytest.raises(ConfigError, match="idx exists; pass --overwrite to replace it"):
+        build_index(table, kind="tfidf", out=folder, config=tfidf_module.TfidfConfig(ngram_max=3))
+    new = build_index(table, kind="tfidf", out=folder, config=tfidf_module.TfidfConfig(ngram_max=3), overwrite=True)
     assert load_index(folder).manifest == new and new["parameters"]["ngram_max"] == 3
     assert new["files"]["tfidf/vocabulary.json"] != old["files"]["tfidf/vocabulary.json"]
 
@@ -133,8 +135,9 @@ def test_refuses_to_replace_a_folder_that_is_not_an_index(tmp_path):
     table = write_concepts(tmp_path / "concepts.parquet")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="docs: exists and is not an index folder"):
-        build_index(table, kind="tfidf", out=tmp_path / "docs")
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match=r"docs is a folder that linker did not write \(no .linker-output in it\)"):
+            build_index(table, kind="tfidf", out=tmp_path / "docs", overwrite=overwrite)
     assert (tmp_path / "docs" / "notes.txt").read_text() == "keep me"
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from linker.cli.main import main
 from linker.errors import ConfigError, InputFormatError, LinkerError, MissingInputError, UnknownNameError
+from linker.fileio import MARKER
 from linker.link import Linker
 from linker.formats.ade_xml import read_ade_xml
 from linker.formats.brat import read_brat
@@ -160,7 +161,7 @@ def test_brat_folder_round_trip(meddra, tmp_path):
     summary = normalize_brat(meddra, FIX / "brat", out)
     assert (summary.documents, summary.mentions, summary.linked) == (2, 6, 6)
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
-        "annotation.conf", "doc1.ann", "doc1.txt", "sub/doc2.ann",
+        MARKER, "annotation.conf", "doc1.ann", "doc1.txt", "sub/doc2.ann",
     ]
     assert (out / "doc1.txt").read_bytes() == (FIX / "brat" / "doc1.txt").read_bytes()
     original = (FIX / "brat" / "doc1.ann").read_text().splitlines()
@@ -203,23 +204,28 @@ def test_brat_malformed_file_in_folder_leaves_previous_output(meddra, tmp_path, 
     out = tmp_path / "out"
     out.mkdir()
     (out / "previous.ann").write_text("kept\n")
+    (out / MARKER).write_text("{}\n")  # as an earlier run left it
     with pytest.raises(InputFormatError, match=message):
         normalize_brat(meddra, src, out, overwrite=True)
-    assert [p.name for p in out.iterdir()] == ["previous.ann"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "previous.ann"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]  # no temporary folder left behind
 
 
-def test_existing_output_folder_replaced_only_with_overwrite(meddra, tmp_path):
+def test_existing_output_folder_replaced_only_with_overwrite_and_only_when_ours(meddra, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine\n")
     for fn, src in ((normalize_brat, FIX / "brat"), (normalize_ade_xml, FIX / "xml")):
-        with pytest.raises(ConfigError, match="exists and is not an empty folder"):
-            fn(meddra, src, out)
+        for overwrite in (False, True):  # not ours: refused even with --overwrite
+            with pytest.raises(ConfigError, match="is a folder that linker did not write"):
+                fn(meddra, src, out, overwrite=overwrite)
         assert [p.name for p in out.iterdir()] == ["notes.txt"]
-    normalize_brat(meddra, FIX / "brat", out, overwrite=True)
-    assert not (out / "notes.txt").exists() and (out / "doc1.ann").exists()
-    normalize_ade_xml(meddra, FIX / "xml", tmp_path / "empty_ok")  # a new folder needs no flag
+    ours = tmp_path / "ours"
+    normalize_brat(meddra, FIX / "brat", ours)  # a new folder needs no flag
+    with pytest.raises(ConfigError, match="ours exists; pass --overwrite"):
+        normalize_ade_xml(meddra, FIX / "xml", ours)
+    normalize_ade_xml(meddra, FIX / "xml", ours, overwrite=True)
+    assert sorted(p.name for p in ours.iterdir()) == [MARKER, "OTHERDRUG.xml", "TESTDRUG.xml"]
 
 
 def test_brat_options_checked(meddra, tmp_path):
@@ -306,7 +312,7 @@ def test_cli_xml(indexes, tmp_path, capsys):
                  "--output", str(out)]
     assert run_cli(main_args) == 0
     assert "normalised 8 spans (8 linked) in 2 document(s)" in capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == ["OTHERDRUG.xml", "TESTDRUG.xml"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "OTHERDRUG.xml", "TESTDRUG.xml"]
 
 
 # ----------------------------------------------------------------------------- fuzz: readers never crash

@@ -250,7 +250,7 @@ def test_cli_malformed_line_exits_1_and_keeps_the_good_table(tmp_path, capsys):
     folder = copy_release(tmp_path / "bad")
     replace_line(folder / "llt.asc", 3, "10019199$Head pain$10019211$$")
     with pytest.raises(SystemExit) as exit_info:
-        main(["dict", "build", "--source", "meddra", str(folder), "--out", str(out)])
+        main(["dict", "build", "--source", "meddra", str(folder), "--out", str(out), "--overwrite"])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1

@@ -54,7 +54,7 @@ def rows(path: Path) -> list[tuple]:
 
 def build(tmp_path: Path, path: Path = META, **options) -> Path:
     out = tmp_path / "umls.parquet"
-    build_dictionary([SourceSpec("umls", (path,))], out, options=SourceOptions(**options))
+    build_dictionary([SourceSpec("umls", (path,))], out, options=SourceOptions(**options), overwrite=True)  # helper: rebuilt per case
     return out
 
 
@@ -229,7 +229,7 @@ def test_cli_malformed_row_exits_1_and_keeps_the_good_table(tmp_path, capsys):
     text = (folder / "MRCONSO.RRF").read_text(encoding="utf-8")
     (folder / "MRCONSO.RRF").write_text(text.replace("|Cephalgia|0|N|256|", "|Cephalgia|0|N|"), encoding="utf-8")
     with pytest.raises(SystemExit) as exit_info:
-        main(["dict", "build", "--source", "umls", str(folder), "--out", str(out)])
+        main(["dict", "build", "--source", "umls", str(folder), "--out", str(out), "--overwrite"])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1

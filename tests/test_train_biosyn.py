@@ -103,7 +103,7 @@ def test_freezing_layers_keeps_them_fixed(tmp_path, tiny_encoder_dir, biosyn_dic
     assert torch.equal(base["encoder.layer.1.output.dense.weight"], trained["encoder.layer.1.output.dense.weight"])
     assert torch.equal(base["embeddings.word_embeddings.weight"], trained["embeddings.word_embeddings.weight"])
     with pytest.raises(ConfigError, match="only 2 layers"):
-        train_biosyn(TRAIN, biosyn_dict, encoder=str(tiny_encoder_dir), out=out,
+        train_biosyn(TRAIN, biosyn_dict, encoder=str(tiny_encoder_dir), out=tmp_path / "frozen3",
                      config=BiosynConfig(freeze_layers=3, topk=4))
 
 

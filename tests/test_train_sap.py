@@ -20,7 +20,8 @@ FIX = Path(__file__).parent / "fixtures" / "train"
 
 def table(name: str, tmp_path: Path) -> Path:
     out = tmp_path / f"{name}.parquet"
-    build_dictionary([SourceSpec("tsv", (FIX / f"{name}.tsv",))], out)
+    if not out.exists():
+        build_dictionary([SourceSpec("tsv", (FIX / f"{name}.tsv",))], out)
     return out
 
 
@@ -141,6 +142,7 @@ def test_cli_sap_runs_and_reports_errors(tmp_path, tiny_encoder_dir, capsys):
     assert summary["steps"] == 2 and summary["pairs"]["pairs"] == 12
     assert (out / "modules.json").is_file() and (out / "train_metrics.json").is_file()
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "sap", "--dict", str(tmp_path / "nope.parquet"), "--encoder", "minilm", "--out", str(out)])
+        main(["train", "sap", "--dict", str(tmp_path / "nope.parquet"), "--encoder", "minilm", "--out", str(out),
+              "--overwrite"])
     assert exit_info.value.code == 1
     assert "no such concept table" in capsys.readouterr().err

@@ -28,6 +28,7 @@ def build_cli(
     include_suppressed: bool = typer.Option(False, "--include-suppressed", help="UMLS: keep suppressible rows."),
     synonyms: list[str] = typer.Option(["EXACT"], "--synonyms", help="OBO: synonym scopes to read (EXACT,RELATED,NARROW,BROAD)."),
     meddra_target: str = typer.Option("pt", "--meddra-target", help="MedDRA: link names to their PT (pt) or to the LLT (llt)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it exists."),
 ) -> None:
     """Read a terminology distribution into a concept table."""
     options = SourceOptions(
@@ -40,7 +41,7 @@ def build_cli(
         synonym_scopes=tuple(s.upper() for s in split_csv(synonyms)),
         meddra_target=meddra_target,
     )
-    summary = build_dictionary([SourceSpec(source, tuple(paths or ()))], out, options=options)
+    summary = build_dictionary([SourceSpec(source, tuple(paths or ()))], out, options=options, overwrite=overwrite)
     typer.echo(
         f"wrote {summary.out}: {summary.rows:,} names of {summary.concepts:,} concepts "
         f"({summary.duplicates_dropped:,} duplicates dropped, {summary.filtered_out:,} filtered out"
@@ -53,9 +54,10 @@ def build_cli(
 def merge_cli(
     tables: list[Path] = typer.Argument(..., help="Concept tables to merge, first one wins on duplicates."),
     out: Path = typer.Option(..., "--out", "-o", help="Output concept table (.parquet)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it exists."),
 ) -> None:
     """Merge concept tables (e.g. HPO with its translations plus Disease Ontology)."""
-    summary = merge_tables(tables, out)
+    summary = merge_tables(tables, out, overwrite=overwrite)
     typer.echo(f"wrote {summary.out}: {summary.rows:,} names of {summary.concepts:,} concepts")
 
 

@@ -34,6 +34,7 @@ def eval_cli(
     rerank_k: int = rerank_k_option(),
     nil_fraction: float = typer.Option(0.0, "--nil-fraction", help="Remove this share of the gold concepts from the dictionary and score 'no link' answers (needs `linker calibrate`)."),
     min_confidence: float = typer.Option(0.5, "--min-confidence", help="With --nil-fraction: 'no link' below this calibrated confidence."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing report files."),
 ) -> None:
     """Score an index on a test set; prints the table (and writes a report with --report)."""
     try:
@@ -45,6 +46,7 @@ def eval_cli(
         report_dir=None if report is None else report.parent, name=None if report is None else report.name, mode=mode, composite=composite,
         gold_via_xref=gold_via_xref, same_as=same_as, query_lang=query_lang, abbreviations=abbreviations, lenient=lenient,
         rerank=rerank, rerank_k=rerank_k, nil_fraction=nil_fraction, min_confidence=min_confidence,
+        overwrite=overwrite,
     )
     typer.echo(markdown_table([(Path(dataset.split(":", 1)[-1].split("#")[0]).name, result)], intervals=True))
     for line in trust_markdown(result):

@@ -45,7 +45,8 @@ def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int 
 def build_cli(
     dict_path: Path = typer.Option(..., "--dict", "-d", help="Concept table (.parquet) from `linker dict build`."),
     kind: str = typer.Option("tfidf", "--kind", "-k", help=f"Index kind: {', '.join(available_kinds())}."),
-    out: Path = typer.Option(..., "--out", "-o", help="Index folder to write (replaced whole when it exists)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Index folder to write; an existing one only with --overwrite."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is an index folder that linker wrote."),
     ngram: str = typer.Option("1,2", "--ngram", help="tf-idf: character n-gram range MIN,MAX."),
     analyzer: str = typer.Option("char", "--analyzer", help="tf-idf: char or char_wb (n-grams inside word boundaries)."),
     threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
@@ -68,7 +69,7 @@ def build_cli(
                               dense=_dense_config(encoder, faiss_index, batch_size, threads), **extra)
     else:
         config = None  # build_index names the valid kinds
-    manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker)
+    manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker, overwrite=overwrite)
     counts = manifest["counts"]
     typer.echo(f"wrote {out}: {kind} index of {counts['names']:,} names of {counts['concepts']:,} concepts "
                f"in {manifest['build_seconds']:.1f}s")

@@ -39,6 +39,7 @@ def link_cli(
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --output when it exists."),
 ) -> None:
     """Link mentions to concepts: the top-k distinct concepts with scores and matched names."""
     if not mentions and input_path is None:
@@ -48,7 +49,7 @@ def link_cli(
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
     if input_path is not None:
         summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
-                                         limits=read_limits(max_line_bytes, None))
+                                         limits=read_limits(max_line_bytes, None), overwrite=overwrite)
         if output is not None and str(output) != "-":
             typer.echo(f"linked {summary.mentions:,} mentions to {output}", err=True)
         return

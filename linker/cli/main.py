@@ -15,7 +15,7 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 
 import linker
 from linker import progress
-from linker.errors import LinkerError
+from linker.errors import InputFormatError, LinkerError
 
 # `linker --help` lists commands in the order a user runs them, not in registration order.
 PIPELINE_ORDER = ("dict", "index", "link", "normalize", "serve", "eval", "train")
@@ -114,17 +114,41 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI. Typer's own handling covers usage errors (usage line, exit 2) and --help;
     a LinkerError from the library becomes one `error: ...` line on stderr and exit 1."""
     try:
+        _check_arguments(sys.argv[1:] if argv is None else argv)
         cli_command()(args=argv, prog_name="linker")
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise
         # Success returns normally, so tests and embedding code can call main([...]) in-process.
     except LinkerError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        _fail(str(exc))
+    except OSError as exc:
+        # What the checks before the work cannot see (a permission, a full disk, a folder that
+        # vanished): still one line naming the file, never a traceback.
+        where = exc.filename if exc.filename is not None else "a file"
+        _fail(f"{where}: {exc.strerror or exc}" + (f" (and {exc.filename2})" if exc.filename2 else ""))
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+
+
+def _fail(message: str) -> None:
+    # One line, printable whatever bytes a path held (surrogate escapes of non-UTF-8 names).
+    line = " ".join(message.splitlines())
+    typer.echo(f"error: {line.encode('utf-8', 'backslashreplace').decode('utf-8')}", err=True)
+    sys.exit(1)
+
+
+def _check_arguments(argv: list[str]) -> None:
+    """Refuse an argument that is not UTF-8 (Python hands such bytes over as surrogate escapes)."""
+    for position, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            byte = arg[exc.start].encode("utf-8", "surrogateescape")
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise InputFormatError(f"argument {position} {shown!r}", "UTF-8 text (file and folder names included)",
+                                   f"the byte {byte!r}", fix="rename the file or folder") from None
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def normalize_cli(
     k: int = typer.Option(1, "--k", "-k", help="Candidates per span (jsonl); brat and ade-xml write the best one."),
     lang: str = typer.Option(None, "--lang", help="Restrict candidates to names in this language (a JSONL span's own lang wins)."),
     db: str = typer.Option(None, "--db", help="brat: database name in `Reference T1 DB:ID` (default: the concept's source)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty output folder whole."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file, or an output folder that linker wrote."),
     expand_abbreviations: bool = typer.Option(
         False, "--expand-abbreviations",
         help="brat, ade-xml: link an abbreviation defined in its document ('... syndrome (NMS)') as the long form."),
@@ -43,7 +43,7 @@ def normalize_cli(
     started = time.perf_counter()
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
     if input_path == "-" or output == "-":
-        summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang, limits=limits)
+        summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang, limits=limits, overwrite=overwrite)
     else:
         summary = normalize_path(linker, input_path, output, fmt=fmt, k=k, db=db, lang=lang, overwrite=overwrite,
                                  expand_abbreviations=expand_abbreviations, lenient=lenient, limits=limits)

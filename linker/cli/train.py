@@ -35,6 +35,7 @@ def biosyn_cli(
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a model folder that linker wrote."),
 ) -> None:
     """Fine-tune an encoder BioSyn-style (synonym marginalisation, candidates refreshed every epoch)."""
     from linker.encoders import check_encoder_name
@@ -47,7 +48,7 @@ def biosyn_cli(
         seed=seed, device=device, threads=threads,
     )
     summary = train_biosyn(list(train), dict_path, encoder=encoder, out=out, config=config, resume=resume,
-                           show_progress=on_terminal())
+                           show_progress=on_terminal(), overwrite=overwrite)
     echo_json(summary)
 
 
@@ -67,6 +68,7 @@ def sap_cli(
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a model folder that linker wrote."),
 ) -> None:
     """Self-alignment pretraining on the dictionary's own synonym pairs (SapBERT-style, cross-lingual when it can)."""
     from linker.encoders import check_encoder_name
@@ -77,7 +79,8 @@ def sap_cli(
         lr=lr, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, seed=seed, device=device, threads=threads,
     )
-    summary = train_sap(dict_path, encoder=encoder, out=out, config=config, resume=resume, show_progress=on_terminal())
+    summary = train_sap(dict_path, encoder=encoder, out=out, config=config, resume=resume, show_progress=on_terminal(),
+                        overwrite=overwrite)
     echo_json(summary)
 
 
@@ -99,6 +102,7 @@ def rerank_cli(
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a re-ranker folder that linker wrote."),
 ) -> None:
     """Train a cross-encoder re-ranker (mention, name) -> score on dictionary synonyms and labelled mentions."""
     from linker.train.rerank import RerankConfig, train_rerank
@@ -109,5 +113,5 @@ def rerank_cli(
         threads=threads, bf16=bf16,
     )
     summary = train_rerank(dict_path, encoder=encoder, out=out, train_specs=tuple(train or ()), config=config,
-                           resume=resume, show_progress=on_terminal())
+                           resume=resume, show_progress=on_terminal(), overwrite=overwrite)
     echo_json(summary)

@@ -23,11 +23,11 @@ import numpy as np
 
 import linker
 from linker.errors import ConfigError, UnknownNameError
-from linker.eval.datasets import Mention, load_dataset
+from linker.eval.datasets import Mention, load_dataset, parse_spec
 from linker.eval.filters import FILTERS, Normaliser, ReferenceSet, filter_indices, read_abbreviations
 from linker.eval.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Accuracy, accuracy, mention_hits
 from linker.eval.trust import calibration_section, coverage_chart, nil_section, remove_gold_concepts
-from linker.fileio import atomic_file
+from linker.fileio import atomic_file, check_output
 from linker.progress import bar
 from linker.text import code_key
 
@@ -200,6 +200,7 @@ def evaluate(
     rerank_k: int | None = None,
     nil_fraction: float = 0.0,
     min_confidence: float = 0.5,
+    overwrite: bool = False,
 ) -> EvalReport:
     """Link a test set with the index at `index_dir` and score it under each filter.
 
@@ -216,6 +217,8 @@ def evaluate(
     retriever's own order from the same call (the re-ranker's gain). `nil_fraction`: remove this
     share of the gold concepts and score "no link" decisions at `min_confidence`
     (`linker.eval.trust`). Calibration figures are always reported (on the Full set).
+
+    The report files replace existing ones only with `overwrite`, and never an input.
     """
     from linker.link import Linker  # eval sits above link; imported here to keep `datasets` light
     from linker.rerank import DEFAULT_RERANK_K
@@ -227,6 +230,10 @@ def evaluate(
     if not ks or ks[0] < 1:
         raise ConfigError(f"k must be positive integers, found {ks}")
     train_specs = (train_spec,) if isinstance(train_spec, str) else tuple(train_spec or ())
+    inputs = [index_dir, *(parse_spec(s).path for s in (dataset_spec, *train_specs))]
+    inputs += [p for p in (abbreviations, same_as, rerank) if p is not None and Path(p).exists()]
+    if report_dir is not None:
+        check_report_paths(report_dir, name, inputs=inputs, overwrite=overwrite)
     filter_names = resolve_filters(filters, have_train=bool(train_specs))
     seconds: dict[str, float] = {}
     started = time.perf_counter()
@@ -337,7 +344,7 @@ def evaluate(
     report = EvalReport(dataset_spec, str(index_dir), ks, tuple(rows), reachable, seconds, config,
                         rerank=rerank_section, calibration=calibration_report, nil=nil_report)
     if report_dir is not None:
-        report = write_report(report, report_dir, name=name)
+        report = write_report(report, report_dir, name=name, overwrite=overwrite, inputs=inputs)
     return report
 
 
@@ -409,13 +416,29 @@ def _chart(report: EvalReport, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(report: EvalReport, report_dir: str | Path, *, name: str | None = None) -> EvalReport:
-    """Write ``NAME.json``, ``NAME.md`` and ``NAME.png`` under `report_dir`; return the report with their paths."""
+def check_report_paths(
+    report_dir: str | Path, name: str | None, *, inputs: Sequence[str | Path] = (), overwrite: bool = False
+) -> dict[str, Path]:
+    """The report's files, refused when one exists (without `overwrite`) or is an input."""
     report_dir = Path(report_dir)
     name = name or report_dir.name
     paths = {ext: report_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
-    if report.calibration is not None:
-        paths["coverage"] = report_dir / f"{name}.coverage.png"
+    paths["coverage"] = report_dir / f"{name}.coverage.png"  # written when the report has calibration figures
+    for path in paths.values():
+        check_output(path, inputs=inputs, overwrite=overwrite, option="--report")
+    return paths
+
+
+def write_report(
+    report: EvalReport, report_dir: str | Path, *, name: str | None = None, overwrite: bool = False,
+    inputs: Sequence[str | Path] = (),
+) -> EvalReport:
+    """Write ``NAME.json``, ``NAME.md``, ``NAME.png`` (and ``NAME.coverage.png`` with calibration
+    figures) under `report_dir`; return the report with their paths."""
+    paths = check_report_paths(report_dir, name, inputs=inputs, overwrite=overwrite)
+    name = name or Path(report_dir).name
+    if report.calibration is None:
+        del paths["coverage"]
     report = EvalReport(**{**asdict_shallow(report), "files": tuple(str(p) for p in paths.values())})
     with atomic_file(paths["json"]) as tmp:
         tmp.write_text(json.dumps(report.to_dict(), ensure_ascii=False, indent=2, default=str) + "\n", encoding="utf-8")

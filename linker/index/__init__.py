@@ -27,8 +27,8 @@ import numpy as np
 
 import linker
 from linker.dictionary import ConceptTable, hierarchy_path, read_concept_table
-from linker.errors import ConfigError, IndexMismatchError, UnknownNameError
-from linker.fileio import atomic_dir
+from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError
+from linker.fileio import atomic_dir, check_output
 from linker.index.manifest import CONCEPTS, INDEX_FORMAT, MANIFEST, read_manifest, verify, write_manifest
 
 log = logging.getLogger(__name__)
@@ -114,30 +114,29 @@ class LoadedIndex:
         return self.manifest["kind"]
 
 
-def _check_out(out: Path) -> None:
-    # atomic_dir replaces `out` whole; never let that delete a folder that is not an index.
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).exists())):
-        raise ConfigError(
-            f"{out}: exists and is not an index folder; choose a new --out or remove it yourself "
-            "(building replaces the whole folder)"
-        )
-
-
-def build_index(dict_path: str | Path, *, kind: str, out: str | Path, config: Any = None,
-                reranker: str | Path | None = None) -> dict:
+def build_index(
+    dict_path: str | Path, *, kind: str, out: str | Path, config: Any = None, reranker: str | Path | None = None,
+    overwrite: bool = False,
+) -> dict:
     """Build an index of `kind` over the names of the concept table at `dict_path`; return the manifest.
 
     `config` is the kind's config dataclass (`TfidfConfig`, `DenseConfig`, `HybridConfig`);
     None takes its defaults. The resolved config is recorded in the manifest. `reranker`: a
     re-ranker folder (`linker train rerank`) copied into the index and used by default when linking.
+    An existing `out` is replaced only with `overwrite`, and only when it is a folder that linker wrote.
     """
     spec = get_kind(kind)
     config = spec.config_type() if config is None else config
     if not isinstance(config, spec.config_type):
         raise ConfigError(f"index kind {kind!r} takes a {spec.config_type.__name__}, found {type(config).__name__}")
     out = Path(out)
-    _check_out(out)
+    inputs = [dict_path, hierarchy_path(Path(dict_path)), *([reranker] if reranker is not None else [])]
+    check_output(out, inputs=inputs, overwrite=overwrite, folder=True,
+                 option="--out")
     table = read_concept_table(dict_path)
+    if table.table.num_rows == 0:
+        raise InputFormatError(dict_path, "a concept table with at least one name", "0 rows (an empty vocabulary)",
+                               fix="check the filters of `linker dict build`")
     started = time.perf_counter()
     built_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     names = table.table.column("name").to_pylist()

@@ -39,6 +39,7 @@ import numpy as np
 
 from linker.errors import ConfigError, IndexMismatchError, MissingInputError, UnknownNameError
 from linker.progress import bar
+from linker.fileio import native_read
 
 log = logging.getLogger(__name__)
 
@@ -403,35 +404,57 @@ class DenseNameIndex:
             path = folder / PARAMS
             if not path.is_file():
                 raise MissingInputError(f"{path}: missing; {folder} has no dense index")
-            params = json.loads(path.read_text(encoding="utf-8"))
-        config = DenseConfig(**params["config"])
+            with native_read(path, "dense index parameters (JSON)", fix=REBUILD):
+                params = json.loads(path.read_text(encoding="utf-8"))
+        with native_read(folder / PARAMS, "dense index parameters with config, encoder, files, rows, dim", fix=REBUILD):
+            config = DenseConfig(**params["config"])
+            files, rows, dim, built = params["files"], int(params["rows"]), int(params["dim"]), params["encoder"]
+            missing = [key for key in ("name", "revision", "dim") if key not in built]
+            if missing:
+                raise KeyError(f"encoder without {', '.join(missing)}")
+            if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+                raise TypeError(f"files {files!r}")
+            for name in files.values():
+                _inside(folder, name)
         if encoder is None:
             from linker.encoders import load_encoder
 
             encoder = load_encoder(_recorded_encoder(params["encoder"]), threads=config.threads or None)
         _set_threads(config.threads)
-        built = params["encoder"]
         if (encoder.spec.revision, encoder.dim) != (built["revision"], built["dim"]):
             raise IndexMismatchError(
                 f"{folder}: built with encoder {built['name']!r} ({built['revision']}, {built['dim']}-d), "
                 f"given {encoder.spec.name!r} ({encoder.spec.revision}, {encoder.dim}-d); load it with the same "
                 "encoder or rebuild the index"
             )
-        embeddings_path = folder / params["files"]["embeddings"]
+        embeddings_path = folder / files["embeddings"]
         if not embeddings_path.is_file():
             raise MissingInputError(f"{embeddings_path}: missing; rebuild the index")
-        embeddings = np.load(embeddings_path, mmap_mode="r")
-        if embeddings.shape != (params["rows"], params["dim"]):
+        with native_read(embeddings_path, "an .npy array of name embeddings", fix=REBUILD):
+            embeddings = np.load(embeddings_path, mmap_mode="r", allow_pickle=False)
+        if embeddings.shape != (rows, dim):
             raise IndexMismatchError(
                 f"{embeddings_path}: shape {embeddings.shape}, expected ({params['rows']}, {params['dim']}); rebuild the index"
             )
         faiss_index = None
-        if "faiss" in params["files"]:
-            faiss_index = faiss.read_index(str(folder / params["files"]["faiss"]))
+        if "faiss" in files:
+            with native_read(folder / files["faiss"], "a FAISS index file", fix=REBUILD):
+                faiss_index = faiss.read_index(str(folder / files["faiss"]))
             if faiss_index.ntotal != params["rows"]:
                 raise IndexMismatchError(f"{folder / params['files']['faiss']}: {faiss_index.ntotal} vectors, expected {params['rows']}")
             _tune(faiss_index, config)
         return cls(encoder, config, embeddings, faiss_index, {k: v for k, v in params.items() if k not in ("files", "encoder", "config")})
+
+
+REBUILD = "rebuild it with `linker index build`"
+
+
+def _inside(folder: Path, name: str) -> Path:
+    """A file named by a manifest must lie inside its folder: no absolute path, no `..`."""
+    path = Path(name)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"a file name inside the folder, found {name!r}")
+    return folder / path
 
 
 def _recorded_encoder(built: dict) -> str:

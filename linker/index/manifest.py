@@ -17,7 +17,7 @@ from pathlib import Path
 
 import linker
 from linker.dictionary import sha256_file
-from linker.errors import IndexMismatchError, MissingInputError
+from linker.errors import IndexMismatchError, InputFormatError, MissingInputError
 from linker.fileio import atomic_file
 
 log = logging.getLogger(__name__)
@@ -72,11 +72,12 @@ def read_manifest(folder: str | Path) -> dict:
             f"{path}: missing; {folder} is not an index folder (build one with `linker index build`)"
         )
     try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise IndexMismatchError(f"{path}: not valid JSON ({exc}); rebuild the index") from None
     if not isinstance(manifest, dict) or "kind" not in manifest or "files" not in manifest:
         raise IndexMismatchError(f"{path}: expected a linker index manifest with 'kind' and 'files'; rebuild the index")
+    check_manifest(path, manifest)
     return manifest
 
 
@@ -90,6 +91,55 @@ def public_manifest(manifest):
     if isinstance(manifest, str) and os.path.isabs(manifest):
         return Path(manifest).name
     return manifest
+
+
+# The fields every reader of a manifest relies on, with their JSON types; a missing or mistyped
+# one is named in the error instead of surfacing as a KeyError deep inside a command.
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "format": int,
+    "kind": str,
+    "parameters": dict,
+    "library_version": str,
+    "built_at": str,
+    "build_seconds": (int, float),
+    "counts": dict,
+    "counts.names": int,
+    "counts.concepts": int,
+    "concepts": dict,
+    "concepts.path": str,
+    "concepts.source_path": str,
+    "concepts.sha256": str,
+    "files": dict,
+}
+_TYPE_NAMES = {int: "an integer", str: "a string", dict: "an object", (int, float): "a number"}
+
+
+def check_manifest(path: Path, manifest: dict) -> None:
+    """Every field present with its type; every listed file a relative path inside the folder."""
+    for field, kind in _FIELDS.items():
+        value: object = manifest
+        for part in field.split("."):
+            value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
+        if value is _MISSING or not isinstance(value, kind) or isinstance(value, bool):
+            found = "no such field" if value is _MISSING else f"{type(value).__name__} {str(value)[:40]!r}"
+            raise InputFormatError(path, f"field {field!r} as {_TYPE_NAMES[kind]}", found,
+                                   fix="rebuild the index with `linker index build`")
+    for name, entry in manifest["files"].items():
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts or not name:
+            raise InputFormatError(path, "file names inside the index folder (no absolute or '..' paths)", repr(name),
+                                   fix="rebuild the index with `linker index build`")
+        if (not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or isinstance(entry.get("size"), bool)
+                or not isinstance(entry.get("sha256"), str)):
+            raise InputFormatError(path, f"field 'files.{name}' as {{\"size\": integer, \"sha256\": string}}",
+                                   str(entry)[:60], fix="rebuild the index with `linker index build`")
+    concepts = Path(manifest["concepts"]["path"])
+    if concepts.is_absolute() or ".." in concepts.parts:
+        raise InputFormatError(path, "field 'concepts.path' inside the index folder", repr(str(concepts)),
+                               fix="rebuild the index with `linker index build`")
+
+
+_MISSING = object()
 
 
 def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> None:

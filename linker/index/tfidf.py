@@ -32,6 +32,7 @@ from sparse_dot_topn import sp_matmul_topn
 
 from linker.errors import ConfigError, InputFormatError, UnknownNameError
 from linker.progress import track
+from linker.fileio import native_read
 from linker.text import MODES, normalize
 
 log = logging.getLogger(__name__)
@@ -121,13 +122,15 @@ class TfidfNameIndex:
 
     @classmethod
     def load(cls, folder: Path, config: TfidfConfig) -> TfidfNameIndex:
-        try:
-            vocabulary = json.loads((folder / VOCABULARY).read_text())
+        fix = "rebuild it with `linker index build`"
+        with native_read(folder / VOCABULARY, "a JSON vocabulary {n-gram: column}", fix=fix):
+            vocabulary = json.loads((folder / VOCABULARY).read_text(encoding="utf-8"))
+            if not isinstance(vocabulary, dict):
+                raise ValueError(f"a JSON {type(vocabulary).__name__}")
+        with native_read(folder / IDF, "an .npy array of idf values", fix=fix):
             idf = np.load(folder / IDF, allow_pickle=False)
+        with native_read(folder / MATRIX, "a scipy .npz sparse matrix", fix=fix):
             matrix = sp.load_npz(folder / MATRIX).tocsr()  # load_npz uses allow_pickle=False
-        except (OSError, ValueError) as exc:
-            raise InputFormatError(folder, "a tf-idf index (vocabulary.json, idf.npy, names.npz)", str(exc),
-                                   fix="rebuild it with `linker index build`") from None
         if len(vocabulary) != idf.shape[0] or matrix.shape[1] != idf.shape[0]:
             raise InputFormatError(folder / IDF, f"{len(vocabulary)} idf values and matrix columns",
                                    f"{idf.shape[0]} idf values, {matrix.shape[1]} columns",

@@ -185,17 +185,22 @@ def train_biosyn(
     resume: bool = False,
     show_progress: bool = False,
     mentions=None,
+    overwrite: bool = False,
 ) -> dict:
     """Fine-tune `encoder` BioSyn-style on the mentions of `train_spec`; write a model folder to `out`.
 
     `train_spec` is a dataset spec for `linker.eval.datasets.load_dataset` ("FORMAT:PATH"), or
     several (train and dev); `mentions` may pass already loaded mentions instead (the specs are
-    then only recorded).
+    then only recorded). An existing `out` is replaced only with `overwrite` (and only a folder
+    that linker wrote).
     """
     from linker.encoders import load_encoder
+    from linker.eval.datasets import parse_spec
 
     out, dict_path = Path(out), Path(dict_path)
     train_specs = [train_spec] if isinstance(train_spec, str) else list(train_spec)
+    common.check_train_output(out, encoder=encoder, overwrite=overwrite,
+                              inputs=[dict_path, *(parse_spec(s).path for s in train_specs)])
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 import linker
 from linker.dictionary import sha256_file
 from linker.errors import ConfigError, InputFormatError, MissingInputError
-from linker.fileio import atomic_dir
+from linker.fileio import atomic_dir, check_output, native_read
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,14 @@ class Metrics:
         return cls(steps=list(data.get("steps", [])), epochs=list(data.get("epochs", [])), extra=dict(data.get("extra", {})))
 
 
+def check_train_output(out: Path, *, encoder: str, inputs: Sequence[str | Path], overwrite: bool) -> None:
+    """Before training: the model folder (and its checkpoint) may not touch an input, the base encoder's
+    folder included; an existing model folder is replaced only with `overwrite` and only if linker wrote it."""
+    inputs = [*inputs, *([encoder] if Path(encoder).exists() else [])]
+    check_output(out, inputs=inputs, overwrite=overwrite, folder=True, option="--out")
+    check_output(checkpoint_dir(out), inputs=inputs, overwrite=True, folder=True, option="--out (checkpoint)")
+
+
 def checkpoint_dir(out: Path) -> Path:
     return out.with_name(out.name + ".checkpoint")
 
@@ -192,13 +200,13 @@ def load_checkpoint(out: Path) -> tuple[Path, dict, dict[str, torch.Tensor], lis
     folder = checkpoint_dir(out)
     if not (folder / STATE_FILE).is_file():
         raise MissingInputError(f"{folder}: no checkpoint to resume from; run without --resume")
-    try:
+    fix = "delete the folder and train again without --resume"
+    with native_read(folder / STATE_FILE, "a JSON trainer state", fix=fix):
         state = json.loads((folder / STATE_FILE).read_text())
+    with native_read(folder / OPTIMIZER_FILE, "a safetensors file of optimizer tensors", fix=fix):
         tensors = load_file(str(folder / OPTIMIZER_FILE))
+    with native_read(folder / OPTIMIZER_GROUPS_FILE, "a JSON list of optimizer groups", fix=fix):
         groups = json.loads((folder / OPTIMIZER_GROUPS_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise InputFormatError(folder, "a checkpoint (trainer_state.json, optimizer.safetensors)", str(exc),
-                               fix="delete the folder and train again without --resume") from None
     return folder / "model", state, tensors, groups
 
 

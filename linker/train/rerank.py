@@ -197,12 +197,19 @@ def train_rerank(
     config: RerankConfig = RerankConfig(),
     resume: bool = False,
     show_progress: bool = False,
+    overwrite: bool = False,
 ) -> dict:
-    """Train a cross-encoder from `encoder` on `dict_path` synonyms (+ labelled `train_specs`); write `out`."""
+    """Train a cross-encoder from `encoder` on `dict_path` synonyms (+ labelled `train_specs`); write `out`.
+
+    An existing `out` is replaced only with `overwrite` (and only a folder that linker wrote).
+    """
+    from linker.eval.datasets import parse_spec
     from linker.rerank import CrossEncoder, autocast, bf16_supported, init_cross_encoder
 
     out = Path(out)
     dict_path = Path(dict_path)
+    common.check_train_output(out, encoder=encoder, overwrite=overwrite,
+                              inputs=[dict_path, *(parse_spec(s).path for s in train_specs)])
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -130,15 +130,18 @@ def train_sap(
     config: SapConfig = SapConfig(),
     resume: bool = False,
     show_progress: bool = False,
+    overwrite: bool = False,
 ) -> dict:
     """Fine-tune `encoder` on the synonym pairs of `dict_path`; write a model folder to `out`.
 
-    Returns the metrics summary (also written as train_metrics.json beside the model).
+    Returns the metrics summary (also written as train_metrics.json beside the model). An
+    existing `out` is replaced only with `overwrite` (and only a folder that linker wrote).
     """
     from linker.encoders import load_encoder
 
     out = Path(out)
     dict_path = Path(dict_path)
+    common.check_train_output(out, encoder=encoder, inputs=[dict_path], overwrite=overwrite)
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)
