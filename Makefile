@@ -17,10 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 indexes/default.parquet: | setup
-	$(LINKER) dict build --source default --out $@
+	$(LINKER) dict build --source default --out $@ --overwrite
 
 indexes/default: indexes/default.parquet
-	$(LINKER) index build --dict $< --kind tfidf --out $@
+	$(LINKER) index build --dict $< --kind tfidf --out $@ --overwrite
 
 demo: indexes/default
 	$(LINKER) normalize --index indexes/default --input examples/ae_spans.jsonl --format jsonl --output - --k 1

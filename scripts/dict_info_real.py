@@ -57,7 +57,7 @@ def run(data: Path, out_dir: Path) -> list[dict]:
     for name, (spec, command) in specs(data).items():
         load = os.getloadavg()[0]
         started = time.perf_counter()
-        summary = build_dictionary([spec], out_dir / f"{name}.parquet", options=SourceOptions())
+        summary = build_dictionary([spec], out_dir / f"{name}.parquet", options=SourceOptions(), overwrite=True)
         seconds = time.perf_counter() - started
         info = describe(summary.out, samples=3)
         results.append(

@@ -49,14 +49,14 @@ PUBLISHED = {
 
 def table(out: Path, sources: list[SourceSpec], *, rebuild: bool, options: SourceOptions | None = None) -> Path:
     if rebuild or not out.exists():
-        summary = build_dictionary(sources, out, options=options or SourceOptions())
+        summary = build_dictionary(sources, out, options=options or SourceOptions(), overwrite=rebuild)
         log.info("dictionary %s: %d names of %d concepts", out, summary.rows, summary.concepts)
     return out
 
 
 def index(dict_path: Path, out: Path, *, rebuild: bool, kind: str = "tfidf", config=None) -> Path:
     if rebuild or not (out / "manifest.json").exists():
-        build_index(dict_path, kind=kind, out=out, config=config)
+        build_index(dict_path, kind=kind, out=out, config=config, overwrite=rebuild)
     return out
 
 
@@ -97,7 +97,7 @@ def main() -> None:
     results: list[tuple[str, str, EvalReport]] = []  # (group, label, report)
 
     def run(group: str, label: str, name: str, index_dir: Path, dataset: str, **kw) -> None:
-        report = evaluate(index_dir, dataset, ks=(1, 5), report_dir=out, name=name, **kw)
+        report = evaluate(index_dir, dataset, ks=(1, 5), report_dir=out, name=name, overwrite=True, **kw)  # regenerates its reports
         results.append((group, label, report))
         full = report.row("full")
         log.info("%s: Acc@1 %.2f Acc@5 %.2f (n=%d) in %.1fs", name, 100 * full.acc(1).value,
@@ -163,7 +163,7 @@ def main() -> None:
     doid = table(idx / "doid.parquet", [SourceSpec("obo", tuple(sorted((data / "doid").glob("*.obo*"))))], rebuild=rebuild)
     merged = idx / "hpo_doid.parquet"
     if rebuild or not merged.exists():
-        merge_tables([hp, doid], merged)
+        merge_tables([hp, doid], merged, overwrite=rebuild)
     run("mantra", "tf-idf, HPO (+translations) + DOID, gold via UMLS xrefs", "mantra_tfidf",
         index(merged, idx / "hpo_doid_tfidf", rebuild=rebuild), f"brat:{data / 'mantra_gsc' / 'Mantra-GSC-brat.zip'}",
         filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")

@@ -133,7 +133,7 @@ def main() -> None:
         for rule in ("any", "all"):
             report = evaluate(folder, test_spec, train_spec=train_specs, filters=("full", "train0.2"), ks=(1, 5),
                               composite=rule, same_as=same_as, report_dir=args.out if rule == "any" else None,
-                              name=f"{args.report_name}_{name}")
+                              name=f"{args.report_name}_{name}", overwrite=True)  # regenerates its reports
             full, hard = report.row("full"), report.row("train0.2")
             row[rule] = {"n": full.n, "acc1": _pct(full.acc(1).value), "acc5": _pct(full.acc(5).value),
                          "acc1_interval": [_pct(full.acc(1).low), _pct(full.acc(1).high)],
