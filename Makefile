@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e ".[dev]"
+	$(VENV)/bin/pip install -q -e ".[dev,spacy]"
 	touch $@
 
 indexes/default.parquet: | setup
@@ -27,3 +27,30 @@ demo: indexes/default
 
 test: setup
 	$(PY) -m pytest
+
+# One target per benchmark or accuracy table of the README: each reruns the script that wrote the table's
+# report under eval/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).
+.PHONY: bench-link bench-dense bench-dict bench-service eval-accuracy eval-ncbi-biosyn eval-multilingual
+
+bench-link: setup
+	$(PY) scripts/bench_link.py --medic-dense
+
+bench-dense: setup
+	$(PY) scripts/bench_dense.py
+
+bench-dict: setup
+	$(PY) scripts/bench_mrconso.py
+
+bench-service: indexes/default
+	$(PY) scripts/load_test.py --index indexes/default
+
+eval-accuracy: setup
+	$(PY) scripts/eval_all.py --dense minilm
+
+eval-ncbi-biosyn: setup
+	$(PY) scripts/ncbi_biosyn.py --epochs 4
+
+eval-multilingual: setup
+	$(PY) scripts/train_multilingual.py cantemist --with-train-names --threads 2
+	$(PY) scripts/train_multilingual.py mantra --threads 2
+	$(PY) scripts/train_multilingual.py codiesp --threads 2

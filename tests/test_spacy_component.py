@@ -1,0 +1,70 @@
+"""The spaCy component: a blank pipeline with an entity ruler (no model download) and a tiny index."""
+
+from __future__ import annotations
+
+import pytest
+
+spacy = pytest.importorskip("spacy", reason="the optional extra linker[spacy] is not installed")
+
+import linker.spacy_component  # noqa: E402,F401  (registers the "linker" factory)
+from linker.cli.main import main  # noqa: E402
+from linker.errors import ConfigError  # noqa: E402
+from linker.link import Linker  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, fixtures):
+    folder = tmp_path_factory.mktemp("spacy")
+    main(["-q", "dict", "build", "--source", "tsv", str(fixtures / "tsv" / "names.tsv"), "--out", str(folder / "t.parquet")])
+    main(["-q", "index", "build", "--dict", str(folder / "t.parquet"), "--out", str(folder / "index")])
+    return folder / "index"
+
+
+def pipeline(index, **config):
+    nlp = spacy.blank("en")
+    ruler = nlp.add_pipe("entity_ruler")
+    ruler.add_patterns([{"label": "AE", "pattern": "hair loss"}, {"label": "AE", "pattern": "headache"},
+                        {"label": "AE", "pattern": "xyzzy"}])
+    nlp.add_pipe("linker", config={"index": str(index), **config})
+    return nlp
+
+
+def test_every_entity_gets_kb_ents_and_candidates(index):
+    nlp = pipeline(index, k=2)
+    doc = nlp("She reports hair loss and a headache, and xyzzy.")
+    by_text = {ent.text: ent for ent in doc.ents}
+    assert set(by_text) == {"hair loss", "headache", "xyzzy"}
+    expected = Linker.load(index).link(["hair loss", "headache"], k=2)
+    for ent, result in zip((by_text["hair loss"], by_text["headache"]), expected):
+        assert ent._.kb_ents == [(c.concept_id, round(c.score, 6)) for c in result.candidates]
+        assert ent._.linker == list(result.candidates)
+    assert by_text["hair loss"]._.kb_ents[0] == ("C0002170", 1.0)
+    assert by_text["hair loss"]._.linker[0].matched_name == "Hair loss"
+    assert by_text["headache"]._.kb_ents[0][0] == "C0018681"
+    assert by_text["xyzzy"]._.kb_ents == [] and by_text["xyzzy"]._.linker == []  # no n-gram in common
+    assert nlp("Nothing to see.").ents == ()  # a Doc without entities is fine
+
+
+def test_one_link_call_per_batch_of_docs(index, monkeypatch):
+    nlp = pipeline(index, k=1)
+    component = nlp.get_pipe("linker")
+    calls = []
+    original = component.linker.link
+    monkeypatch.setattr(component.linker, "link", lambda texts, **kw: calls.append(list(texts)) or original(texts, **kw))
+    docs = list(nlp.pipe(["hair loss", "headache and hair loss", "no entity here"], batch_size=8))
+    assert calls == [["hair loss", "headache", "hair loss"]]
+    assert [[e._.kb_ents[0][0] for e in d.ents] for d in docs] == [["C0002170"], ["C0018681", "C0002170"], []]
+    calls.clear()
+    nlp("hair loss and headache")
+    assert calls == [["hair loss", "headache"]]  # one call per Doc outside nlp.pipe
+
+
+def test_language_threshold_and_bad_config(index):
+    doc = pipeline(index, k=5, lang="es")("hair loss")
+    assert {c.lang for c in doc.ents[0]._.linker} == {"es"}
+    doc = pipeline(index, k=5, threshold=0.99)("hair loss")
+    assert doc.ents[0]._.kb_ents == [("C0002170", 1.0)]
+    with pytest.raises(ConfigError, match="k must be at least 1"):
+        pipeline(index, k=0)
+    with pytest.raises(Exception, match="expected an index folder, found a concept table"):
+        pipeline(index.parent / "t.parquet")
