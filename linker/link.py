@@ -301,23 +301,14 @@ class Linker:
             )
         return tuple(out)
 
-    def _rerank(self, mentions: Sequence[str], hits: list[ConceptHits]) -> list[np.ndarray]:
-        """Each mention's re-ranker scores of its retrieved concepts (their matched names), in one batch."""
-        pairs_m = [m for m, h in zip(mentions, hits) for _ in range(len(h.rows))]
-        pairs_n = [self._names[row] for h in hits for row in h.rows.tolist()]
-        scores = self.reranker.score(pairs_m, pairs_n) if pairs_m else np.zeros(0, dtype=np.float32)
-        self.stats["rerank_pairs"] += len(pairs_m)
-        out, pos = [], 0
-        for h in hits:
-            out.append(scores[pos : pos + len(h.rows)])
-            pos += len(h.rows)
-        return out
-
-    def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None) -> list[LinkResult]:
+    def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None,
+             exclude: np.ndarray | None = None) -> list[LinkResult]:
         """The top-k distinct concepts for each mention, sorted by (score desc, concept_id).
 
         A mention with no usable signal (for tf-idf: no n-gram known to the dictionary) gets no
-        candidates. An empty or blank mention is an error naming its position.
+        candidates. An empty or blank mention is an error naming its position. `exclude` is a
+        bool mask over the concept table's rows: those names are left out as if the index did
+        not hold them (held-out tests of `linker.eval.capabilities`).
         """
         if isinstance(mentions, str):
             raise InputFormatError("mentions", "a list of mention strings", f"one string {shorten(mentions)}",
@@ -329,6 +320,10 @@ class Linker:
         if k < 1:
             raise ConfigError(f"k must be >= 1, found {k}")
         allowed = self._allowed(lang)
+        if exclude is not None:
+            if len(exclude) != len(self._names):
+                raise ConfigError(f"exclude: a mask of {len(self._names)} name rows expected, found {len(exclude)}")
+            allowed = ~exclude if allowed is None else allowed & ~exclude
         fetch = k if self.reranker is None else max(k, self.rerank_k)
         started = time.perf_counter()
         hits = top_concepts(self.index.names, self._concepts, list(mentions), fetch, allowed=allowed)

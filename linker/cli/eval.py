@@ -1,4 +1,5 @@
-"""`linker eval`: Acc@k of an index on a test set, Full / Filtered / Filtered0.2, with a report."""
+"""`linker eval`: Acc@k of an index on a test set, Full / Filtered / Filtered0.2, with a report;
+or, with `--suite capabilities`, the capability suite of one or more indexes side by side."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import typer
 
 from linker.cli.common import LENIENT_HELP, rerank_k_option, rerank_option, split_csv
 from linker.cli.main import app
-from linker.errors import ConfigError
+from linker.errors import ConfigError, UnknownNameError
+from linker.eval.capabilities import DEFAULT_SAMPLE, DEFAULT_SEED, capability_table, evaluate_capabilities
 from linker.eval.report import evaluate, markdown_table, trust_markdown
 
 
 @app.command("eval")
 def eval_cli(
-    index: Path = typer.Option(..., "--index", "-i", help="Index folder from `linker index build`."),
-    dataset: str = typer.Option(..., "--dataset", "-d",
+    index: list[Path] = typer.Option(..., "--index", "-i",
+                                     help="Index folder from `linker index build` (repeat with --suite to compare)."),
+    dataset: str = typer.Option(None, "--dataset", "-d",
                                 help="Test set FORMAT:PATH, optionally #OPTIONS (#lang=es, #P); FORMAT: pubtator, brat, codiesp, biosyn, tsv, query."),
     train: list[str] = typer.Option(None, "--train", help="Training set spec(s), the reference of the train filters."),
     filter_: list[str] = typer.Option(["full"], "--filter", "-f",
@@ -35,8 +38,29 @@ def eval_cli(
     nil_fraction: float = typer.Option(0.0, "--nil-fraction", help="Remove this share of the gold concepts from the dictionary and score 'no link' answers (needs `linker calibrate`)."),
     min_confidence: float = typer.Option(0.5, "--min-confidence", help="With --nil-fraction: 'no link' below this calibrated confidence."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing report files."),
+    suite: str = typer.Option(None, "--suite", help="capabilities: INV/MFT/DIR cases generated from the index's concept table."),
+    dict_sample: int = typer.Option(DEFAULT_SAMPLE, "--dict-sample", help="--suite: concepts drawn per capability."),
+    seed: int = typer.Option(DEFAULT_SEED, "--seed", help="--suite: seed of the case generator."),
+    templates: list[Path] = typer.Option(None, "--templates", help="--suite: your own templates (kind, capability, lang, template TSV)."),
+    hierarchy: Path = typer.Option(None, "--hierarchy", help="--suite: OBO file whose is_a lines give the DIR cases."),
 ) -> None:
-    """Score an index on a test set; prints the table (and writes a report with --report)."""
+    """Score an index on a test set, or run a capability suite; prints the table (and writes a report with --report)."""
+    if suite is not None:
+        if suite != "capabilities":
+            raise UnknownNameError("suite", suite, ["capabilities"])
+        reports = evaluate_capabilities(index, sample=dict_sample, seed=seed, templates=tuple(templates or ()),
+                                        hierarchy=hierarchy, report_dir=None if report is None else report.parent,
+                                        name=None if report is None else report.name, rerank=rerank, rerank_k=rerank_k,
+                                        overwrite=overwrite)
+        typer.echo(capability_table(reports))
+        if report is not None:
+            typer.echo(f"report: {report}.md, {report}.json, {report}.png")
+        return
+    if dataset is None:
+        raise ConfigError("linker eval needs --dataset FORMAT:PATH (or --suite capabilities)")
+    if len(index) != 1:
+        raise ConfigError(f"--dataset scores one index at a time, found {len(index)} --index options")
+    index = index[0]
     try:
         ks = tuple(int(x) for x in split_csv([k]))
     except ValueError:

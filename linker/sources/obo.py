@@ -59,6 +59,7 @@ class OboTerm:
     name: str
     synonyms: tuple[tuple[str, str, str], ...]  # (text, scope, type or "")
     xrefs: tuple[str, ...]
+    parents: tuple[str, ...] = ()  # `is_a` targets: the term's less specific terms
 
 
 @dataclass
@@ -124,7 +125,8 @@ def iter_obo_terms(path: Path, header: OboHeader) -> Iterator[OboTerm]:
         if not name:
             header.nameless += 1
         xrefs = tuple(dict.fromkeys(_xref(v.split()[0]) for _, v in tags.get("xref", []) if v.split()))
-        return OboTerm(ids[0][1].split()[0], name, tuple(synonyms), xrefs)
+        parents = tuple(dict.fromkeys(v.split()[0] for _, v in tags.get("is_a", []) if v.split()))
+        return OboTerm(ids[0][1].split()[0], name, tuple(synonyms), xrefs, parents)
 
     for number, line in iter_lines(path):
         line = line.strip()
@@ -151,13 +153,18 @@ def iter_obo_terms(path: Path, header: OboHeader) -> Iterator[OboTerm]:
                 type_id, _, label = value.partition(" ")
                 header.synonym_types[type_id] = label.strip().strip('"').split('"')[0] or type_id
             continue
-        if tag in ("id", "name", "is_obsolete", "xref", "synonym", *_OLD_SYNONYM_TAGS):
+        if tag in ("id", "name", "is_obsolete", "xref", "is_a", "synonym", *_OLD_SYNONYM_TAGS):
             tags.setdefault(tag, []).append((number, value if tag in ("name", "synonym") else _strip_comment(value)))
     term = finish()
     if term is not None:
         yield term
     if header.terms == 0:
         raise InputFormatError(path, "an OBO file with [Term] stanzas", "no [Term] stanza", fix="is this an .obo file?")
+
+
+def read_obo_parents(path: str | Path) -> dict[str, tuple[str, ...]]:
+    """Term id -> its `is_a` parents, for the non-obsolete terms of an OBO file (the ontology's hierarchy)."""
+    return {term.id: term.parents for term in iter_obo_terms(Path(path), OboHeader()) if term.parents}
 
 
 def ontology_source(header: OboHeader, path: Path) -> str:

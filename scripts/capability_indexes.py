@@ -1,0 +1,120 @@
+"""Build the concept tables and indexes the capability reports compare (git-ignored, under indexes/).
+
+    .venv/bin/python scripts/capability_indexes.py [--data ../shared/data] [--work indexes] [--threads 2] [--part all|medic|hpo]
+
+- MEDIC (NCBI-disease's 2012 vocabulary, 76,237 names): tf-idf, dense MiniLM, hybrid (tf-idf + MiniLM);
+- HPO 2025-01-16 with its es/fr/de/nl Babelon translations (19,034 concepts, 87,818 names): tf-idf;
+- the same table restricted to a sample of 3,000 of its concepts (seed 15, every name of a sampled
+  concept kept): tf-idf, dense e5-small, hybrid (tf-idf + e5-small). Encoding every name of the whole
+  table with e5-small on the 2 cores shared by several jobs was estimated at more than an hour; the tf-idf
+  index over both tables shows how much easier the smaller dictionary makes the suite.
+
+Each dense encoding is done once: the names are encoded into the resumable work folder that
+`linker.index.dense` keys by (names, encoder); a copy of it is put back before the hybrid build, which
+then resumes with nothing left to encode instead of encoding every name a second time.
+Steps whose index already exists are skipped (unless --rebuild).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from linker.dictionary import SourceSpec, build_dictionary, read_concept_table
+from linker.fileio import atomic_file
+from linker.encoders import load_encoder
+from linker.index import build_index
+from linker.index.dense import DenseConfig, encode_names, partial_dir
+from linker.index.hybrid import HybridConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+HPO_SAMPLE, HPO_SAMPLE_SEED = 3000, 15
+log = logging.getLogger("capability_indexes")
+
+
+def tables(data: Path, work: Path) -> dict[str, Path]:
+    hpo = data / "hpo"
+    sources = {
+        "medic": [SourceSpec("tsv", (data / "ncbi_disease" / "medic_06Jul2012.txt",))],
+        "hpo-multi": [SourceSpec("obo", (hpo / "hp.obo.2025-01-16.gz",
+                                         *(hpo / f"hp-{lang}.babelon.tsv" for lang in ("es", "fr", "de", "nl"))))],
+    }
+    out = {}
+    for name, specs in sources.items():
+        out[name] = work / f"{name}.parquet"
+        if not out[name].exists():
+            summary = build_dictionary(specs, out[name])
+            log.info("%s: %d names of %d concepts", out[name], summary.rows, summary.concepts)
+    return out
+
+
+def concept_sample(dict_path: Path, out: Path, concepts: int, seed: int) -> Path:
+    """The rows of `concepts` concepts drawn at random (fixed seed) from the table at `dict_path`."""
+    if not out.exists():
+        table = read_concept_table(dict_path).table
+        ids = sorted(set(table.column("concept_id").to_pylist()))
+        keep = np.random.default_rng(seed).choice(len(ids), size=min(concepts, len(ids)), replace=False)
+        sample = table.filter(pc.is_in(table.column("concept_id"), value_set=pa.array([ids[i] for i in keep])))
+        with atomic_file(out) as tmp:
+            pq.write_table(sample, tmp)
+        log.info("%s: %d names of %d concepts", out, sample.num_rows, len(keep))
+    return out
+
+
+def dense_and_hybrid(dict_path: Path, encoder_name: str, stem: Path, *, threads: int, rebuild: bool) -> None:
+    dense_out, hybrid_out = stem.with_name(stem.name + "-dense"), stem.with_name(stem.name + "-hybrid")
+    dense_config = DenseConfig(encoder=encoder_name, threads=threads)
+    if not rebuild and (dense_out / "manifest.json").exists() and (hybrid_out / "manifest.json").exists():
+        return
+    names = read_concept_table(dict_path).table.column("name").to_pylist()
+    encoder = load_encoder(encoder_name, threads=threads)
+    work = partial_dir(stem.parent, names, encoder)
+    started = time.perf_counter()
+    encode_names(names, encoder, work, batch_size=dense_config.batch_size, chunk_rows=dense_config.chunk_rows)
+    log.info("encoded %d names with %s in %.0f s", len(names), encoder_name, time.perf_counter() - started)
+    keep = work.with_name(work.name + "-copy")
+    shutil.rmtree(keep, ignore_errors=True)
+    shutil.copytree(work, keep)
+    for kind, out, config in (("dense", dense_out, dense_config), ("hybrid", hybrid_out, HybridConfig(dense=dense_config))):
+        if rebuild or not (out / "manifest.json").exists():
+            if not work.exists():
+                shutil.copytree(keep, work)
+            build_index(dict_path, kind=kind, out=out, config=config)
+            log.info("built %s", out)
+    shutil.rmtree(keep, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--work", type=Path, default=ROOT / "indexes")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--part", choices=("all", "medic", "hpo"), default="all")
+    parser.add_argument("--rebuild", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.work.mkdir(parents=True, exist_ok=True)
+    paths = tables(args.data, args.work)
+    paths["hpo-multi-3k"] = concept_sample(paths["hpo-multi"], args.work / "hpo-multi-3k.parquet", HPO_SAMPLE, HPO_SAMPLE_SEED)
+    for name, path in paths.items():
+        out = args.work / f"{name}-tfidf"
+        if args.rebuild or not (out / "manifest.json").exists():
+            build_index(path, kind="tfidf", out=out)
+            log.info("built %s", out)
+    if args.part in ("all", "medic"):
+        dense_and_hybrid(paths["medic"], "minilm", args.work / "medic", threads=args.threads, rebuild=args.rebuild)
+    if args.part in ("all", "hpo"):
+        dense_and_hybrid(paths["hpo-multi-3k"], "e5-small", args.work / "hpo-multi-3k", threads=args.threads, rebuild=args.rebuild)
+
+
+if __name__ == "__main__":
+    main()
