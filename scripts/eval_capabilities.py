@@ -1,0 +1,85 @@
+"""Capability-suite reports under eval/: the default index, MEDIC and HPO, several systems side by side.
+
+    .venv/bin/python scripts/capability_indexes.py --data ../shared/data          # builds indexes/ (once)
+    .venv/bin/python scripts/eval_capabilities.py [--data ../shared/data] [--out eval] [--sample 200] [--seed 15]
+        [--part all|default|medic|hpo]
+
+Writes ``eval/capabilities_default``, ``eval/capabilities_medic`` and ``eval/capabilities_hpo`` (.md, .json,
+.png) with `linker.eval.capabilities`, the library behind ``linker eval --suite capabilities``:
+
+- default: the embedded default tf-idf index (``indexes/default``, ``make demo`` builds it);
+- MEDIC: tf-idf, dense MiniLM and hybrid (tf-idf + MiniLM) over all 76,237 MEDIC names;
+- HPO with its es/fr/de/nl translations: tf-idf over the whole table (87,818 names), and tf-idf, dense
+  e5-small and hybrid over a 3,000-concept sample of it (13,750 names; see capability_indexes.py why), with
+  HPO's is_a hierarchy for the DIR cases.
+
+The re-ranked index (issue 14) is not compared: it was not on main when these reports were made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from linker.eval.capabilities import evaluate_capabilities, write_capability_report
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("eval_capabilities")
+HPO_OBO = "hpo/hp.obo.2025-01-16.gz"
+
+
+def run(name: str, indexes: list[tuple[str, str]], out: Path, *, sample: int, seed: int, intro: str,
+        hierarchy: Path | None = None, data: Path | None = None) -> None:
+    missing = [path for _, path in indexes if not (ROOT / path / "manifest.json").exists()]
+    if missing:
+        sys.exit(f"missing index folder(s) {', '.join(missing)}: run scripts/capability_indexes.py first")
+    os.chdir(ROOT)  # index paths in the reports stay relative to the repository
+    reports = evaluate_capabilities([path for _, path in indexes], labels=[label for label, _ in indexes],
+                                    sample=sample, seed=seed, hierarchy=hierarchy)
+    for report in reports:
+        if hierarchy is not None:  # name shared data as ../shared/data/..., never by its machine path
+            report.config["hierarchy"] = f"../shared/data/{hierarchy.relative_to(data).as_posix()}"
+    command = f"scripts/eval_capabilities.py --sample {sample} --seed {seed} --part {name}"
+    write_capability_report(reports, out, name=f"capabilities_{name}", intro=intro + f"\n\nCommand: `{command}`.")
+    log.info("wrote %s", out / f"capabilities_{name}.md")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--sample", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument("--part", choices=("all", "default", "medic", "hpo"), default="all")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    data, out = args.data.resolve(), args.out.resolve()
+    common = {"sample": args.sample, "seed": args.seed}
+    if args.part in ("all", "default"):
+        if not (ROOT / "indexes" / "default" / "manifest.json").exists():
+            subprocess.run(["make", "indexes/default", f"VENV={Path(sys.executable).parents[1]}"], cwd=ROOT, check=True)
+        run("default", [("default tf-idf", "indexes/default")], out, **common,
+            intro="The embedded default dictionary (ICD-10-CM and HPO, English) with its tf-idf index, as `make demo` builds it.")
+    if args.part in ("all", "medic"):
+        run("medic", [("tf-idf", "indexes/medic-tfidf"), ("dense MiniLM", "indexes/medic-dense"),
+                      ("hybrid MiniLM", "indexes/medic-hybrid")], out, **common,
+            intro="MEDIC (CTD, 06 Jul 2012, the NCBI-disease vocabulary): 11,915 concepts, 76,237 names, English. "
+                  "MEDIC gives no hierarchy, so there are no DIR cases.")
+    if args.part in ("all", "hpo"):
+        run("hpo", [("tf-idf (all)", "indexes/hpo-multi-tfidf"), ("tf-idf (3k)", "indexes/hpo-multi-3k-tfidf"),
+                    ("dense e5-small (3k)", "indexes/hpo-multi-3k-dense"),
+                    ("hybrid e5-small (3k)", "indexes/hpo-multi-3k-hybrid")], out, **common,
+            hierarchy=data / HPO_OBO, data=data,
+            intro="HPO 2025-01-16 with its Babelon translations (es, fr official; de, nl candidate). `tf-idf (all)`: "
+                  "the whole table, 19,034 concepts, 87,818 names. The three `(3k)` systems share a sample of 3,000 "
+                  "of its concepts (seed 15, 13,750 names), because encoding every name with e5-small on the shared "
+                  "2 cores was impractical; their cases are drawn from the sample, so compare the two tf-idf columns "
+                  "to see how much the smaller dictionary eases each capability. DIR cases use HPO's is_a.")
+
+
+if __name__ == "__main__":
+    main()
