@@ -301,6 +301,18 @@ class Linker:
             )
         return tuple(out)
 
+    def _rerank(self, mentions: Sequence[str], hits: list[ConceptHits]) -> list[np.ndarray]:
+        """Each mention's re-ranker scores of its retrieved concepts (their matched names), in one batch."""
+        pairs_m = [m for m, h in zip(mentions, hits) for _ in range(len(h.rows))]
+        pairs_n = [self._names[row] for h in hits for row in h.rows.tolist()]
+        scores = self.reranker.score(pairs_m, pairs_n) if pairs_m else np.zeros(0, dtype=np.float32)
+        self.stats["rerank_pairs"] += len(pairs_m)
+        out, pos = [], 0
+        for h in hits:
+            out.append(scores[pos : pos + len(h.rows)])
+            pos += len(h.rows)
+        return out
+
     def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None,
              exclude: np.ndarray | None = None) -> list[LinkResult]:
         """The top-k distinct concepts for each mention, sorted by (score desc, concept_id).
