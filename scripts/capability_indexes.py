@@ -90,7 +90,7 @@ def dense_and_hybrid(dict_path: Path, encoder_name: str, stem: Path, *, threads:
         if rebuild or not (out / "manifest.json").exists():
             if not work.exists():
                 shutil.copytree(keep, work)
-            build_index(dict_path, kind=kind, out=out, config=config)
+            build_index(dict_path, kind=kind, out=out, config=config, overwrite=rebuild)
             log.info("built %s", out)
     shutil.rmtree(keep, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
@@ -112,7 +112,7 @@ def main() -> None:
     for name, path in paths.items():
         out = args.work / f"{name}-tfidf"
         if args.rebuild or not (out / "manifest.json").exists():
-            build_index(path, kind="tfidf", out=out)
+            build_index(path, kind="tfidf", out=out, overwrite=args.rebuild)
             log.info("built %s", out)
     if args.part in ("all", "medic"):
         dense_and_hybrid(paths["medic-3k"], "minilm", args.work / "medic-3k", threads=args.threads, rebuild=args.rebuild)

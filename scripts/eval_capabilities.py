@@ -44,7 +44,8 @@ def run(name: str, indexes: list[tuple[str, str]], out: Path, *, sample: int, se
         if hierarchy is not None:  # name shared data as ../shared/data/..., never by its machine path
             report.config["hierarchy"] = f"../shared/data/{hierarchy.relative_to(data).as_posix()}"
     command = f"scripts/eval_capabilities.py --sample {sample} --seed {seed} --part {name}"
-    write_capability_report(reports, out, name=f"capabilities_{name}", intro=intro + f"\n\nCommand: `{command}`.")
+    write_capability_report(reports, out, name=f"capabilities_{name}", intro=intro + f"\n\nCommand: `{command}`.",
+                            overwrite=True)  # regenerates its own reports
     log.info("wrote %s", out / f"capabilities_{name}.md")
 
 
