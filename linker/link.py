@@ -346,6 +346,19 @@ class Linker:
         self.stats["rerank_seconds"] += time.perf_counter() - retrieved
         return [LinkResult(m, self._candidates(h, f, lang, k)) for m, h, f in zip(mentions, hits, finals)]
 
+    def explain(self, mention: str, candidate: Candidate) -> list:
+        """Why `candidate` matched `mention`: the n-grams they share with their tf-idf weights
+        (`linker.index.tfidf.SharedNgram`, largest contribution first; the contributions sum to the
+        tf-idf cosine). For a hybrid index this explains its tf-idf half; a dense index has no n-grams.
+        """
+        from linker.index.tfidf import TfidfNameIndex
+
+        sparse = getattr(self.index.names, "sparse", self.index.names)  # a hybrid index's tf-idf half
+        if not isinstance(sparse, TfidfNameIndex):
+            raise ConfigError(f"{self.index.folder}: a {self.index.kind} index has no n-grams to explain; "
+                              "--explain needs a tfidf or hybrid index")
+        return sparse.explain(mention, candidate.matched_name)
+
     def link_batch(self, batch: pa.RecordBatch, *, k: int = 5) -> pa.RecordBatch:
         """Link column ``text`` (optional column ``lang`` per row, null = any language).
 

@@ -114,7 +114,7 @@ def main() -> None:
     learned = json.loads((biosyn_model / SPARSE_WEIGHT_FILE).read_text())["sparse_weight"]
 
     # Names normalised as the queries are (BioSyn preprocesses its dictionary the same way).
-    sparse = TfidfConfig(normalization="biosyn")
+    sparse = TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="biosyn")  # BioSyn's char 1-2
     systems = [
         ("tf-idf (char n-grams)", "tfidf", "tfidf", sparse),
         (f"dense {base} (base)", "dense_base", "dense", DenseConfig(encoder=base)),

@@ -12,6 +12,7 @@ from linker.cli.main import main
 from linker.errors import ConfigError, UnknownNameError
 from linker.eval.report import evaluate, markdown_table, resolve_filters
 from linker.index import build_index
+from linker.index.tfidf import PRESETS
 from linker.schema import CONCEPT_SCHEMA
 
 NAMES = [  # concept_id, name, xrefs
@@ -33,7 +34,8 @@ def index_dir(tmp_path_factory):
     rows = [{"concept_id": c, "name": n, "lang": "en", "source": "test", "term_id": c, "term_type": "PT",
              "preferred": True, "current": True, "xrefs": x} for c, n, x in NAMES]
     pq.write_table(pa.Table.from_pylist(rows, schema=CONCEPT_SCHEMA), folder / "dict.parquet")
-    build_index(folder / "dict.parquet", kind="tfidf", out=folder / "index")
+    # The expected hits below were worked out for character 1-2-grams.
+    build_index(folder / "dict.parquet", kind="tfidf", out=folder / "index", config=PRESETS["medical-crossing"])
     return folder / "index"
 
 

@@ -32,7 +32,8 @@ def test_manifest_records_build(built):
     folder, manifest, table = built
     assert manifest == json.loads((folder / MANIFEST).read_text())
     assert manifest["kind"] == "tfidf"
-    assert manifest["parameters"]["ngram_max"] == 2 and manifest["parameters"]["analyzer"] == "char"
+    assert manifest["parameters"]["ngram_max"] == 3 and manifest["parameters"]["analyzer"] == "char_wb"
+    assert manifest["parameters"]["normalization"] == "biosyn" and manifest["parameters"]["preset"] == ""
     assert manifest["concepts"]["sha256"] == sha256_file(table)
     assert manifest["concepts"]["rows"] == 15
     assert manifest["counts"] == {"names": 15, "concepts": 7}
@@ -124,10 +125,12 @@ def test_failed_build_leaves_the_old_index(built, monkeypatch):
 
 def test_rebuild_replaces_the_index_only_with_overwrite(built):
     folder, old, table = built
+    preset = tfidf_module.PRESETS["medical-crossing"]
     with pytest.raises(ConfigError, match="idx exists; pass --overwrite to replace it"):
-        build_index(table, kind="tfidf", out=folder, config=tfidf_module.TfidfConfig(ngram_max=3))
-    new = build_index(table, kind="tfidf", out=folder, config=tfidf_module.TfidfConfig(ngram_max=3), overwrite=True)
-    assert load_index(folder).manifest == new and new["parameters"]["ngram_max"] == 3
+        build_index(table, kind="tfidf", out=folder, config=preset)
+    new = build_index(table, kind="tfidf", out=folder, config=preset, overwrite=True)
+    assert load_index(folder).manifest == new and new["parameters"]["ngram_max"] == 2
+    assert new["parameters"]["preset"] == "medical-crossing"
     assert new["files"]["tfidf/vocabulary.json"] != old["files"]["tfidf/vocabulary.json"]
 
 

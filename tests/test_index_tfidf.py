@@ -104,3 +104,90 @@ def test_bad_config_is_refused(options, error):
 def test_unknown_kind_lists_choices(tmp_path):
     with pytest.raises(UnknownNameError, match="available: dense, hybrid, tfidf"):
         build_index(write_concepts(tmp_path / "c.parquet"), kind="bm25", out=tmp_path / "idx")
+
+
+# ----------------------------------------------------------------------------- chunked build, shards, approximate search
+
+NAMES = ["chest pain", "chest wall pain", "acute chest pain", "headache", "tension headache", "nausea",
+         "nausea and vomiting", "pain in left arm", "arm pain", "chest pain, left", "fever", "fever of unknown origin"]
+
+
+@pytest.mark.parametrize("config", [TfidfConfig(), TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2),
+                                    TfidfConfig(analyzer="char", ngram_min=2, ngram_max=4, sublinear_tf=True)])
+def test_chunked_build_equals_scikit_learn(config, monkeypatch):
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    from linker.index import tfidf as module
+    from linker.text import normalize
+
+    monkeypatch.setattr(module, "BUILD_CHUNK", 5)  # several chunks, the vocabulary growing across them
+    index = TfidfNameIndex.build(NAMES, config)
+    reference = TfidfVectorizer(analyzer=config.analyzer, ngram_range=(config.ngram_min, config.ngram_max),
+                                lowercase=False, sublinear_tf=config.sublinear_tf)
+    expected = reference.fit_transform([normalize(n, config.normalization) for n in NAMES]).toarray()
+    columns = [index.vectorizer.vocabulary_[term] for term in reference.get_feature_names_out()]
+    assert sorted(columns) == list(range(index.matrix.shape[1]))  # the same n-grams, in another order
+    np.testing.assert_allclose(index.matrix.toarray()[:, columns], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(index.vectorizer.idf_[columns], reference.idf_, rtol=1e-6)
+
+
+def test_sharded_search_is_exact(monkeypatch):
+    from linker.index import tfidf as module
+
+    queries = ["chest pain", "pain", "headache tension", "vomiting", "left arm pain", "ЖЖЖ"]
+    whole_scores, whole_rows = TfidfNameIndex.build(NAMES).search(queries, 4)
+    monkeypatch.setattr(module, "SHARD_NAMES", 3)
+    index = TfidfNameIndex.build(NAMES)
+    scores, rows = index.search(queries, 4)
+    assert len(index.shards) == 4
+    np.testing.assert_array_equal(rows, whole_rows)
+    np.testing.assert_allclose(scores, whole_scores, rtol=1e-6)
+    expected = index.matrix.toarray() @ index.vectors(queries).toarray().T
+    for i in range(len(queries) - 1):
+        np.testing.assert_allclose(scores[i], np.sort(expected[:, i])[::-1][:4], rtol=1e-5)
+
+
+def test_approximate_search_rescores_candidates_exactly():
+    exact = TfidfNameIndex.build(NAMES)
+    approximate = TfidfNameIndex.build(NAMES, TfidfConfig(exact_max_names=0, candidate_df=0.1))
+    assert exact.exact and not approximate.exact
+    queries = ["chest pain", "pain", "tension headache", "nausea vomiting", "fever unknown", "ЖЖЖ"]
+    e_scores, e_rows = exact.search(queries, 3)
+    a_scores, a_rows = approximate.search(queries, 3)
+    np.testing.assert_array_equal(a_rows[:, 0], e_rows[:, 0])  # here every top-1 is found
+    np.testing.assert_allclose(a_scores[:, 0], e_scores[:, 0], rtol=1e-5)
+    # "pain": all its trigrams are in more than 10% of the names, yet its rarest still select candidates
+    assert a_rows[1, 0] >= 0
+    assert a_rows[5].tolist() == [-1, -1, -1]
+
+
+def test_explain_lists_shared_ngrams_summing_to_the_score():
+    index = TfidfNameIndex.build(NAMES)
+    scores, rows = index.search(["chest wal pain"], 1)
+    shared = index.explain("chest wal pain", NAMES[rows[0, 0]])
+    assert {s.ngram for s in shared} >= {"che", "pai", " wa"}
+    assert sum(s.contribution for s in shared) == pytest.approx(float(scores[0, 0]), rel=1e-5)
+    assert [s.contribution for s in shared] == sorted((s.contribution for s in shared), reverse=True)
+    assert index.explain("ЖЖЖ", "chest pain") == []
+
+
+def test_preset_is_recorded_and_old_manifests_keep_their_setting(tmp_path):
+    from linker.index.tfidf import PRESETS, get_preset
+
+    table = write_concepts(tmp_path / "c.parquet")
+    manifest = build_index(table, kind="tfidf", out=tmp_path / "mc", config=get_preset("medical-crossing"))
+    assert manifest["parameters"]["preset"] == "medical-crossing" and manifest["parameters"]["ngram_max"] == 2
+    assert load_index(tmp_path / "mc").names.config == PRESETS["medical-crossing"]
+    with pytest.raises(UnknownNameError, match="tf-idf preset 'paper'; available: medical-crossing"):
+        get_preset("paper")
+    # An index written before the preset, normalisation and approximate-search fields existed
+    # (the library then always used char 1-2 with the default normalisation).
+    from linker.index.manifest import MANIFEST, write_manifest
+
+    old = tmp_path / "mc"
+    manifest = json.loads((old / MANIFEST).read_text())
+    for key in ("preset", "normalization", "exact_max_names", "candidate_df"):
+        del manifest["parameters"][key]
+    write_manifest(old, {k: v for k, v in manifest.items() if k != "files"})
+    config = load_index(old).names.config
+    assert (config.analyzer, config.ngram_min, config.ngram_max, config.normalization) == ("char", 1, 2, "default")

@@ -256,6 +256,10 @@ def test_cli_index_build_and_info(tmp_path, capsys):
         (["link", "--index", "{d}/absent", "nausea"], "absent: no such index folder"),
         (["link", "--index", "{i}", " "], "mentions[0]: expected a non-empty mention text"),
         (["link", "--index", "{i}"], "expected mention texts or --input FILE.jsonl"),
+        (["index", "build", "--dict", "{t}", "--out", "{d}/x", "--preset", "paper"], "unknown tf-idf preset 'paper'"),
+        (["index", "build", "--dict", "{t}", "--out", "{d}/x", "--preset", "medical-crossing", "--ngram", "2,3"],
+         "--preset medical-crossing sets the analyzer, n-gram range and normalisation; found also --ngram"),
+        (["link", "--index", "{i}", "--explain", "--input", "{d}/m.jsonl"], "expected --explain with mention texts"),
     ],
 )
 def test_cli_errors_are_one_line_and_exit_1(tmp_path, index_dir, capsys, argv, message):
@@ -265,6 +269,26 @@ def test_cli_errors_are_one_line_and_exit_1(tmp_path, index_dir, capsys, argv, m
     assert code == 1
     assert err.startswith("error: ") and message in err
     assert err.count("\n") == 1
+
+
+def test_cli_preset_and_explain(tmp_path, capsys):
+    table = write_concepts(tmp_path / "c.parquet")
+    code, out, err = run(["index", "build", "--dict", str(table), "--out", str(tmp_path / "i"),
+                          "--preset", "medical-crossing"], capsys)
+    assert code == 0, err
+    code, out, err = run(["index", "info", str(tmp_path / "i"), "--json"], capsys)
+    parameters = json.loads(out)["parameters"]
+    assert (parameters["preset"], parameters["analyzer"], parameters["ngram_max"]) == ("medical-crossing", "char", 2)
+    code, out, err = run(["link", "--index", str(tmp_path / "i"), "chest pains", "--k", "1", "--explain"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[2].startswith("       shared n-grams (mention weight x name weight): ") and "'ch' " in lines[2]
+    code, out, err = run(["link", "--index", str(tmp_path / "i"), "chest pains", "--k", "1", "--explain", "--json"],
+                         capsys)
+    [candidate] = json.loads(out)[0]["candidates"]
+    shared = candidate["shared_ngrams"]
+    assert sum(s["contribution"] for s in shared) == pytest.approx(candidate["score"], rel=1e-4)
+    assert set(shared[0]) == {"ngram", "mention_weight", "name_weight", "contribution"}
 
 
 def test_cli_link_text_and_json(index_dir, capsys):

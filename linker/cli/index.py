@@ -23,12 +23,22 @@ def _ngram_range(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def _tfidf_config(ngram: str, analyzer: str, threads: int | None):
-    from linker.index.tfidf import TfidfConfig
+def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, normalization: str | None,
+                  threads: int | None, exact_max_names: int | None):
+    import dataclasses
 
-    low, high = _ngram_range(ngram)
-    extra = {} if threads is None else {"threads": threads}
-    return TfidfConfig(analyzer=analyzer, ngram_min=low, ngram_max=high, **extra)
+    from linker.index.tfidf import TfidfConfig, get_preset
+
+    options: dict = {"analyzer": analyzer, "normalization": normalization}
+    if ngram is not None:
+        options["ngram_min"], options["ngram_max"] = _ngram_range(ngram)
+    options = {key: value for key, value in options.items() if value is not None}
+    if preset is not None and options:
+        raise ConfigError(f"--preset {preset} sets the analyzer, n-gram range and normalisation; "
+                          f"found also {', '.join(dict.fromkeys('--' + key.split('_')[0] for key in options))}")
+    base = get_preset(preset) if preset is not None else TfidfConfig()
+    query_options = {"threads": threads, "exact_max_names": exact_max_names}
+    return dataclasses.replace(base, **options, **{key: v for key, v in query_options.items() if v is not None})
 
 
 def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None):
@@ -47,8 +57,11 @@ def build_cli(
     kind: str = typer.Option("tfidf", "--kind", "-k", help=f"Index kind: {', '.join(available_kinds())}."),
     out: Path = typer.Option(..., "--out", "-o", help="Index folder to write; an existing one only with --overwrite."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is an index folder that linker wrote."),
-    ngram: str = typer.Option("1,2", "--ngram", help="tf-idf: character n-gram range MIN,MAX."),
-    analyzer: str = typer.Option("char", "--analyzer", help="tf-idf: char or char_wb (n-grams inside word boundaries)."),
+    preset: str = typer.Option(None, "--preset", help="tf-idf: a named setting, e.g. medical-crossing (char 1,2 as that paper and BioSyn)."),
+    ngram: str = typer.Option(None, "--ngram", help="tf-idf: character n-gram range MIN,MAX (default 3,3)."),
+    analyzer: str = typer.Option(None, "--analyzer", help="tf-idf: char_wb (n-grams inside word boundaries, default) or char."),
+    normalization: str = typer.Option(None, "--normalization", help="tf-idf: text normalisation of names and mentions: biosyn (default), default, faithful."),
+    exact_max_names: int = typer.Option(None, "--exact-max-names", help="tf-idf: search larger indexes approximately (default 500000)."),
     threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
     encoder: str = typer.Option(None, "--encoder", help="dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."),
     faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type (flat, hnsw, ivf-sq8, ivf-pq)."),
@@ -58,14 +71,14 @@ def build_cli(
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
     if kind == "tfidf":
-        config = _tfidf_config(ngram, analyzer, threads)
+        config = _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names)
     elif kind == "dense":
         config = _dense_config(encoder, faiss_index, batch_size, threads)
     elif kind == "hybrid":
         from linker.index.hybrid import HybridConfig
 
         extra = {} if sparse_weight is None else {"sparse_weight": sparse_weight}
-        config = HybridConfig(tfidf=_tfidf_config(ngram, analyzer, threads),
+        config = HybridConfig(tfidf=_tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names),
                               dense=_dense_config(encoder, faiss_index, batch_size, threads), **extra)
     else:
         config = None  # build_index names the valid kinds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -13,7 +14,10 @@ from linker.link import Linker, LinkResult
 from linker.normalize import normalize_jsonl_stream
 
 
-def _print(result: LinkResult) -> None:
+EXPLAINED_NGRAMS = 12  # shared n-grams printed per candidate by --explain (the JSON has all)
+
+
+def _print(result: LinkResult, linker: Linker | None = None) -> None:
     typer.echo(result.mention)
     if not result.candidates:
         typer.echo("  (no link)")
@@ -21,6 +25,12 @@ def _print(result: LinkResult) -> None:
         matched = "" if c.matched_name == c.preferred_name else f"  [matched {c.matched_name!r} {c.term_type} {c.lang}]"
         confidence = "" if c.confidence is None else f"\tconfidence {c.confidence:.3f}"
         typer.echo(f"  {rank}. {c.concept_id}\t{c.score:.4f}{confidence}\t{c.preferred_name}{matched}")
+        if linker is not None:
+            shared = linker.explain(result.mention, c)
+            more = f" and {len(shared) - EXPLAINED_NGRAMS} more" if len(shared) > EXPLAINED_NGRAMS else ""
+            typer.echo("       shared n-grams (mention weight x name weight): "
+                       + ", ".join(f"{s.ngram!r} {s.mention_weight:.3f}x{s.name_weight:.3f}"
+                                   for s in shared[:EXPLAINED_NGRAMS]) + more)
         for path in c.hierarchy:
             typer.echo(f"       {'primary ' if path.primary_soc else ''}SOC {path.soc_code} {path.soc_name}"
                        f" > HLGT {path.hlgt_code} > HLT {path.hlt_code} {path.hlt_name}")
@@ -40,12 +50,15 @@ def link_cli(
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --output when it exists."),
+    explain: bool = typer.Option(False, "--explain", help="Show the n-grams each mention shares with each matched name, with their tf-idf weights."),
 ) -> None:
     """Link mentions to concepts: the top-k distinct concepts with scores and matched names."""
     if not mentions and input_path is None:
         raise InputFormatError("command line", "mention texts or --input FILE.jsonl", "neither")
     if mentions and input_path is not None:
         raise InputFormatError("command line", "mention texts or --input, not both", "both")
+    if explain and input_path is not None:
+        raise InputFormatError("command line", "--explain with mention texts on the command line", "--input")
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
     if input_path is not None:
         summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
@@ -55,7 +68,12 @@ def link_cli(
         return
     results = linker.link(mentions, k=k, lang=lang)
     if as_json:
-        echo_json([r.to_dict() for r in results])
+        records = [r.to_dict() for r in results]
+        if explain:
+            for record, result in zip(records, results):
+                for out, candidate in zip(record["candidates"], result.candidates):
+                    out["shared_ngrams"] = [asdict(s) for s in linker.explain(result.mention, candidate)]
+        echo_json(records)
         return
     for result in results:
-        _print(result)
+        _print(result, linker if explain else None)

@@ -59,7 +59,7 @@ class IndexKind:
 
 
 def _tfidf_kind() -> IndexKind:
-    from linker.index.tfidf import TfidfConfig, TfidfNameIndex
+    from linker.index.tfidf import TfidfConfig, TfidfNameIndex, config_from_manifest
 
     def build(names: Sequence[str], config: TfidfConfig, folder: Path) -> dict:
         index = TfidfNameIndex.build(names, config)
@@ -69,7 +69,7 @@ def _tfidf_kind() -> IndexKind:
     def load(folder: Path, config: TfidfConfig, manifest: dict) -> NameIndex:
         return TfidfNameIndex.load(folder, config)
 
-    return IndexKind("tfidf", TfidfConfig, build, load, lambda d: TfidfConfig(**d))
+    return IndexKind("tfidf", TfidfConfig, build, load, config_from_manifest)
 
 
 def _dense_kind() -> IndexKind:

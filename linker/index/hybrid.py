@@ -26,7 +26,7 @@ import numpy as np
 
 from linker.errors import ConfigError
 from linker.index.dense import DenseConfig, DenseNameIndex, partial_dir
-from linker.index.tfidf import TfidfConfig, TfidfNameIndex
+from linker.index.tfidf import TfidfConfig, TfidfNameIndex, config_from_manifest
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class HybridConfig:
 
     @classmethod
     def from_dict(cls, params: dict) -> HybridConfig:
-        return cls(tfidf=TfidfConfig(**params["tfidf"]), dense=DenseConfig(**params["dense"]),
+        return cls(tfidf=config_from_manifest(params["tfidf"]), dense=DenseConfig(**params["dense"]),
                    sparse_weight=float(params["sparse_weight"]))
 
 

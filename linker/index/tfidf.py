@@ -1,8 +1,16 @@
 """Character n-gram tf-idf over dictionary names, with exact sparse cosine top-k.
 
-The Medical Crossing baseline (and BioSyn's sparse encoder) vectorises names with character
-uni- and bigrams (``analyzer="char"``, ``ngram_range=(1, 2)``); that is the default here.
-``char_wb`` n-grams (padded inside word boundaries) and longer ranges are options.
+The default is character trigrams inside word boundaries (``char_wb``, 3-3) over names and
+mentions normalised as BioSyn does (lower case, punctuation to spaces): over NCBI-disease,
+Cantemist, CodiEsp-D and Mantra it was the most accurate setting on average and visits about a
+third of the postings of the Medical Crossing setting per query (eval/tfidf_defaults.md, from
+scripts/tfidf_defaults.py). That setting, character uni+bigrams as the Medical Crossing baseline
+and BioSyn's sparse encoder used, stays available as the preset ``medical-crossing``.
+
+The build counts n-grams chunk by chunk into one growing vocabulary, keeping per-name counts as
+bytes, then writes idf-weighted, L2-normalised rows into the final arrays: peak memory stays near
+the final matrix's size, where scikit-learn's ``fit_transform`` holds two or three copies of it.
+The result equals ``TfidfVectorizer(...).fit_transform`` up to the order of the columns.
 
 Persistence never pickles: the vocabulary is JSON, the idf vector ``.npy``, the name matrix a
 scipy ``.npz`` of plain arrays (``scipy.sparse.load_npz`` reads it with ``allow_pickle=False``).
@@ -13,6 +21,14 @@ Search is `sparse_dot_topn.sp_matmul_topn` (a multi-threaded sparse product that
 top n per row), over chunks of queries so that memory stays bounded: a full scipy product
 followed by a sort materialises every non-zero query-name score (measured by the lead on 200k
 names: ~95 queries/s at 2.6 GiB, against ~600 queries/s at 0.3 GiB with sp_matmul_topn).
+The names are searched in shards of `SHARD_NAMES`: the product accumulates each query's scores in
+an array as long as the shard, and one that fits the CPU cache made exact search over 1M names
+~1.7x faster per CPU second than one 1M-long array (scripts/bench_link.py measures it).
+
+Above `TfidfConfig.exact_max_names` names the search is approximate: a query's n-grams found in
+more than `candidate_df` of the names do not select candidates (they are most of the work: the
+product visits every name holding them), the best-scoring names of the rest are rescored exactly
+with the whole query. eval/bench_link.md gives its speed and its agreement with exact search.
 A mention that shares no n-gram with the vocabulary has an all-zero vector and gets no
 candidates (rows -1), never arbitrary ones.
 """
@@ -21,6 +37,8 @@ from __future__ import annotations
 
 import json
 import logging
+from array import array
+from itertools import islice
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,19 +60,26 @@ VOCABULARY = "tfidf/vocabulary.json"
 IDF = "tfidf/idf.npy"
 MATRIX = "tfidf/names.npz"
 MIN_ROWS_PER_THREAD = 8  # queries per extra sparse-product thread (see `search_vectors`)
+BUILD_CHUNK = 8_192  # names analysed per step of the build: bounds its temporaries
+SHARD_NAMES = 131_072  # names per product: a 512 KiB score accumulator (see the module docstring)
+MIN_CANDIDATES = 64  # approximate search: names rescored per query, at least, and 4x the names asked for
+MIN_RARE_NGRAMS = 3  # approximate search: a query's rarest n-grams that select candidates however common
 
 
 @dataclass(frozen=True)
 class TfidfConfig:
     """Build parameters of a tf-idf index; recorded in the manifest and used again on load."""
 
-    analyzer: str = "char"  # Medical Crossing / BioSyn: plain character n-grams
-    ngram_min: int = 1
-    ngram_max: int = 2  # uni+bigrams as in the Medical Crossing baseline and BioSyn
-    normalization: str = "default"  # linker.text.normalize mode applied to names and mentions
+    analyzer: str = "char_wb"  # n-grams inside word boundaries (see the module docstring for why)
+    ngram_min: int = 3
+    ngram_max: int = 3
+    normalization: str = "biosyn"  # linker.text.normalize mode applied to names and mentions
     sublinear_tf: bool = False  # scikit-learn's default, as the baseline used it
     query_chunk: int = 1024  # queries per sparse product: bounds memory at chunk * top_n scores
     threads: int = 2  # sp_matmul_topn threads; 2 = the project's CPU budget per process
+    preset: str = ""  # the named preset these parameters came from ("" = none); recorded in the manifest
+    exact_max_names: int = 500_000  # larger indexes search approximately (module docstring)
+    candidate_df: float = 0.05  # approximate search: n-grams in more names than this share select no candidates
 
     def __post_init__(self) -> None:
         if self.analyzer not in ANALYZERS:
@@ -67,6 +92,32 @@ class TfidfConfig:
             )
         if self.query_chunk < 1 or self.threads < 1:
             raise ConfigError(f"query_chunk and threads must be >= 1, found {self.query_chunk}, {self.threads}")
+        if self.exact_max_names < 0 or not 0 < self.candidate_df <= 1:
+            raise ConfigError(f"exact_max_names must be >= 0 and candidate_df in (0, 1], found "
+                              f"{self.exact_max_names}, {self.candidate_df}")
+
+
+PRESETS: dict[str, TfidfConfig] = {
+    # The Medical Crossing baseline's and BioSyn's sparse encoder: character uni+bigrams; the
+    # project's default normalisation (NFKC, lower case), as this library's default was before char_wb 3-3.
+    "medical-crossing": TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="default",
+                                    preset="medical-crossing"),
+}
+# Parameters of indexes built before these fields existed: what the library did then.
+LEGACY_PARAMETERS = {"analyzer": "char", "ngram_min": 1, "ngram_max": 2, "normalization": "default"}
+
+
+def config_from_manifest(parameters: dict) -> TfidfConfig:
+    """The config recorded in an index manifest; fields it lacks take the values of the time before they existed."""
+    return TfidfConfig(**{**LEGACY_PARAMETERS, **parameters})
+
+
+def get_preset(name: str) -> TfidfConfig:
+    """The named parameter set (`PRESETS`); UnknownNameError naming the valid ones otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UnknownNameError("tf-idf preset", name, PRESETS) from None
 
 
 def _vectorizer(config: TfidfConfig, vocabulary: dict[str, int] | None = None) -> TfidfVectorizer:
@@ -81,6 +132,108 @@ def _vectorizer(config: TfidfConfig, vocabulary: dict[str, int] | None = None) -
     )
 
 
+def _fit_transform(names: Sequence[str], analyze, config: TfidfConfig
+                   ) -> tuple[dict[str, int], np.ndarray, sp.csr_matrix]:
+    """Vocabulary (n-gram -> column), idf and the L2-normalised tf-idf rows of `names`.
+
+    Peak memory stays near the result's size (module docstring): the n-gram counts of each chunk
+    of names are written straight into the final arrays, allocated once at an upper bound of the
+    number of n-grams (the pages never written are never resident), then weighted and normalised
+    in place.
+    """
+    width = config.ngram_max - config.ngram_min + 1
+    # Per n, a text of L characters has at most 3L word-padded n-grams (L+2 per word of >= 1 character).
+    capacity = width * 3 * (sum(map(len, names)) + len(names))
+    indices = np.empty(capacity, dtype=np.int32)
+    data = np.empty(capacity, dtype=np.float32)
+    row_nnz = np.zeros(len(names), dtype=np.int64)
+    vocabulary: dict[str, int] = {}
+    df = np.zeros(0, dtype=np.int64)  # names per n-gram
+    position = 0
+    # Counting n-grams is most of the build's time: its progress is the build's.
+    stream = iter(track(names, total=len(names), desc="tf-idf n-grams", unit="name"))
+    for start in range(0, len(names), BUILD_CHUNK):
+        texts = [normalize(n, config.normalization) for n in islice(stream, BUILD_CHUNK)]
+        lengths = np.empty(len(texts), dtype=np.int64)
+        columns = array("i")  # 4 bytes an n-gram; a list of Python ints would take ten times that
+        for i, text in enumerate(texts):
+            grams = analyze(text)
+            lengths[i] = len(grams)
+            columns.extend([vocabulary.setdefault(gram, len(vocabulary)) for gram in grams])
+        rows = np.repeat(np.arange(len(texts), dtype=np.int32), lengths)
+        counts = sp.csr_matrix((np.ones(len(columns), dtype=np.float32), (rows, np.frombuffer(columns, dtype=np.int32))),
+                               shape=(len(texts), len(vocabulary)))  # sums repeated n-grams of a name
+        del columns, rows
+        counts.sum_duplicates()
+        df = np.concatenate([df, np.zeros(len(vocabulary) - len(df), dtype=np.int64)])
+        df += np.bincount(counts.indices, minlength=len(vocabulary))  # per chunk: bincount makes int64 copies
+        end = position + counts.nnz
+        if end > capacity:  # normalisation lengthened the texts beyond the bound: grow (a copy, rare)
+            capacity = 2 * end
+            indices, data = np.resize(indices, capacity), np.resize(data, capacity)
+        indices[position:end] = counts.indices
+        data[position:end] = counts.data
+        row_nnz[start : start + len(texts)] = np.diff(counts.indptr)
+        position = end
+    for _ in stream:  # ends the progress report (the generator closes its bar when exhausted)
+        pass
+    nnz = position
+    indices, data = indices[:nnz], data[:nnz]
+    # Smoothed idf as scikit-learn's TfidfTransformer computes it (smooth_idf=True).
+    idf = np.log((1 + len(names)) / (1 + df)) + 1.0
+    weights = idf.astype(np.float32)
+    for first in range(0, nnz, BUILD_CHUNK * 64):  # in place, a slice at a time: no full-size temporary
+        part = slice(first, min(nnz, first + BUILD_CHUNK * 64))
+        if config.sublinear_tf:
+            np.log(data[part], out=data[part])
+            data[part] += 1
+        data[part] *= weights[indices[part]]
+    indptr = np.zeros(len(names) + 1, dtype=np.int32 if nnz < 2**31 else np.int64)
+    np.cumsum(row_nnz, out=indptr[1:])
+    _normalize_rows(data, indptr)
+    matrix = sp.csr_matrix((len(names), len(vocabulary)), dtype=np.float32)
+    # Set, not passed to the constructor: scipy copies a view of a larger buffer ("prunes" it).
+    matrix.data, matrix.indices, matrix.indptr = data, indices.astype(indptr.dtype, copy=False), indptr
+    return vocabulary, idf, matrix
+
+
+def _normalize_rows(data: np.ndarray, indptr: np.ndarray, block: int = 8_192) -> None:
+    """L2-normalise CSR rows in place, a block of rows at a time (scikit-learn's
+    inplace_csr_row_normalize_l2 made a full-size temporary here)."""
+    for first in range(0, len(indptr) - 1, block):
+        last = min(len(indptr) - 1, first + block)
+        values = data[indptr[first] : indptr[last]]
+        counts = np.diff(indptr[first : last + 1])
+        rows = np.repeat(np.arange(last - first), counts)
+        norms = np.sqrt(np.bincount(rows, weights=values.astype(np.float64) ** 2, minlength=last - first))
+        values /= np.where(norms > 0, norms, 1.0)[rows].astype(np.float32)
+
+
+@dataclass(frozen=True)
+class SharedNgram:
+    """One n-gram a mention shares with a name; `contribution` = mention weight x name weight."""
+
+    ngram: str
+    mention_weight: float
+    name_weight: float
+    contribution: float
+
+
+def _best_per_query(query: np.ndarray, scores: np.ndarray, rows: np.ndarray, n: int, k: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (score desc, row asc) of each query's (score, row) pairs: (scores (n, k), rows (n, k))."""
+    order = np.lexsort((rows, -scores, query))
+    query, scores, rows = query[order], scores[order], rows[order]
+    starts = np.searchsorted(query, np.arange(n))
+    rank = np.arange(len(query)) - starts[query]
+    keep = rank < k
+    out_scores = np.zeros((n, k), dtype=np.float32)
+    out_rows = np.full((n, k), -1, dtype=np.int64)
+    out_scores[query[keep], rank[keep]] = scores[keep]
+    out_rows[query[keep], rank[keep]] = rows[keep]
+    return out_scores, out_rows
+
+
 class TfidfNameIndex:
     """Names as L2-normalised tf-idf rows; `search` returns exact cosine top-k name rows."""
 
@@ -90,14 +243,24 @@ class TfidfNameIndex:
         self.config = config
         self.vectorizer = vectorizer
         self.matrix = matrix  # (names, features) CSR, rows L2-normalised
-        self._matrix_t: sp.csr_matrix | None = None  # (features, names), made on first search
+        self._shards: list[tuple[int, sp.csr_matrix]] | None = None  # (first row, (features, names) CSR)
+        self._df: np.ndarray | None = None
+        self._terms: list[str] | None = None
 
     @property
-    def matrix_t(self) -> sp.csr_matrix:
-        """The right operand of the product; built lazily so that an index build does not hold it."""
-        if self._matrix_t is None:
-            self._matrix_t = self.matrix.T.tocsr()
-        return self._matrix_t
+    def shards(self) -> list[tuple[int, sp.csr_matrix]]:
+        """Right operands of the product, `SHARD_NAMES` names each; built lazily so that a build does not hold them."""
+        if self._shards is None:
+            self._shards = [(start, self.matrix[start : start + SHARD_NAMES].T.tocsr())
+                            for start in range(0, self.size, SHARD_NAMES)]
+        return self._shards
+
+    @property
+    def document_frequency(self) -> np.ndarray:
+        """Names holding each n-gram (column)."""
+        if self._df is None:
+            self._df = np.bincount(self.matrix.indices, minlength=self.matrix.shape[1])
+        return self._df
 
     @property
     def size(self) -> int:
@@ -106,10 +269,9 @@ class TfidfNameIndex:
     @classmethod
     def build(cls, names: Sequence[str], config: TfidfConfig = TfidfConfig()) -> TfidfNameIndex:
         vectorizer = _vectorizer(config)
-        # fit_transform reads its input once, counting n-grams (most of the build's time), so a
-        # generator shows that pass's progress.
-        normalized = (normalize(n, config.normalization) for n in track(names, desc="tf-idf n-grams", unit="name"))
-        matrix = vectorizer.fit_transform(normalized).tocsr()
+        vocabulary, idf, matrix = _fit_transform(names, vectorizer.build_analyzer(), config)
+        vectorizer = _vectorizer(config, vocabulary)
+        vectorizer.idf_ = idf
         log.debug("tf-idf: %d names, %d n-gram features, %d non-zeros", matrix.shape[0], matrix.shape[1], matrix.nnz)
         return cls(config, vectorizer, matrix)
 
@@ -138,18 +300,23 @@ class TfidfNameIndex:
         vectorizer = _vectorizer(config, vocabulary)
         vectorizer.idf_ = idf
         index = cls(config, vectorizer, matrix.astype(np.float32))
-        index.matrix_t  # transpose now, so that the first query of a service is not the slow one
+        index.shards  # transpose now, so that the first query of a service is not the slow one
         return index
 
     def vectors(self, queries: Sequence[str]) -> sp.csr_matrix:
         """(queries, features) L2-normalised tf-idf rows; all-zero for a mention with no known n-gram."""
         return self.vectorizer.transform([normalize(q, self.config.normalization) for q in queries]).tocsr()
 
+    @property
+    def exact(self) -> bool:
+        """Whether `search` is exact for this index's size (TfidfConfig.exact_max_names)."""
+        return self.size <= self.config.exact_max_names
+
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k names per query: (scores (q, k) float32, rows (q, k) int64), -1 / 0.0 where fewer match.
 
         Only names sharing at least one n-gram score above zero, so a query may get fewer than k.
-        Among names of equal score the order is arbitrary here; `linker.retrieve` resolves ties.
+        Among names of equal score the lower row comes first; `linker.retrieve` resolves ties.
         """
         return self.search_vectors(self.vectors(queries), k)
 
@@ -160,17 +327,61 @@ class TfidfNameIndex:
         rows = np.full((n, k), -1, dtype=np.int64)
         for start in range(0, n, self.config.query_chunk):
             chunk = vectors[start : start + self.config.query_chunk]
-            # sp_matmul_topn splits query rows between threads: a handful of rows gives the second thread
-            # nothing to do but its start-up (one mention over 150k names, shared 2-core machine: p50
-            # 14 ms with one thread, 36 ms with two).
-            threads = self.config.threads if chunk.shape[0] >= MIN_ROWS_PER_THREAD * self.config.threads else 1
-            product = sp_matmul_topn(chunk, self.matrix_t, top_n=k, sort=True, n_threads=threads)
-            counts = np.diff(product.indptr)
-            local = np.repeat(np.arange(chunk.shape[0]), counts)  # query of each kept score
-            rank = np.arange(product.nnz) - np.repeat(product.indptr[:-1], counts)  # its place in the row
-            scores[start + local, rank] = product.data
-            rows[start + local, rank] = product.indices
+            found = self._top(chunk, k) if self.exact else self._approximate(chunk, k)
+            scores[start : start + chunk.shape[0]], rows[start : start + chunk.shape[0]] = found
         return scores, rows
+
+    def _top(self, vectors: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k over every shard, merged."""
+        # sp_matmul_topn splits query rows between threads: a handful of rows gives the second thread
+        # nothing to do but its start-up (one mention over 150k names, shared 2-core machine: p50
+        # 14 ms with one thread, 36 ms with two).
+        threads = self.config.threads if vectors.shape[0] >= MIN_ROWS_PER_THREAD * self.config.threads else 1
+        queries, scores, rows = [], [], []
+        for first, shard in self.shards:
+            product = sp_matmul_topn(vectors, shard, top_n=min(k, shard.shape[1]), sort=True, n_threads=threads)
+            queries.append(np.repeat(np.arange(vectors.shape[0]), np.diff(product.indptr)))
+            scores.append(product.data)
+            rows.append(product.indices.astype(np.int64) + first)
+        return _best_per_query(np.concatenate(queries), np.concatenate(scores), np.concatenate(rows),
+                               vectors.shape[0], k)
+
+    def _approximate(self, vectors: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Candidates from each query's rarer n-grams, rescored exactly with all of them (module docstring)."""
+        df = self.document_frequency[vectors.indices]
+        query_of = np.repeat(np.arange(vectors.shape[0]), np.diff(vectors.indptr))
+        by_rarity = np.lexsort((df, query_of))  # each query's n-grams, rarest first
+        rank = np.empty(len(df), dtype=np.int64)
+        rank[by_rarity] = np.arange(len(df)) - vectors.indptr[query_of[by_rarity]]
+        # A query made only of common n-grams ("pain") keeps its rarest few, so that it still finds names.
+        keep = (df <= self.config.candidate_df * self.size) | (rank < MIN_RARE_NGRAMS)
+        selecting = sp.csr_matrix((np.where(keep, vectors.data, 0), vectors.indices.copy(), vectors.indptr.copy()),
+                                  shape=vectors.shape)
+        selecting.eliminate_zeros()  # in place: hence the copies, `vectors` is rescored below
+        _, candidates = self._top(selecting, max(MIN_CANDIDATES, 4 * k))
+        query, position = np.nonzero(candidates >= 0)
+        rows = candidates[query, position]
+        exact = np.asarray(self.matrix[rows].multiply(vectors[query]).sum(axis=1), dtype=np.float32).ravel()
+        return _best_per_query(query, exact, rows, vectors.shape[0], k)
+
+    def explain(self, mention: str, name: str) -> list[SharedNgram]:
+        """The n-grams `mention` shares with the dictionary name `name`, largest contribution first.
+
+        The contributions sum to the cosine score of the name (up to float rounding): a name's
+        row is a function of its text, so the name's vector is recomputed from the stored
+        vocabulary and idf rather than looked up.
+        """
+        if self._terms is None:
+            self._terms = [""] * len(self.vectorizer.vocabulary_)
+            for term, column in self.vectorizer.vocabulary_.items():
+                self._terms[column] = term
+        both = self.vectors([mention, name])
+        query, target = both[0], both[1]
+        shared, in_query, in_name = np.intersect1d(query.indices, target.indices, return_indices=True)
+        weights = [SharedNgram(self._terms[column], float(query.data[i]), float(target.data[j]),
+                               float(query.data[i] * target.data[j]))
+                   for column, i, j in zip(shared.tolist(), in_query.tolist(), in_name.tolist())]
+        return sorted(weights, key=lambda w: (-w.contribution, w.ngram))
 
     def score_rows(self, vectors: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
         """Exact cosine of query i with name rows[i, j] (rows -1 score 0): (q, m) float32.

@@ -82,6 +82,7 @@ def file_format(path: Path) -> str:
 
 def package_release() -> dict:
     """Which ICD-10-CM release the installed `simple-icd-10-cm` carries (e.g. April 2026)."""
+    import importlib.metadata
     import importlib.resources
 
     data_files = sorted(f.name for f in importlib.resources.files("simple_icd_10_cm.data").iterdir())

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from linker.dictionary import read_concept_table
 from linker.errors import ConfigError, LinkerError
-from linker.index.tfidf import TfidfConfig, TfidfNameIndex
+from linker.index.tfidf import PRESETS, TfidfNameIndex
 from linker.text import code_key, normalize
 from linker.train import common
 from linker.train.losses import marginal_nll
@@ -219,7 +219,7 @@ def train_biosyn(
     if len(dictionary.names) < config.topk:
         raise ConfigError(f"{dict_path}: {len(dictionary.names)} names, fewer than --topk {config.topk}")
 
-    sparse = TfidfNameIndex.build(dictionary.names, TfidfConfig())
+    sparse = TfidfNameIndex.build(dictionary.names, PRESETS["medical-crossing"])  # BioSyn's char 1-2
     query_vectors = sparse.vectors([q.text for q in queries])
     _, sparse_rows = sparse.search_vectors(query_vectors, config.topk)  # fixed for the whole run
 
