@@ -166,3 +166,13 @@ def test_cli_train_rerank_and_link(tmp_path, tiny_encoder_dir, meddra_table, ind
     main(["link", "--index", str(indexes["meddra"]), "--rerank", str(out), "--rerank-k", "3", "--k", "2", "--json", "hair loss"])
     [result] = json.loads(capsys.readouterr().out)
     assert len(result["candidates"]) == 2 and all("retriever_score" in c for c in result["candidates"])
+
+
+def test_time_budget_stops_and_saves(tmp_path, tiny_encoder_dir, meddra_table):
+    out = tmp_path / "budget"
+    config = RerankConfig(**{**TINY.__dict__, "max_seconds": 0.0})
+    summary = train_rerank(meddra_table, encoder=str(tiny_encoder_dir), out=out, config=config)
+    assert summary["steps"] == 1
+    assert summary["stopped_at_time_budget"] == {"epoch": 1, "step_in_epoch": 1,
+                                                 "steps_per_epoch": -(-summary["data"]["groups"] // 4)}
+    assert CrossEncoder.load(out).score(["hair loss"], ["Alopecia"]).shape == (1,)

@@ -97,6 +97,7 @@ def rerank_cli(
     batch_size: int = typer.Option(16, "--batch-size", help="Queries per step (each with 1 + negatives pairs)."),
     epochs: int = typer.Option(1, "--epochs", help="Epochs."),
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Steps between checkpoints (0: after each epoch only)."),
+    max_seconds: float = typer.Option(None, "--max-seconds", help="Time budget: stop after the step that passes it and save the model."),
     bf16: bool = typer.Option(True, "--bf16/--fp32", help="bfloat16 autocast where the CPU or GPU supports it."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
@@ -110,7 +111,7 @@ def rerank_cli(
     config = RerankConfig(
         lr=lr, batch_size=batch_size, negatives=negatives, epochs=epochs, max_queries=max_queries,
         synonyms_per_concept=synonyms_per_concept, checkpoint_every=checkpoint_every, seed=seed, device=device,
-        threads=threads, bf16=bf16,
+        threads=threads, bf16=bf16, max_seconds=max_seconds,
     )
     summary = train_rerank(dict_path, encoder=encoder, out=out, train_specs=tuple(train or ()), config=config,
                            resume=resume, show_progress=on_terminal(), overwrite=overwrite)

@@ -57,6 +57,7 @@ class RerankConfig:
     fetch: int = 64  # names retrieved per query to find a positive and the negatives
     weight_decay: float = 0.01
     checkpoint_every: int = 200  # steps; 0 = only after each epoch
+    max_seconds: float | None = None  # time budget: stop after the step that passes it and save (CPU runs)
     seed: int = 0
     device: str = "auto"
     threads: int | None = None
@@ -107,10 +108,16 @@ def _synonym_queries(codes: np.ndarray, names: list[str], config: RerankConfig) 
     return queries
 
 
-def _labelled_queries(specs: Sequence[str], concepts: ConceptIndex) -> tuple[list[_Query], dict]:
+def _labelled_queries(specs: Sequence[str], concepts: ConceptIndex, xrefs: dict[str, list[str]]
+                      ) -> tuple[list[_Query], dict]:
+    """Single-concept labelled mentions; a gold id may be a concept id or one of its xrefs (NCBI's OMIM ids
+    are alternative ids of MEDIC's MeSH concepts)."""
     from linker.eval.datasets import load_dataset
 
     code_of = {code_key(cid): i for i, cid in enumerate(concepts.ids)}
+    for i, cid in enumerate(concepts.ids):
+        for x in xrefs.get(cid, ()):
+            code_of.setdefault(code_key(x), i)
     queries, composite, unknown = [], 0, 0
     for spec in specs:
         for mention in load_dataset(spec):
@@ -136,7 +143,10 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
     concepts = ConceptIndex(table.column("concept_id"))
     codes = concepts.codes
     queries = _synonym_queries(codes, names, config)
-    labelled, stats = _labelled_queries(train_specs, concepts)
+    xrefs: dict[str, list[str]] = {}
+    for cid, refs in zip(table.column("concept_id").to_pylist(), table.column("xrefs").to_pylist()):
+        xrefs.setdefault(cid, []).extend(refs or ())
+    labelled, stats = _labelled_queries(train_specs, concepts, xrefs)
     queries += labelled
     if not queries:
         raise ConfigError(f"{dict_path}: no concept has two distinct names and no labelled mention was given; "
@@ -269,11 +279,19 @@ def train_rerank(
             if config.checkpoint_every and state["step"] % config.checkpoint_every == 0 and step + 1 < steps_per_epoch:
                 common.save_checkpoint(out, model, optimizer, state, metrics)
                 model.model.train()
+            if config.max_seconds is not None and timer.seconds > config.max_seconds:
+                metrics.extra["stopped_at_time_budget"] = {"epoch": epoch + 1, "step_in_epoch": step + 1,
+                                                           "steps_per_epoch": steps_per_epoch}
+                log.info("rerank: time budget of %.0fs reached after step %d of epoch %d; saving", config.max_seconds,
+                         step + 1, epoch + 1)
+                break
         if epoch_losses:
             metrics.epochs.append({"epoch": epoch + 1, "mean_loss": round(float(np.mean(epoch_losses)), 6),
                                    "seconds": timer.seconds})
             log.info("rerank epoch %d: mean loss %.4f (%.0fs)", epoch + 1, metrics.epochs[-1]["mean_loss"],
                      timer.seconds)
+        if "stopped_at_time_budget" in metrics.extra:
+            break
         state.update(epoch=epoch + 1, step_in_epoch=0)
         if epoch + 1 < config.epochs:
             common.save_checkpoint(out, model, optimizer, state, metrics)

@@ -1,0 +1,277 @@
+"""Re-ranking, calibrated confidence and "no link" on real data, CPU only: NCBI-disease, Cantemist, CodiEsp-D.
+
+    .venv/bin/python scripts/rerank_confidence.py [--data ../shared/data] [--out eval] [--work indexes/rr]
+        [--models models] [--datasets ncbi,cantemist,codiesp] [--rerank-k 16] [--train-seconds 1800]
+        [--threads 2] [--rebuild]
+
+For each dataset: a tf-idf retriever over the dictionary plus the training mentions (as in
+eval/ncbi_biosyn.md and eval/cantemist_tfidf_train.md), then
+
+1. a cross-encoder re-ranker (`train_rerank`) trained on the dictionary's synonyms and the
+   training mentions, hard negatives from tf-idf, stopped at a CPU time budget
+   (``--train-seconds``), minilm for English, e5-small for Spanish;
+2. two copies of the index, the retriever alone and the retriever with the re-ranker bound,
+   each calibrated (`calibrate`, isotonic) on held-in mentions that are not in its dictionary:
+   the dev split (NCBI ``NCBIdevelopset``, Cantemist ``dev1``, CodiEsp ``devX``);
+3. `evaluate` on the test set, Full and Filtered0.2 (training-mention filter): Acc@1/Acc@5 of the
+   retriever's order and of the re-ranked order from the same call, re-rank latency per
+   mention, ECE before/after calibration, Acc@1 of the 90% most confident; on NCBI also "no
+   link" F1 with 20% of the gold concepts removed from the dictionary (at confidence 0.5).
+
+NCBI follows BioSyn's query preprocessing (``#biosyn&typos=…``) and scores with BioSyn's rule
+for composites (``any``), but its dictionary is MEDIC + *train* mentions only: the dev
+mentions are the held-in calibration set and must not be dictionary names.
+Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
+and one report per (dataset, system) (eval/rr_*.md/json/png, *.coverage.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from eval_all import mention_names, table  # noqa: E402  (the dictionaries eval_all.py builds)
+
+from linker.dictionary import SourceSpec  # noqa: E402
+from linker.eval.calibrate import calibrate  # noqa: E402
+from linker.eval.report import evaluate  # noqa: E402
+from linker.fileio import atomic_file  # noqa: E402
+from linker.index import build_index  # noqa: E402
+from linker.index.tfidf import TfidfConfig  # noqa: E402
+from linker.text import icd10cm_code  # noqa: E402
+from linker.train.rerank import RerankConfig, train_rerank  # noqa: E402
+
+log = logging.getLogger("rerank_confidence")
+
+
+def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
+    """Per dataset: dictionary for the index, dictionary + labelled specs for training, held-in, test, options."""
+    ncbi, cantemist, codiesp = data / "ncbi_disease", data / "cantemist", data / "codiesp"
+    prep = f"#biosyn&typos={ncbi / 'ncbi-spell-check.txt'}"
+    out: dict[str, dict] = {}
+    n_train = f"pubtator:{ncbi / 'NCBItrainset_corpus.txt'}{prep}"
+
+    def ncbi_dicts() -> tuple[Path, Path]:
+        medic = table(work / "medic.parquet", [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt",))], rebuild=rebuild)
+        names = work / "ncbi_train_names.tsv"
+        if rebuild or not names.exists():
+            mention_names([n_train], names, lang="en")
+        medic_train = table(work / "medic_train.parquet", [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt", names))],
+                            rebuild=rebuild)
+        return medic, medic_train
+
+    out["ncbi"] = {
+        "title": "NCBI-disease test (BioSyn preprocessing)", "dicts": ncbi_dicts, "encoder": "minilm",
+        "tfidf": TfidfConfig(normalization="biosyn"), "train": [n_train],
+        "heldin": f"pubtator:{ncbi / 'NCBIdevelopset_corpus.txt'}{prep}",
+        "test": f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}{prep}",
+        "eval": {"composite": "any", "same_as": ncbi / "medic_06Jul2012.txt"}, "nil": 0.2,
+    }
+    c_train = f"brat:{cantemist / 'train.zip'}"
+
+    def cantemist_dicts() -> tuple[Path, Path]:
+        icdo = table(work / "icdo.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",))], rebuild=rebuild)
+        names = work / "cantemist_train_names.tsv"
+        if rebuild or not names.exists():
+            mention_names([c_train], names, lang="es")
+        return icdo, table(work / "icdo_train.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",)),
+                                                         SourceSpec("tsv", (names,))], rebuild=rebuild)
+
+    out["cantemist"] = {
+        "title": "Cantemist test", "dicts": cantemist_dicts, "encoder": "e5-small", "tfidf": TfidfConfig(),
+        "train": [c_train], "heldin": f"brat:{cantemist / 'dev1.zip'}#lang=es",
+        "test": f"brat:{cantemist / 'test.zip'}#lang=es", "eval": {}, "nil": 0.0,
+    }
+    x_train = f"codiesp:{codiesp / 'trainX.tsv'}#D"
+
+    def codiesp_dicts() -> tuple[Path, Path]:
+        icd10 = table(work / "icd10cm.parquet", [SourceSpec("icd10", ())], rebuild=rebuild)
+        names = work / "codiesp_d_train_names.tsv"
+        if rebuild or not names.exists():
+            mention_names([x_train], names, lang="es", canonical=icd10cm_code)
+        return icd10, table(work / "icd10cm_train.parquet", [SourceSpec("icd10", ()), SourceSpec("tsv", (names,))],
+                            rebuild=rebuild)
+
+    out["codiesp"] = {
+        "title": "CodiEsp-D test", "dicts": codiesp_dicts, "encoder": "e5-small", "tfidf": TfidfConfig(),
+        "train": [x_train], "heldin": f"codiesp:{codiesp / 'devX.tsv'}#D",
+        "test": f"codiesp:{codiesp / 'testX.tsv'}#D", "eval": {}, "nil": 0.0,
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "rr")
+    parser.add_argument("--models", type=Path, default=ROOT / "models")
+    parser.add_argument("--datasets", default="ncbi,cantemist,codiesp")
+    parser.add_argument("--rerank-k", type=int, default=16)
+    parser.add_argument("--train-seconds", type=float, default=1800)
+    parser.add_argument("--max-queries", type=int, default=20000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rebuild", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    summary_path = args.out / "rerank_confidence.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"datasets": {}}
+    specs = datasets(args.data, args.work, args.rebuild)
+    for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        spec = specs[name]
+        started = time.perf_counter()
+        train_dict, index_dict = spec["dicts"]()
+        model = args.models / f"rr-{name}-{spec['encoder']}"
+        if args.rebuild or not (model / "train_metrics.json").exists():
+            config = RerankConfig(max_queries=args.max_queries, threads=args.threads, max_seconds=args.train_seconds)
+            train_rerank(train_dict, encoder=spec["encoder"], out=model, train_specs=spec["train"], config=config,
+                         resume=model.with_name(model.name + ".checkpoint").exists())
+        retriever = args.work / f"{name}_tfidf"
+        reranked = args.work / f"{name}_tfidf_rerank"
+        for folder, bound in ((retriever, None), (reranked, model)):
+            if args.rebuild or not (folder / "manifest.json").exists():
+                build_index(index_dict, kind="tfidf", out=folder, config=spec["tfidf"], reranker=bound)
+        entry = {"title": spec["title"], "test": spec["test"], "heldin": spec["heldin"], "train": spec["train"],
+                 "dictionary": str(index_dict.relative_to(ROOT) if index_dict.is_relative_to(ROOT) else index_dict),
+                 "reranker": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model),
+                 "rerank_k": args.rerank_k, "systems": {}}
+        metrics = json.loads((model / "train_metrics.json").read_text())
+        entry["training"] = {k: metrics["extra"].get(k) for k in ("data", "train_seconds", "steps", "bf16",
+                                                                   "stopped_at_time_budget", "parameters")}
+        entry["training"]["config"] = json.loads((model / "train_config.json").read_text())["config"]
+        entry["training"]["first_loss"] = metrics["steps"][0]["loss"] if metrics["steps"] else None
+        tail = metrics["steps"][-50:]
+        entry["training"]["last_50_steps_loss"] = sum(s["loss"] for s in tail) / max(len(tail), 1)
+        entry["training"]["last_50_steps_batch_acc"] = sum(s["batch_acc"] for s in tail) / max(len(tail), 1)
+        for system, folder in (("retriever", retriever), ("reranked", reranked)):
+            cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k,
+                            composite=spec["eval"].get("composite", "all"), same_as=spec["eval"].get("same_as"))
+            report = evaluate(folder, spec["test"], train_spec=spec["train"], filters=("full", "train0.2"), ks=(1, 5),
+                              report_dir=args.out, name=f"rr_{name}_{system}", rerank_k=args.rerank_k,
+                              nil_fraction=spec["nil"], **spec["eval"])
+            entry["systems"][system] = {
+                "calibration_fit": {k: cal[k] for k in ("mentions", "with_candidate", "accuracy_at_1", "ece_raw",
+                                                        "ece_fitted_in_sample", "breakpoints")},
+                "rows": [{"filter": r.filter, "n": r.n, "acc1": r.acc(1).value, "acc5": r.acc(5).value,
+                          "acc1_interval": [r.acc(1).low, r.acc(1).high]} for r in report.rows if r.lang == "all"],
+                "rerank": report.rerank, "calibration": {k: v for k, v in report.calibration.items() if k != "curve"},
+                "nil": report.nil, "seconds": report.seconds, "load_average": report.config["load_average"],
+                "report": f"eval/rr_{name}_{system}.md",
+            }
+        entry["seconds"] = round(time.perf_counter() - started, 1)
+        # Re-read: several datasets may run in parallel processes, each adding its own entry.
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"datasets": {}}
+        summary["datasets"][name] = entry
+        summary.update({
+            "command": " ".join(["python", "scripts/rerank_confidence.py", *sys.argv[1:]]),
+            "hardware": {"cpu_count": os.cpu_count(), "torch_threads": args.threads, "machine": platform.machine(),
+                         "torch": torch.__version__, "gpu": torch.cuda.is_available(),
+                         "load_average_at_end": list(os.getloadavg())},
+        })
+        with atomic_file(summary_path) as tmp:
+            tmp.write_text(json.dumps(summary, indent=2, default=str))
+        with atomic_file(args.out / "rerank_confidence.md") as tmp:
+            tmp.write_text(markdown(summary))
+        for path in [summary_path, args.out / "rerank_confidence.md", *args.out.glob(f"rr_{name}_*.json"),
+                     *args.out.glob(f"rr_{name}_*.md")]:
+            relative_paths(path, args.data)
+        log.info("%s done in %.0fs", name, entry["seconds"])
+    print(markdown(summary))
+
+
+def relative_paths(path: Path, data: Path) -> None:
+    """Reports name the data as ../shared/data and the repository as `.`, never this machine's paths."""
+    text = path.read_text(encoding="utf-8")
+    for absolute, relative in ((str(data.resolve()), "../shared/data"), (str(data), "../shared/data"),
+                               (str(ROOT) + "/", ""), (str(ROOT), ".")):
+        text = text.replace(absolute, relative)
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def _pct(value) -> str:
+    return "–" if value is None or value != value else f"{100 * value:.2f}"
+
+
+def markdown(summary: dict) -> str:
+    lines = [
+        "# Re-ranking, calibrated confidence and \"no link\" on CPU",
+        "",
+        f"Produced by `{summary['command']}` (see the script's docstring for the protocol). "
+        f"Hardware: {summary['hardware']['cpu_count']} CPU cores shared with other jobs, torch "
+        f"{summary['hardware']['torch']}, {summary['hardware']['torch_threads']} threads, GPU: "
+        f"{summary['hardware']['gpu']}; load average at the end {summary['hardware']['load_average_at_end']}.",
+        "",
+        "Retriever: character tf-idf over the dictionary plus the training mentions. Re-ranker: a cross-encoder "
+        "trained by `linker train rerank` within a CPU time budget, re-scoring the retriever's top *k*. Both columns "
+        "come from one linking call (the re-ranked candidates keep the retriever's score). Calibration: isotonic, "
+        "fitted on the held-in dev split with `linker calibrate`; ECE on the test set (10 bins); *raw* = the score "
+        "read as a probability (cosine clipped to [0, 1], re-ranker logit through the logistic function).",
+        "",
+        "| dataset | subset | n | retriever Acc@1 | Acc@5 | + re-ranker Acc@1 | Acc@5 | gain Acc@1 | re-rank ms / mention (retrieve ms) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in summary["datasets"].values():
+        rr = entry["systems"]["reranked"]["rerank"]
+        for row in rr["rows"]:
+            lines.append(
+                f"| {entry['title']} | {row['filter']} | {row['n']:,} | {_pct(row['retriever_acc1'])} | "
+                f"{_pct(row['retriever_acc5'])} | {_pct(row['reranked_acc1'])} | {_pct(row['reranked_acc5'])} | "
+                f"{100 * (row['reranked_acc1'] - row['retriever_acc1']):+.2f} | "
+                f"{rr['rerank_ms_per_mention']:.1f} ({rr['retrieve_ms_per_mention']:.1f}) |")
+    lines += ["", "## Calibration (test set, Full)", "",
+              "| dataset | system | held-in mentions | ECE raw | ECE calibrated | threshold keeping >= 90% | kept % | "
+              "Acc@1 of the kept | Acc@1 of all |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for entry in summary["datasets"].values():
+        for system, s in entry["systems"].items():
+            c, at = s["calibration"], s["calibration"]["at_coverage"]
+            lines.append(
+                f"| {entry['title']} | {system} | {s['calibration_fit']['with_candidate']:,} | {c['ece_raw']:.4f} | "
+                f"{'–' if c['ece_calibrated'] is None else format(c['ece_calibrated'], '.4f')} | "
+                f"{'–' if at['threshold'] is None else format(at['threshold'], '.4f')} | {_pct(at['coverage'])} | "
+                f"{_pct(at['accuracy'])} | {_pct(c['accuracy_at_1'])} |")
+    nil_rows = [(e, system, s["nil"]) for e in summary["datasets"].values() for system, s in e["systems"].items()
+                if s.get("nil")]
+    if nil_rows:
+        lines += ["", "## No link (20% of the gold concepts removed from the dictionary)", "",
+                  "| dataset | system | concepts removed | mentions without answer | 'no link' at confidence < 0.5 | "
+                  "precision | recall | F1 | best F1 (oracle threshold) | Acc@1 of the linked answerable |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for entry, system, n in nil_rows:
+            best = n.get("best_f1_oracle") or {}
+            lines.append(
+                f"| {entry['title']} | {system} | {n['concepts_removed']:,} | {n['gold_nil']:,} of {n['mentions']:,} | "
+                f"{n['predicted_nil']:,} | {_pct(n['precision'])} | {_pct(n['recall'])} | {_pct(n['f1'])} | "
+                f"{_pct(best.get('f1'))} at {best.get('threshold', float('nan')):.3f} | {_pct(n['linked_accuracy_at_1'])} |")
+    lines += ["", "## Re-ranker training", ""]
+    for entry in summary["datasets"].values():
+        t = entry["training"]
+        stop = t.get("stopped_at_time_budget")
+        done = (f"stopped by the time budget at step {stop['step_in_epoch']:,} of {stop['steps_per_epoch']:,} "
+                f"(epoch {stop['epoch']})" if stop else "all epochs")
+        lines.append(
+            f"- **{entry['title']}**: `{entry['reranker']}` from {t['config'].get('device', 'cpu')}-trained "
+            f"{json.dumps(t['data'])}; {t['steps']:,} steps of {t['config']['batch_size']} queries x "
+            f"(1 + {t['config']['negatives']}) pairs, lr {t['config']['lr']}, bf16 {t['bf16']}, {t['train_seconds']:.0f} s, "
+            f"{done}; first step loss {t['first_loss']:.3f}, last 50 steps loss {t['last_50_steps_loss']:.3f}, "
+            f"batch accuracy {t['last_50_steps_batch_acc']:.3f}. Re-ranks the top {entry['rerank_k']}.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
