@@ -122,6 +122,8 @@ def main() -> None:
     parser.add_argument("--train-seconds", type=float, default=1800)
     parser.add_argument("--max-queries", type=int, default=20000)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--systems", default="retriever,reranked",
+                        help="retriever: tf-idf + calibration only (no re-ranker trained); reranked: also the re-ranker")
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -134,29 +136,26 @@ def main() -> None:
         spec = specs[name]
         started = time.perf_counter()
         train_dict, index_dict = spec["dicts"]()
+        systems = [s.strip() for s in args.systems.split(",") if s.strip()]
         model = args.models / f"rr-{name}-{spec['encoder']}"
-        if args.rebuild or not (model / "train_metrics.json").exists():
+        if "reranked" in systems and (args.rebuild or not (model / "train_metrics.json").exists()):
             config = RerankConfig(max_queries=args.max_queries, threads=args.threads, max_seconds=args.train_seconds)
             train_rerank(train_dict, encoder=spec["encoder"], out=model, train_specs=spec["train"], config=config,
                          resume=model.with_name(model.name + ".checkpoint").exists())
         retriever = args.work / f"{name}_tfidf"
         reranked = args.work / f"{name}_tfidf_rerank"
-        for folder, bound in ((retriever, None), (reranked, model)):
+        folders = {"retriever": (retriever, None), "reranked": (reranked, model)}
+        for folder, bound in (folders[s] for s in systems):
             if args.rebuild or not (folder / "manifest.json").exists():
                 build_index(index_dict, kind="tfidf", out=folder, config=spec["tfidf"], reranker=bound)
         entry = {"title": spec["title"], "test": spec["test"], "heldin": spec["heldin"], "train": spec["train"],
                  "dictionary": str(index_dict.relative_to(ROOT) if index_dict.is_relative_to(ROOT) else index_dict),
                  "reranker": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model),
-                 "rerank_k": args.rerank_k, "systems": {}}
-        metrics = json.loads((model / "train_metrics.json").read_text())
-        entry["training"] = {k: metrics["extra"].get(k) for k in ("data", "train_seconds", "steps", "bf16",
-                                                                   "stopped_at_time_budget", "parameters")}
-        entry["training"]["config"] = json.loads((model / "train_config.json").read_text())["config"]
-        entry["training"]["first_loss"] = metrics["steps"][0]["loss"] if metrics["steps"] else None
-        tail = metrics["steps"][-50:]
-        entry["training"]["last_50_steps_loss"] = sum(s["loss"] for s in tail) / max(len(tail), 1)
-        entry["training"]["last_50_steps_batch_acc"] = sum(s["batch_acc"] for s in tail) / max(len(tail), 1)
-        for system, folder in (("retriever", retriever), ("reranked", reranked)):
+                 "rerank_k": args.rerank_k, "systems": {}, "training": None}
+        if (model / "train_metrics.json").exists():  # also a re-ranker trained but not evaluated (too few steps)
+            entry["training"] = training_summary(model)
+        for system in systems:
+            folder = folders[system][0]
             cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k,
                             composite=spec["eval"].get("composite", "all"), same_as=spec["eval"].get("same_as"))
             report = evaluate(folder, spec["test"], train_spec=spec["train"], filters=("full", "train0.2"), ks=(1, 5),
@@ -192,6 +191,18 @@ def main() -> None:
     print(markdown(summary))
 
 
+def training_summary(model: Path) -> dict:
+    metrics = json.loads((model / "train_metrics.json").read_text())
+    out = {k: metrics["extra"].get(k) for k in ("data", "train_seconds", "steps", "bf16", "stopped_at_time_budget",
+                                                "parameters")}
+    out["config"] = json.loads((model / "train_config.json").read_text())["config"]
+    out["first_loss"] = metrics["steps"][0]["loss"] if metrics["steps"] else None
+    tail = metrics["steps"][-50:]
+    out["last_50_steps_loss"] = sum(s["loss"] for s in tail) / max(len(tail), 1)
+    out["last_50_steps_batch_acc"] = sum(s["batch_acc"] for s in tail) / max(len(tail), 1)
+    return out
+
+
 def relative_paths(path: Path, data: Path) -> None:
     """Reports name the data as ../shared/data and the repository as `.`, never this machine's paths."""
     text = path.read_text(encoding="utf-8")
@@ -225,6 +236,11 @@ def markdown(summary: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in summary["datasets"].values():
+        if "reranked" not in entry["systems"]:
+            for row in entry["systems"]["retriever"]["rows"]:
+                lines.append(f"| {entry['title']} | {row['filter']} | {row['n']:,} | {_pct(row['acc1'])} | "
+                             f"{_pct(row['acc5'])} | not evaluated (see training) | | | |")
+            continue
         rr = entry["systems"]["reranked"]["rerank"]
         for row in rr["rows"]:
             lines.append(
@@ -260,6 +276,9 @@ def markdown(summary: dict) -> str:
     lines += ["", "## Re-ranker training", ""]
     for entry in summary["datasets"].values():
         t = entry["training"]
+        if t is None:
+            lines.append(f"- **{entry['title']}**: no re-ranker trained.")
+            continue
         stop = t.get("stopped_at_time_budget")
         done = (f"stopped by the time budget at step {stop['step_in_epoch']:,} of {stop['steps_per_epoch']:,} "
                 f"(epoch {stop['epoch']})" if stop else "all epochs")
@@ -268,7 +287,9 @@ def markdown(summary: dict) -> str:
             f"{json.dumps(t['data'])}; {t['steps']:,} steps of {t['config']['batch_size']} queries x "
             f"(1 + {t['config']['negatives']}) pairs, lr {t['config']['lr']}, bf16 {t['bf16']}, {t['train_seconds']:.0f} s, "
             f"{done}; first step loss {t['first_loss']:.3f}, last 50 steps loss {t['last_50_steps_loss']:.3f}, "
-            f"batch accuracy {t['last_50_steps_batch_acc']:.3f}. Re-ranks the top {entry['rerank_k']}.")
+            f"batch accuracy {t['last_50_steps_batch_acc']:.3f}."
+            + (f" Re-ranks the top {entry['rerank_k']}." if "reranked" in entry["systems"] else
+               " Not evaluated: too few steps to be more than its random head."))
     lines.append("")
     return "\n".join(lines)
 
