@@ -110,6 +110,11 @@ _TEMP_TAG = "linker-tmp"
 _TEMPORARY = re.compile(rf"^\.(.+)\.{_TEMP_TAG}-(\d+)-\w+$")
 
 
+def is_temporary(path: str | Path) -> bool:
+    """True for a temporary that `atomic_file`/`atomic_dir` writes beside its target (never a real output)."""
+    return _TEMPORARY.match(Path(path).name) is not None
+
+
 def _temp_prefix(path: Path) -> str:
     return f".{path.name}.{_TEMP_TAG}-{os.getpid()}-"
 

@@ -140,14 +140,16 @@ def main() -> None:
         model = args.models / f"rr-{name}-{spec['encoder']}"
         if "reranked" in systems and (args.rebuild or not (model / "train_metrics.json").exists()):
             config = RerankConfig(max_queries=args.max_queries, threads=args.threads, max_seconds=args.train_seconds)
+            resume = model.with_name(model.name + ".checkpoint").exists()
             train_rerank(train_dict, encoder=spec["encoder"], out=model, train_specs=spec["train"], config=config,
-                         resume=model.with_name(model.name + ".checkpoint").exists())
+                         resume=resume, overwrite=args.rebuild)
         retriever = args.work / f"{name}_tfidf"
         reranked = args.work / f"{name}_tfidf_rerank"
         folders = {"retriever": (retriever, None), "reranked": (reranked, model)}
         for folder, bound in (folders[s] for s in systems):
             if args.rebuild or not (folder / "manifest.json").exists():
-                build_index(index_dict, kind="tfidf", out=folder, config=spec["tfidf"], reranker=bound)
+                build_index(index_dict, kind="tfidf", out=folder, config=spec["tfidf"], reranker=bound,
+                            overwrite=args.rebuild)
         entry = {"title": spec["title"], "test": spec["test"], "heldin": spec["heldin"], "train": spec["train"],
                  "dictionary": str(index_dict.relative_to(ROOT) if index_dict.is_relative_to(ROOT) else index_dict),
                  "reranker": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model),
@@ -160,7 +162,7 @@ def main() -> None:
                             composite=spec["eval"].get("composite", "all"), same_as=spec["eval"].get("same_as"))
             report = evaluate(folder, spec["test"], train_spec=spec["train"], filters=("full", "train0.2"), ks=(1, 5),
                               report_dir=args.out, name=f"rr_{name}_{system}", rerank_k=args.rerank_k,
-                              nil_fraction=spec["nil"], **spec["eval"])
+                              nil_fraction=spec["nil"], overwrite=True, **spec["eval"])  # regenerates its reports
             entry["systems"][system] = {
                 "calibration_fit": {k: cal[k] for k in ("mentions", "with_candidate", "accuracy_at_1", "ece_raw",
                                                         "ece_fitted_in_sample", "breakpoints")},
@@ -283,8 +285,7 @@ def markdown(summary: dict) -> str:
         done = (f"stopped by the time budget at step {stop['step_in_epoch']:,} of {stop['steps_per_epoch']:,} "
                 f"(epoch {stop['epoch']})" if stop else "all epochs")
         lines.append(
-            f"- **{entry['title']}**: `{entry['reranker']}` from {t['config'].get('device', 'cpu')}-trained "
-            f"{json.dumps(t['data'])}; {t['steps']:,} steps of {t['config']['batch_size']} queries x "
+            f"- **{entry['title']}**: `{entry['reranker']}`, training data {json.dumps(t['data'])}; {t['steps']:,} steps of {t['config']['batch_size']} queries x "
             f"(1 + {t['config']['negatives']}) pairs, lr {t['config']['lr']}, bf16 {t['bf16']}, {t['train_seconds']:.0f} s, "
             f"{done}; first step loss {t['first_loss']:.3f}, last 50 steps loss {t['last_50_steps_loss']:.3f}, "
             f"batch accuracy {t['last_50_steps_batch_acc']:.3f}."

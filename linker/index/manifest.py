@@ -18,7 +18,7 @@ from pathlib import Path
 import linker
 from linker.dictionary import sha256_file
 from linker.errors import IndexMismatchError, InputFormatError, MissingInputError
-from linker.fileio import atomic_file
+from linker.fileio import atomic_file, is_temporary
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def file_entry(folder: Path, relative: str) -> dict:
 def describe_files(folder: Path) -> dict[str, dict]:
     """Size and sha256 of every file in `folder` (recursively), except the manifest itself."""
     files = sorted(p for p in folder.rglob("*")
-                   if p.is_file() and p.name != MANIFEST and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+                   if p.is_file() and p.name != MANIFEST and not is_temporary(p))
     return {p.relative_to(folder).as_posix(): file_entry(folder, p.relative_to(folder).as_posix()) for p in files}
 
 
