@@ -150,7 +150,8 @@ def main() -> None:
             if args.rebuild or not (folder / "manifest.json").exists():
                 build_index(index_dict, kind="tfidf", out=folder, config=spec["tfidf"], reranker=bound,
                             overwrite=args.rebuild)
-        entry = {"title": spec["title"], "test": spec["test"], "heldin": spec["heldin"], "train": spec["train"],
+        entry = {"title": spec["title"], "command": " ".join(["python", "scripts/rerank_confidence.py", *sys.argv[1:]]),
+                 "test": spec["test"], "heldin": spec["heldin"], "train": spec["train"],
                  "dictionary": str(index_dict.relative_to(ROOT) if index_dict.is_relative_to(ROOT) else index_dict),
                  "reranker": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model),
                  "rerank_k": args.rerank_k, "systems": {}, "training": None}
@@ -223,7 +224,9 @@ def markdown(summary: dict) -> str:
     lines = [
         "# Re-ranking, calibrated confidence and \"no link\" on CPU",
         "",
-        f"Produced by `{summary['command']}` (see the script's docstring for the protocol). "
+        "Produced by " + ", ".join(dict.fromkeys(f"`{e.get('command', summary['command'])}`"
+                                                 for e in summary["datasets"].values()))
+        + " (see the script's docstring for the protocol). "
         f"Hardware: {summary['hardware']['cpu_count']} CPU cores shared with other jobs, torch "
         f"{summary['hardware']['torch']}, {summary['hardware']['torch_threads']} threads, GPU: "
         f"{summary['hardware']['gpu']}; load average at the end {summary['hardware']['load_average_at_end']}.",
