@@ -334,8 +334,14 @@ class DenseNameIndex:
         encoded with the query role; see `recall_against_exact`."""
         rng = np.random.default_rng(self.config.seed)
         picked = np.sort(rng.choice(len(names), size=min(sample, len(names)), replace=False))
-        queries = self.encoder.encode([names[i] for i in picked], role="query", batch_size=self.config.batch_size)
-        return recall_against_exact(self, queries, ks)
+        texts = [names[i] for i in picked]
+        parts = []
+        with bar(len(texts), desc="measuring recall: encoding sample queries", unit="query") as reporter:
+            for start in range(0, len(texts), PROGRESS_ROWS):
+                parts.append(self.encoder.encode(texts[start : start + PROGRESS_ROWS], role="query",
+                                                 batch_size=self.config.batch_size))
+                reporter.update(len(parts[-1]))
+        return recall_against_exact(self, np.concatenate(parts), ks)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (q, k) float32, name rows (q, k) int64, -1 = none), by (score desc, row asc)."""
