@@ -26,7 +26,7 @@ def pipeline(index, **config):
     nlp = spacy.blank("en")
     ruler = nlp.add_pipe("entity_ruler")
     ruler.add_patterns([{"label": "AE", "pattern": "hair loss"}, {"label": "AE", "pattern": "headache"},
-                        {"label": "AE", "pattern": "xyzzy"}])
+                        {"label": "AE", "pattern": "xyzzy"}, {"label": "AE", "pattern": "alopecia"}])
     nlp.add_pipe("linker", config={"index": str(index), **config})
     return nlp
 
@@ -62,8 +62,8 @@ def test_one_link_call_per_batch_of_docs(index, monkeypatch):
 
 
 def test_language_threshold_and_bad_config(index):
-    doc = pipeline(index, k=5, lang="es")("hair loss")
-    assert {c.lang for c in doc.ents[0]._.linker} == {"es"}
+    doc = pipeline(index, k=5, lang="es")("alopecia")
+    assert [(c.matched_name, c.lang) for c in doc.ents[0]._.linker] == [("Alopecia", "es")]
     doc = pipeline(index, k=5, threshold=0.99)("hair loss")
     assert doc.ents[0]._.kb_ents == [("C0002170", 1.0)]
     with pytest.raises(ConfigError, match="k must be at least 1"):
