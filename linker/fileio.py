@@ -188,6 +188,8 @@ def check_output(
         if ancestor.exists():
             if not ancestor.is_dir():
                 raise ConfigError(f"{option} {out}: {ancestor} is a file, expected a folder")
+            if not os.access(ancestor, os.W_OK | os.X_OK):  # the temporary and the rename need both
+                raise ConfigError(f"{option} {out}: no permission to write into {ancestor}")
             break
     remove_stale_temporaries(target.parent)
     if not out.exists() and not out.is_symlink():

@@ -171,10 +171,7 @@ def normalize_jsonl_stream(
 
     An existing output file is replaced only with `overwrite`, and never when it is the input.
     """
-    if input_path != "-":
-        check_inputs(input_path, option="--input")
-    if output != "-":
-        check_output(output, inputs=[] if input_path == "-" else [input_path], overwrite=overwrite)
+    check_paths(input_path, output, fmt="jsonl", overwrite=overwrite)
     source, where = jsonl_source(input_path, limits)
     if output == "-":
         return normalize_jsonl_lines(linker, source, where, sys.stdout, k=k, lang=lang)
@@ -190,15 +187,24 @@ def brat_db(candidate: Candidate) -> str:
     return candidate.source.split(":", 1)[0] or "linker"
 
 
-def _check_outputs(input_path: Path, outputs: Sequence[Path], overwrite: bool, *, companions: Sequence[Path] = ()) -> None:
-    """Before any work: no output may be, contain or lie inside the input (or a file read beside it).
+def check_paths(input_path: str | Path, output: str | Path, *, fmt: str, overwrite: bool = False) -> None:
+    """Before any work: no output may be, contain or lie inside the input (or the .txt read beside a
+    brat file); an existing output is replaced only with `overwrite`, a folder only when linker wrote it.
 
-    A folder input gives a folder output (replaced whole, so only one that linker wrote); a file
-    input gives file outputs.
+    A folder input gives a folder output (replaced whole); a file input gives file outputs, and a
+    single brat file also writes its .txt beside the output. `-` (stdin, stdout) is never checked.
     """
-    check_inputs(input_path, option="--input")
-    for output in outputs:
-        check_output(output, inputs=[input_path, *companions], overwrite=overwrite, folder=input_path.is_dir())
+    if str(input_path) != "-":
+        check_inputs(input_path, option="--input")
+    if str(output) == "-":
+        return
+    source, target = Path(input_path), Path(output)
+    inputs, outputs = ([] if str(input_path) == "-" else [source]), [target]
+    if fmt == "brat" and source.is_file() and source.with_suffix(".txt").is_file():
+        inputs.append(source.with_suffix(".txt"))
+        outputs.append(target.with_suffix(".txt"))
+    for path in outputs:
+        check_output(path, inputs=inputs, overwrite=overwrite, folder=source.is_dir())
 
 
 def normalize_brat(
@@ -226,8 +232,7 @@ def normalize_brat(
     files = input_files(input_path, ".ann")
     txt = input_path.with_suffix(".txt")
     copy_txt = input_path.is_file() and txt.is_file()
-    _check_outputs(input_path, [output_path, *([output_path.with_suffix(".txt")] if copy_txt else [])], overwrite,
-                   companions=[txt] if input_path.is_file() else [])
+    check_paths(input_path, output_path, fmt="brat", overwrite=overwrite)
     docs = [read_brat(p, limits=limits, lenient=lenient) for p in files]  # all validated before any linking
     linked = _link_documents(linker, [[e.text for e in d.entities] for d in docs], lang,
                              documents=[_brat_text(d) for d in docs] if expand else None)
@@ -288,7 +293,7 @@ def normalize_ade_xml(
         _check_meddra(linker)
     input_path, output_path = Path(input_path), Path(output_path)
     files = input_files(input_path, ".xml")
-    _check_outputs(input_path, [output_path], overwrite)
+    check_paths(input_path, output_path, fmt="ade-xml", overwrite=overwrite)
     docs = [read_ade_xml(p, limits=limits) for p in files]
     linked = _link_documents(linker, [[m.text for m in d.mentions] for d in docs], lang,
                              documents=[label_text(d) for d in docs] if expand else None)
@@ -399,4 +404,5 @@ __all__ = [
     "normalize_jsonl_lines",
     "normalize_jsonl_stream",
     "normalize_path",
+    "check_paths",
 ]

@@ -13,7 +13,7 @@ from linker.cli.common import (
 from linker.cli.main import app
 from linker.errors import ConfigError
 from linker.link import Linker
-from linker.normalize import FORMATS, normalize_jsonl_stream, normalize_path
+from linker.normalize import FORMATS, check_paths, normalize_jsonl_stream, normalize_path
 
 
 @app.command("normalize")
@@ -40,6 +40,7 @@ def normalize_cli(
     if (input_path == "-" or output == "-") and fmt != "jsonl":
         raise ConfigError(f"`-` (stdin/stdout) works with --format jsonl only, found --format {fmt}")
     limits = read_limits(max_line_bytes, max_document_bytes)
+    check_paths(input_path, output, fmt=fmt, overwrite=overwrite)  # before the index is loaded
     started = time.perf_counter()
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
     if input_path == "-" or output == "-":

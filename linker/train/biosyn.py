@@ -195,12 +195,10 @@ def train_biosyn(
     that linker wrote).
     """
     from linker.encoders import load_encoder
-    from linker.eval.datasets import parse_spec
 
     out, dict_path = Path(out), Path(dict_path)
     train_specs = [train_spec] if isinstance(train_spec, str) else list(train_spec)
-    common.check_train_output(out, encoder=encoder, overwrite=overwrite,
-                              inputs=[dict_path, *(parse_spec(s).path for s in train_specs)])
+    common.check_train_output(out, encoder=encoder, dict_path=dict_path, train_specs=train_specs, overwrite=overwrite)
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)

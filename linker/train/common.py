@@ -162,10 +162,15 @@ class Metrics:
         return cls(steps=list(data.get("steps", [])), epochs=list(data.get("epochs", [])), extra=dict(data.get("extra", {})))
 
 
-def check_train_output(out: Path, *, encoder: str, inputs: Sequence[str | Path], overwrite: bool) -> None:
-    """Before training: the model folder (and its checkpoint) may not touch an input, the base encoder's
-    folder included; an existing model folder is replaced only with `overwrite` and only if linker wrote it."""
-    inputs = [*inputs, *([encoder] if Path(encoder).exists() else [])]
+def check_train_output(
+    out: Path, *, encoder: str, dict_path: Path, train_specs: Sequence[str] = (), overwrite: bool
+) -> None:
+    """Before training: the model folder (and its checkpoint) may not touch an input (the concept table,
+    the training sets, the base encoder's folder); an existing model folder is replaced only with
+    `overwrite` and only if linker wrote it."""
+    from linker.eval.datasets import parse_spec
+
+    inputs = [dict_path, *(parse_spec(s).path for s in train_specs), *([encoder] if Path(encoder).exists() else [])]
     check_output(out, inputs=inputs, overwrite=overwrite, folder=True, option="--out")
     check_output(checkpoint_dir(out), inputs=inputs, overwrite=True, folder=True, option="--out (checkpoint)")
 

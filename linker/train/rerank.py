@@ -213,13 +213,11 @@ def train_rerank(
 
     An existing `out` is replaced only with `overwrite` (and only a folder that linker wrote).
     """
-    from linker.eval.datasets import parse_spec
     from linker.rerank import CrossEncoder, autocast, bf16_supported, init_cross_encoder
 
     out = Path(out)
     dict_path = Path(dict_path)
-    common.check_train_output(out, encoder=encoder, overwrite=overwrite,
-                              inputs=[dict_path, *(parse_spec(s).path for s in train_specs)])
+    common.check_train_output(out, encoder=encoder, dict_path=dict_path, train_specs=train_specs, overwrite=overwrite)
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)

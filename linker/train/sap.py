@@ -141,7 +141,7 @@ def train_sap(
 
     out = Path(out)
     dict_path = Path(dict_path)
-    common.check_train_output(out, encoder=encoder, inputs=[dict_path], overwrite=overwrite)
+    common.check_train_output(out, encoder=encoder, dict_path=dict_path, overwrite=overwrite)
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)
