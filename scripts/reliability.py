@@ -402,25 +402,26 @@ def huge_line(side: Side, megabytes: int) -> dict:
                 handle.write(mebibyte)
             handle.write(b'"}\n')
         started = time.perf_counter()
-        run = side.run(["normalize", "--index", side.work / "idx", "--format", "jsonl", "--input", src, "--output",
-                        folder / "o.jsonl"], folder, probe=True, timeout=900)
-        peak = [line for line in os.fsdecode(run.stderr).splitlines() if line.startswith("PEAK_KIB")]
+        run, peak = normalize_peak(side, src, folder)
         kind, line = classify(run)
-        return {"mb": megabytes, "exit": run.returncode, "kind": kind, "error": line,
-                "peak_mib": round(int(peak[-1].split()[1]) / 1024) if peak else None,
+        return {"mb": megabytes, "exit": run.returncode, "kind": kind, "error": line, "peak_mib": peak,
                 "seconds": round(time.perf_counter() - started, 1)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def normalize_peak(side: Side, src: Path, folder: Path) -> tuple[subprocess.CompletedProcess, int | None]:
+    """`normalize` of `src` in a process that reports its peak RSS (MiB)."""
+    run = side.run(["normalize", "--index", side.work / "idx", "--format", "jsonl", "--input", src, "--output",
+                    folder / "o.jsonl"], folder, probe=True, timeout=900)
+    peak = [line for line in os.fsdecode(run.stderr).splitlines() if line.startswith("PEAK_KIB")]
+    return run, round(int(peak[-1].split()[1]) / 1024) if peak else None
+
+
 def baseline(side: Side) -> int:
     folder = Path(tempfile.mkdtemp(prefix="linker-base-"))
     try:
-        src = jsonl(folder / "in.jsonl", "hair loss")
-        run = side.run(["normalize", "--index", side.work / "idx", "--format", "jsonl", "--input", src, "--output",
-                        folder / "o.jsonl"], folder, probe=True)
-        peak = [line for line in os.fsdecode(run.stderr).splitlines() if line.startswith("PEAK_KIB")]
-        return round(int(peak[-1].split()[1]) / 1024)
+        return normalize_peak(side, jsonl(folder / "in.jsonl", "hair loss"), folder)[1]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
