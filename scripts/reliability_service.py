@@ -39,7 +39,7 @@ JSON_HEADERS = {"content-type": "application/json"}
 # ----------------------------------------------------------------------------- the hostile cases
 
 
-def _post(base: str, body: bytes | str | Iterator[bytes], headers=JSON_HEADERS, timeout: float = 120) -> dict:
+def _post(base: str, body: bytes | str | Iterator[bytes], headers=JSON_HEADERS, timeout: float = 600) -> dict:
     """One request; its answer as {status, shape, error} (status None: the connection failed)."""
     try:
         response = httpx.post(f"{base}/link", content=body, headers=headers, timeout=timeout)
@@ -307,7 +307,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True, help="checkout of the code before the fixes")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--chunked-mib", type=int, default=50)
-    parser.add_argument("--case-timeout", type=float, default=120.0, help="well-behaved clients stop after this")
+    parser.add_argument("--case-timeout", type=float, default=600.0, help="well-behaved clients stop after this")
     parser.add_argument("--only", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "eval" / "reliability_service")
     args = parser.parse_args()
