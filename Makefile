@@ -30,7 +30,7 @@ test: setup
 
 # One target per benchmark or accuracy table of the README: each reruns the script that wrote the table's
 # report under eval/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).
-.PHONY: bench-link bench-dense bench-dict bench-service eval-accuracy eval-ncbi-biosyn eval-multilingual eval-rerank
+.PHONY: bench-link bench-dense bench-dict bench-service eval-accuracy eval-ncbi-biosyn eval-multilingual eval-rerank eval-capabilities
 
 bench-link: setup
 	$(PY) scripts/bench_link.py --medic-dense
@@ -58,3 +58,11 @@ eval-multilingual: setup
 eval-rerank: setup
 	$(PY) scripts/rerank_confidence.py --datasets ncbi --rerank-k 8
 	$(PY) scripts/rerank_confidence.py --datasets cantemist,codiesp --systems retriever
+
+# Capability suites (eval/capabilities_*.md): the indexes once, then the reports and the suite-driven fix.
+eval-capabilities: setup
+	$(PY) scripts/capability_indexes.py
+	$(PY) scripts/eval_capabilities.py --part default --sample 200
+	$(PY) scripts/eval_capabilities.py --part medic --sample 50
+	$(PY) scripts/eval_capabilities.py --part hpo --sample 50
+	$(PY) scripts/capability_fix.py --sample 200

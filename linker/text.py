@@ -3,6 +3,11 @@
 Modes:
 - ``default``: Unicode NFKC, lower case, white space collapsed. Accents are kept because they
   separate words in Spanish, French and German ("ano" vs "año").
+- ``words``: ``default`` with punctuation as white space ("Aplasia/Hypoplasia" -> "aplasia hypoplasia",
+  "toe(s)" -> "toe s"), so that a mention written without a name's punctuation gets the same
+  character n-grams; unlike ``biosyn`` it keeps NFKC. The capability suite found char 1-2 tf-idf's
+  top-1 changing when a name lost its punctuation; ``--normalization words`` repairs that and raises
+  Acc@1 on every tf-idf benchmark (eval/capabilities_fix.md).
 - ``faithful``: ``lower().strip()`` only, exactly as the Medical Crossing filtering does.
 - ``biosyn``: as BioSyn's preprocessing: lower case, punctuation replaced by spaces, white space collapsed.
 """
@@ -15,8 +20,8 @@ from typing import Literal
 
 from linker.errors import UnknownNameError
 
-Mode = Literal["default", "faithful", "biosyn"]
-MODES: tuple[str, ...] = ("default", "faithful", "biosyn")
+Mode = Literal["default", "words", "faithful", "biosyn"]
+MODES: tuple[str, ...] = ("default", "words", "faithful", "biosyn")
 
 _SPACES = re.compile(r"\s+")
 # Punctuation as Unicode defines it (categories P* and S*), so that "¿", "«" and "–" go too.
@@ -27,6 +32,8 @@ def normalize(text: str, mode: Mode = "default") -> str:
     """Normalise `text` for matching; see the module docstring for the modes."""
     if mode == "default":
         return _SPACES.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
+    if mode == "words":
+        return _SPACES.sub(" ", _PUNCT.sub(" ", unicodedata.normalize("NFKC", text).lower())).strip()
     if mode == "faithful":
         return text.lower().strip()
     if mode == "biosyn":

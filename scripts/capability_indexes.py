@@ -59,6 +59,16 @@ def tables(data: Path, work: Path) -> dict[str, Path]:
     return out
 
 
+def default_index(work: Path) -> Path:
+    """The embedded default dictionary and its tf-idf index, as `make indexes/default` builds them."""
+    table, out = work / "default.parquet", work / "default"
+    if not table.exists():
+        build_dictionary([SourceSpec("default", ())], table)
+    if not (out / "manifest.json").exists():
+        build_index(table, kind="tfidf", out=out)
+    return out
+
+
 def concept_sample(dict_path: Path, out: Path, concepts: int, seed: int) -> Path:
     """The rows of `concepts` concepts drawn at random (fixed seed) from the table at `dict_path`."""
     if not out.exists():

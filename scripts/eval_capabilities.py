@@ -21,10 +21,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+from capability_indexes import default_index
 from linker.eval.capabilities import evaluate_capabilities, write_capability_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,8 +60,7 @@ def main() -> None:
     data, out = args.data.resolve(), args.out.resolve()
     common = {"sample": args.sample, "seed": args.seed}
     if args.part in ("all", "default"):
-        if not (ROOT / "indexes" / "default" / "manifest.json").exists():
-            subprocess.run(["make", "indexes/default", f"VENV={Path(sys.executable).parents[1]}"], cwd=ROOT, check=True)
+        default_index(ROOT / "indexes")
         run("default", [("default tf-idf", "indexes/default")], out, **common,
             intro="The embedded default dictionary (ICD-10-CM and HPO, English) with its tf-idf index, as `make demo` builds it.")
     if args.part in ("all", "medic"):

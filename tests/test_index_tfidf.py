@@ -191,3 +191,16 @@ def test_preset_is_recorded_and_old_manifests_keep_their_setting(tmp_path):
     write_manifest(old, {k: v for k, v in manifest.items() if k != "files"})
     config = load_index(old).names.config
     assert (config.analyzer, config.ngram_min, config.ngram_max, config.normalization) == ("char", 1, 2, "default")
+
+
+def test_words_normalisation_ignores_punctuation(tmp_path):
+    """The capability suite's INV punctuation fix: "Aplasia/Hypoplasia ... toe(s)" and the same words without
+    punctuation have the same n-grams (eval/capabilities_fix.md)."""
+    from linker.text import normalize
+
+    assert normalize("Aplasia/Hypoplasia of the  toe(s), NOS", "words") == "aplasia hypoplasia of the toe s nos"
+    assert normalize("Aplasia/Hypoplasia", "default") == "aplasia/hypoplasia"
+    index = TfidfNameIndex.build(["Aplasia/Hypoplasia of the toes", "Hypoplasia of the toes"],
+                                 TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="words"))
+    scores, rows = index.search(["aplasia hypoplasia of the toes"], 2)
+    assert rows[0].tolist() == [0, 1] and scores[0][0] == pytest.approx(1.0)

@@ -45,6 +45,7 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -242,13 +243,16 @@ def plural(text: str, rules: Sequence[tuple[str, str]]) -> tuple[str, str] | Non
     return None
 
 
+@lru_cache(maxsize=8)
+def _spelling_patterns(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, str], ...]:
+    return tuple((re.compile(rf"\b{re.escape(a)}", re.IGNORECASE), a, b) for us, uk in pairs for a, b in ((us, uk), (uk, us)))
+
+
 def respell(text: str, pairs: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
     """American stems made British, or British made American, at the start of words; (text, stems)."""
-    for us, uk in pairs:
-        for a, b in ((us, uk), (uk, us)):
-            pattern = re.compile(rf"\b{re.escape(a)}", re.IGNORECASE)
-            if pattern.search(text):
-                return pattern.sub(lambda m: _match_case(b, m.group(0)), text), f"{a} -> {b}"
+    for pattern, a, b in _spelling_patterns(tuple(pairs)):
+        if pattern.search(text):
+            return pattern.sub(lambda m: _match_case(b, m.group(0)), text), f"{a} -> {b}"
     return None
 
 
@@ -356,12 +360,14 @@ def generate_cases(table, data: SuiteData, *, sample: int = DEFAULT_SAMPLE, seed
     langs = sorted(set(t.langs))
     cases: list[Case] = []
 
-    # INV: the preferred name of a concept in one of its languages (drawn at random), perturbed.
-    def base_names(capability: str, langs_ok: Iterable[str] | None = None) -> list[tuple[str, int]]:
+    # INV: a concept's preferred name (its first language with a usable one), perturbed.
+    preferred_rows = {c: [r for r in t.by_concept[c] if t.preferred[r]] for c in concepts}
+
+    def base_names(langs_ok: Iterable[str] | None) -> list[tuple[str, list[int]]]:
         allowed = set(langs_ok) if langs_ok is not None else None
         out = []
         for concept_id in concepts:
-            rows = [r for r in t.by_concept[concept_id] if t.preferred[r] and (allowed is None or t.langs[r] in allowed)]
+            rows = [r for r in preferred_rows[concept_id] if allowed is None or t.langs[r] in allowed]
             if rows:
                 out.append((concept_id, rows))
         return out
@@ -369,7 +375,7 @@ def generate_cases(table, data: SuiteData, *, sample: int = DEFAULT_SAMPLE, seed
     def inv(capability: str, make, langs_ok=None) -> None:
         rng = _rng(seed, capability)
         eligible = []
-        for concept_id, rows in base_names(capability, langs_ok):
+        for concept_id, rows in base_names(langs_ok):
             for row in rows:
                 made = make(t.names[row], rng, t.langs[row])
                 if made is not None and made[0].strip() and made[0] != t.names[row]:
@@ -588,7 +594,7 @@ def run_cases(linker_, cases: Sequence[Case], *, label: str | None = None, progr
     results: list = [None] * len(cases)
     before: dict[str, tuple] = {}
     inv_sources = sorted({c.source_name for c in cases if c.test == "INV"})
-    reporter = bar(len(cases) + len(inv_sources), desc="linking capability cases", unit="query", show=progress)
+    reporter = bar(len(cases) + len(inv_sources), desc="linking capability cases", unit="case", show=progress)
 
     def link(texts: list[str], **kwargs) -> list:
         out = []
