@@ -658,7 +658,7 @@ def run_cases(linker_, cases: Sequence[Case], *, label: str | None = None, progr
         "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "index_version": linker_.version,
         "index_kind": linker_.manifest.get("kind"),
-        "encoder": linker_.manifest.get("encoder"),
+        "encoder": {k: v for k, v in (linker_.manifest.get("encoder") or {}).items() if k != "path"} or None,  # no machine paths
         "reranker": None if linker_.reranker is None else str(linker_.manifest.get("reranker") or "given"),
         "cases": len(cases),
         "top_k": TOP_K,
