@@ -37,9 +37,14 @@ from linker.encoders import load_encoder
 from linker.index import build_index
 from linker.index.dense import DenseConfig, encode_names, partial_dir
 from linker.index.hybrid import HybridConfig
+from linker.index.tfidf import TfidfConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_CONCEPTS, SAMPLE_SEED = 3000, 15
+# The tf-idf of the committed reports: char 1-2 n-grams with the `words` normalisation (scripts/capability_fix.py);
+# the hybrids' tf-idf part: char 1-2 with `default`, the library default when they were built.
+TFIDF = TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="words")
+HYBRID_TFIDF = TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="default")
 log = logging.getLogger("capability_indexes")
 
 
@@ -65,7 +70,7 @@ def default_index(work: Path) -> Path:
     if not table.exists():
         build_dictionary([SourceSpec("default", ())], table)
     if not (out / "manifest.json").exists():
-        build_index(table, kind="tfidf", out=out)
+        build_index(table, kind="tfidf", out=out, config=TFIDF)
     return out
 
 
@@ -96,7 +101,7 @@ def dense_and_hybrid(dict_path: Path, encoder_name: str, stem: Path, *, threads:
     keep = work.with_name(work.name + "-copy")
     shutil.rmtree(keep, ignore_errors=True)
     shutil.copytree(work, keep)
-    for kind, out, config in (("dense", dense_out, dense_config), ("hybrid", hybrid_out, HybridConfig(dense=dense_config))):
+    for kind, out, config in (("dense", dense_out, dense_config), ("hybrid", hybrid_out, HybridConfig(tfidf=HYBRID_TFIDF, dense=dense_config))):
         if rebuild or not (out / "manifest.json").exists():
             if not work.exists():
                 shutil.copytree(keep, work)
@@ -122,7 +127,7 @@ def main() -> None:
     for name, path in paths.items():
         out = args.work / f"{name}-tfidf"
         if args.rebuild or not (out / "manifest.json").exists():
-            build_index(path, kind="tfidf", out=out, overwrite=args.rebuild)
+            build_index(path, kind="tfidf", out=out, config=TFIDF, overwrite=args.rebuild)
             log.info("built %s", out)
     if args.part in ("all", "medic"):
         dense_and_hybrid(paths["medic-3k"], "minilm", args.work / "medic-3k", threads=args.threads, rebuild=args.rebuild)
