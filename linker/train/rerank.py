@@ -151,7 +151,8 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
     if not queries:
         raise ConfigError(f"{dict_path}: no concept has two distinct names and no labelled mention was given; "
                           "nothing to train a re-ranker on")
-    index = TfidfNameIndex.build(names, TfidfConfig())
+    mining = TfidfConfig()
+    index = TfidfNameIndex.build(names, mining)
     rng = random.Random(config.seed + 1)
     by_concept: dict[int, list[int]] = {}
     for row, code in enumerate(codes.tolist()):
@@ -193,7 +194,8 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
             groups.append(Group(query.text, positive, tuple(negatives), query.labelled))
     stats.update({"synonym_queries": sum(not g.labelled for g in groups), "groups": len(groups),
                   "queries_without_positive": no_positive, "random_negatives": padded,
-                  "dictionary_names": len(names), "concepts": len(concepts)})
+                  "dictionary_names": len(names), "concepts": len(concepts),
+                  "negatives_from": f"tf-idf {mining.analyzer} {mining.ngram_min}-{mining.ngram_max}"})
     log.info("re-ranker training groups: %s", stats)
     return groups, stats
 
