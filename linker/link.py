@@ -183,13 +183,16 @@ class Linker:
 
     @classmethod
     def load(cls, index_dir: str | Path, *, checksums: bool = True, rerank: str | Path | None = None,
-             rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None) -> Linker:
+             rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None,
+             precision: str | None = None) -> Linker:
         """Load and verify an index folder (IndexMismatchError when its files do not match its manifest).
 
         `rerank`: a re-ranker folder or hub name; None uses the one bound to the index
-        (`linker index build --reranker`) if any, ``"none"`` disables it.
+        (`linker index build --reranker`) if any, ``"none"`` disables it. `precision`: how a dense
+        index encodes mentions: auto, fp32, bf16 or int8; None (default) uses the precision the
+        index's names were encoded in (`linker.precision`).
         """
-        index = load_index(index_dir, checksums=checksums)
+        index = load_index(index_dir, checksums=checksums, precision=precision)
         if rerank is None and index.manifest.get("reranker"):
             rerank = index.folder / RERANKER_DIR
         reranker = None if rerank is None or str(rerank) == "none" else CrossEncoder.load(rerank)
@@ -227,6 +230,13 @@ class Linker:
         """Index folder name, kind, build time and concept-table sha256 prefix: enough to reproduce a result."""
         m = self.manifest
         return f"{self.index.folder.name}:{m['kind']}:{m['built_at']}:{m['concepts']['sha256'][:12]}"
+
+    @property
+    def precision(self) -> str | None:
+        """The precision mentions are encoded in (fp32, bf16, int8); None for a tf-idf index."""
+        names = self.index.names
+        encoder = getattr(getattr(names, "dense", names), "encoder", None)
+        return None if encoder is None else encoder.precision
 
     @property
     def languages(self) -> list[str]:

@@ -134,6 +134,9 @@ class FlakyEncoder:
         self.inner, self.fail_after, self.calls, self.texts = inner, fail_after, 0, 0
         self.spec, self.dim = inner.spec, inner.dim
 
+    def __getattr__(self, name):  # precision, max_length, last_stats: the inner encoder's
+        return getattr(self.inner, name)
+
     def encode(self, texts, **options):
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise KeyboardInterrupt("simulated interruption")

@@ -7,6 +7,10 @@ import json
 import typer
 
 
+QUERY_PRECISION_HELP = ("How a dense index encodes mentions: auto, fp32, bf16 or int8 "
+                        "(default: the precision its names were encoded in).")
+
+
 def split_csv(values: list[str] | None) -> tuple[str, ...]:
     """Accept both `--lang en --lang es` and `--lang en,es`."""
     out: list[str] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import LENIENT_HELP, rerank_k_option, rerank_option, split_csv
+from linker.cli.common import LENIENT_HELP, QUERY_PRECISION_HELP, rerank_k_option, rerank_option, split_csv
 from linker.cli.main import app
 from linker.errors import ConfigError, UnknownNameError
 from linker.eval.capabilities import DEFAULT_SAMPLE, DEFAULT_SEED, capability_table, evaluate_capabilities
@@ -43,6 +43,7 @@ def eval_cli(
     seed: int = typer.Option(DEFAULT_SEED, "--seed", help="--suite: seed of the case generator."),
     templates: list[Path] = typer.Option(None, "--templates", help="--suite: your own templates (kind, capability, lang, template TSV)."),
     hierarchy: Path = typer.Option(None, "--hierarchy", help="--suite: OBO file whose is_a lines give the DIR cases."),
+    precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
 ) -> None:
     """Score an index on a test set, or run a capability suite; prints the table (and writes a report with --report)."""
     if suite is not None:
@@ -71,6 +72,7 @@ def eval_cli(
         gold_via_xref=gold_via_xref, same_as=same_as, query_lang=query_lang, abbreviations=abbreviations, lenient=lenient,
         rerank=rerank, rerank_k=rerank_k, nil_fraction=nil_fraction, min_confidence=min_confidence,
         overwrite=overwrite,
+        precision=precision,
     )
     typer.echo(markdown_table([(Path(dataset.split(":", 1)[-1].split("#")[0]).name, result)], intervals=True))
     for line in trust_markdown(result):

@@ -41,13 +41,15 @@ def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, n
     return dataclasses.replace(base, **options, **{key: v for key, v in query_options.items() if v is not None})
 
 
-def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None):
+def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None,
+                  precision: str):
     from linker.encoders import check_encoder_name
     from linker.index.dense import DenseConfig
 
     if encoder is not None:
         check_encoder_name(encoder)  # before the concept table is read
-    options = {"encoder": encoder, "faiss_kind": faiss_index, "batch_size": batch_size, "threads": threads}
+    options = {"encoder": encoder, "faiss_kind": faiss_index, "batch_size": batch_size, "threads": threads,
+               "precision": precision}
     return DenseConfig(**{key: value for key, value in options.items() if value is not None})
 
 
@@ -65,7 +67,8 @@ def build_cli(
     threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
     encoder: str = typer.Option(None, "--encoder", help="dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."),
     faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type (flat, hnsw, ivf-sq8, ivf-pq)."),
-    batch_size: int = typer.Option(None, "--batch-size", help="dense/hybrid: encoding batch size."),
+    batch_size: int = typer.Option(None, "--batch-size", help="dense/hybrid: most names per encoding batch (batches are filled by tokens)."),
+    precision: str = typer.Option("auto", "--precision", help="dense/hybrid: auto, fp32, bf16 or int8; auto = the fastest this CPU runs natively that passes a check against fp32."),
     sparse_weight: float = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score."),
     reranker: Path = typer.Option(None, "--reranker", help="Re-ranker folder (`linker train rerank`) to bind: copied in, used by default."),
 ) -> None:
@@ -73,13 +76,13 @@ def build_cli(
     if kind == "tfidf":
         config = _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names)
     elif kind == "dense":
-        config = _dense_config(encoder, faiss_index, batch_size, threads)
+        config = _dense_config(encoder, faiss_index, batch_size, threads, precision)
     elif kind == "hybrid":
         from linker.index.hybrid import HybridConfig
 
         extra = {} if sparse_weight is None else {"sparse_weight": sparse_weight}
         config = HybridConfig(tfidf=_tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names),
-                              dense=_dense_config(encoder, faiss_index, batch_size, threads), **extra)
+                              dense=_dense_config(encoder, faiss_index, batch_size, threads, precision), **extra)
     else:
         config = None  # build_index names the valid kinds
     manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker, overwrite=overwrite)

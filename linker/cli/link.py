@@ -7,7 +7,9 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import MAX_LINE_HELP, echo_json, min_confidence_option, read_limits, rerank_k_option, rerank_option
+from linker.cli.common import (
+    MAX_LINE_HELP, QUERY_PRECISION_HELP, echo_json, min_confidence_option, read_limits, rerank_k_option, rerank_option,
+)
 from linker.cli.main import app
 from linker.errors import InputFormatError
 from linker.link import Linker, LinkResult
@@ -51,6 +53,7 @@ def link_cli(
     min_confidence: float = min_confidence_option(),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --output when it exists."),
     explain: bool = typer.Option(False, "--explain", help="Show the n-grams each mention shares with each matched name, with their tf-idf weights."),
+    precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
 ) -> None:
     """Link mentions to concepts: the top-k distinct concepts with scores and matched names."""
     if not mentions and input_path is None:
@@ -59,7 +62,7 @@ def link_cli(
         raise InputFormatError("command line", "mention texts or --input, not both", "both")
     if explain and input_path is not None:
         raise InputFormatError("command line", "--explain with mention texts on the command line", "--input")
-    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
+    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if input_path is not None:
         summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
                                          limits=read_limits(max_line_bytes, None), overwrite=overwrite)

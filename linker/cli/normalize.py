@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from linker.cli.common import (
-    LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, min_confidence_option, read_limits, rerank_k_option, rerank_option,
+    LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, min_confidence_option, read_limits,
+    rerank_k_option, rerank_option,
 )
 from linker.cli.main import app
 from linker.errors import ConfigError
@@ -35,6 +36,7 @@ def normalize_cli(
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
+    precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
 ) -> None:
     """Normalise predicted spans: add ranked concepts (jsonl), brat normalisation lines, or TAC/ADE-Eval Reactions."""
     if (input_path == "-" or output == "-") and fmt != "jsonl":
@@ -42,7 +44,7 @@ def normalize_cli(
     limits = read_limits(max_line_bytes, max_document_bytes)
     check_paths(input_path, output, fmt=fmt, overwrite=overwrite)  # before the index is loaded
     started = time.perf_counter()
-    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
+    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if input_path == "-" or output == "-":
         summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang, limits=limits, overwrite=overwrite)
     else:

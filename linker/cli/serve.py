@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import min_confidence_option, rerank_k_option, rerank_option
+from linker.cli.common import QUERY_PRECISION_HELP, min_confidence_option, rerank_k_option, rerank_option
 from linker.cli.main import app
 
 
@@ -26,6 +26,7 @@ def serve_cli(
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
+    precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
 ) -> None:
     """Serve POST /link, GET /health, GET /indexes and the OpenAPI docs at /docs."""
     import uvicorn
@@ -35,7 +36,7 @@ def serve_cli(
     given = {"max_text_chars": max_text_chars, "max_mentions": max_mentions, "max_request_chars": max_request_chars,
              "max_k": max_k}
     limits = ServiceLimits(**{name: value for name, value in given.items() if value is not None})
-    linker_options = {"rerank": rerank, "rerank_k": rerank_k, "min_confidence": min_confidence}
+    linker_options = {"rerank": rerank, "rerank_k": rerank_k, "min_confidence": min_confidence, "precision": precision}
     service = create_app(index, limits, linker_options=linker_options)  # loads every index now: a bad one fails before the port opens
     typer.echo(f"serving {', '.join(service.state.indexes)} on http://{host}:{port} (docs at /docs)", err=True)
     uvicorn.run(service, host=host, port=port, log_level="warning", access_log=False)

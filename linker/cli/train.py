@@ -14,6 +14,7 @@ train_app = typer.Typer(help="Train dense encoders (BioSyn, SapBERT-style self-a
 app.add_typer(train_app, name="train")
 
 _DEVICE_HELP = "cpu, cuda, or auto (a GPU when present)."
+_PRECISION_HELP = "Forward passes in fp32 or bf16 (weights and optimizer stay fp32); auto = bf16 where the processor runs it natively."
 
 
 @train_app.command("biosyn")
@@ -34,6 +35,7 @@ def biosyn_cli(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    precision: str = typer.Option("auto", "--precision", help=_PRECISION_HELP),
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a model folder that linker wrote."),
 ) -> None:
@@ -45,7 +47,7 @@ def biosyn_cli(
     config = BiosynConfig(
         lr=lr, batch_size=batch_size, epochs=epochs, topk=topk, dense_ratio=dense_ratio,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, max_queries=max_queries,
-        seed=seed, device=device, threads=threads,
+        seed=seed, device=device, threads=threads, precision=precision,
     )
     summary = train_biosyn(list(train), dict_path, encoder=encoder, out=out, config=config, resume=resume,
                            show_progress=on_terminal(), overwrite=overwrite)
@@ -67,6 +69,7 @@ def sap_cli(
     seed: int = typer.Option(33, "--seed", help="Random seed (SapBERT: 33)."),
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    precision: str = typer.Option("auto", "--precision", help=_PRECISION_HELP),
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a model folder that linker wrote."),
 ) -> None:
@@ -78,6 +81,7 @@ def sap_cli(
     config = SapConfig(
         lr=lr, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, seed=seed, device=device, threads=threads,
+        precision=precision,
     )
     summary = train_sap(dict_path, encoder=encoder, out=out, config=config, resume=resume, show_progress=on_terminal(),
                         overwrite=overwrite)

@@ -201,6 +201,7 @@ def evaluate(
     nil_fraction: float = 0.0,
     min_confidence: float = 0.5,
     overwrite: bool = False,
+    precision: str | None = None,
 ) -> EvalReport:
     """Link a test set with the index at `index_dir` and score it under each filter.
 
@@ -218,7 +219,8 @@ def evaluate(
     share of the gold concepts and score "no link" decisions at `min_confidence`
     (`linker.eval.trust`). Calibration figures are always reported (on the Full set).
 
-    The report files replace existing ones only with `overwrite`, and never an input.
+    The report files replace existing ones only with `overwrite`, and never an input. `precision`: how a dense
+    index encodes the mentions (None: the precision its names were encoded in).
     """
     from linker.link import Linker  # eval sits above link; imported here to keep `datasets` light
     from linker.rerank import DEFAULT_RERANK_K
@@ -239,7 +241,7 @@ def evaluate(
     started = time.perf_counter()
 
     t = time.perf_counter()
-    linker_ = Linker.load(index_dir, rerank=rerank, rerank_k=rerank_k or DEFAULT_RERANK_K)
+    linker_ = Linker.load(index_dir, rerank=rerank, rerank_k=rerank_k or DEFAULT_RERANK_K, precision=precision)
     seconds["load_index"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -322,6 +324,7 @@ def evaluate(
         "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "index": str(index_dir),
         "index_version": linker_.version,
+        "query_precision": linker_.precision,
         "index_manifest": {k: v for k, v in linker_.manifest.items() if k != "files"},
         "dataset": dataset_spec,
         "train": list(train_specs),

@@ -30,6 +30,7 @@ from linker.dictionary import ConceptTable, hierarchy_path, read_concept_table
 from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError
 from linker.fileio import atomic_dir, check_output
 from linker.index.manifest import CONCEPTS, INDEX_FORMAT, MANIFEST, read_manifest, verify, write_manifest
+from linker.precision import check_precision
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,16 @@ class NameIndex(Protocol):
 
 @dataclass(frozen=True)
 class IndexKind:
-    """How one kind turns a config into files and back; `encoder` is (name, revision) or None."""
+    """How one kind turns a config into files and back.
+
+    `load` takes an optional ``precision`` keyword (dense parts: the precision queries are
+    encoded in, None = the one the index recorded; tf-idf ignores it).
+    """
 
     name: str
     config_type: type
     build: Callable[[Sequence[str], Any, Path], dict]  # (names, config, folder) -> extra manifest fields
-    load: Callable[[Path, Any, dict], NameIndex]  # (folder, config, manifest) -> index
+    load: Callable[..., NameIndex]  # (folder, config, manifest, precision=None) -> index
     config_from_dict: Callable[[dict], Any]
 
 
@@ -66,7 +71,7 @@ def _tfidf_kind() -> IndexKind:
         index.save(folder)
         return {"features": index.matrix.shape[1]}
 
-    def load(folder: Path, config: TfidfConfig, manifest: dict) -> NameIndex:
+    def load(folder: Path, config: TfidfConfig, manifest: dict, precision: str | None = None) -> NameIndex:
         return TfidfNameIndex.load(folder, config)
 
     return IndexKind("tfidf", TfidfConfig, build, load, config_from_manifest)
@@ -174,8 +179,13 @@ def build_index(
     return manifest
 
 
-def load_index(folder: str | Path, *, checksums: bool = True) -> LoadedIndex:
-    """Read an index folder after checking its manifest against its files (IndexMismatchError if not)."""
+def load_index(folder: str | Path, *, checksums: bool = True, precision: str | None = None) -> LoadedIndex:
+    """Read an index folder after checking its manifest against its files (IndexMismatchError if not).
+
+    precision: how a dense part encodes queries (auto, fp32, bf16, int8; None = the precision
+    its names were encoded in, `linker.precision.resolve_precision`).
+    """
+    check_precision(precision)
     folder = Path(folder)
     manifest = read_manifest(folder)
     if manifest["kind"] not in KINDS:
@@ -190,7 +200,7 @@ def load_index(folder: str | Path, *, checksums: bool = True) -> LoadedIndex:
     except TypeError as exc:
         raise IndexMismatchError(f"{folder / MANIFEST}: parameters do not fit this library ({exc}); rebuild the index") from None
     concepts = read_concept_table(folder / CONCEPTS)
-    names = spec.load(folder, config, manifest)
+    names = spec.load(folder, config, manifest, precision=precision)
     if names.size != concepts.table.num_rows:
         raise IndexMismatchError(
             f"{folder}: the index has {names.size} names, concepts.parquet {concepts.table.num_rows} rows; rebuild the index"

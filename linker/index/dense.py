@@ -31,15 +31,17 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from linker.encoders import TOKEN_BUDGET
 from linker.errors import ConfigError, IndexMismatchError, MissingInputError, UnknownNameError
 from linker.progress import bar
 from linker.fileio import native_read
+from linker.precision import check_precision, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,6 @@ FAISS_FILE = f"{SUBDIR}/index.faiss"
 PARAMS = f"{SUBDIR}/params.json"
 PROGRESS = "progress.json"
 WORK_EMBEDDINGS = "embeddings.npy"
-PROGRESS_ROWS = 256  # names encoded between two progress updates (about a second on 2 quiet cores)
 MISSING_SCORE = -np.inf  # score reported beside row -1 (fewer than k names found)
 
 
@@ -59,7 +60,10 @@ class DenseConfig:
     """Build (and search) parameters of a dense index; recorded in the manifest."""
 
     encoder: str = "minilm"
-    batch_size: int = 64  # sentence-transformers batch; names are short, 64 keeps padding low
+    precision: str = "auto"  # auto|fp32|bf16|int8 (linker.precision); an index records the one it used
+    batch_size: int = 512  # most names per batch; batches are filled by token_budget (linker.encoders)
+    token_budget: int = TOKEN_BUDGET  # tokens per batch, padding included
+    parity_sample: int = 512  # names encoded in fp32 and in the chosen precision to check it (0 = no check)
     chunk_rows: int = 8192  # names encoded between two progress checkpoints (~12 MB at 384-d)
     faiss_kind: str = "flat"
     hnsw_m: int = 32  # the lead's 1M-name measurement: recall@1 0.9 at ~3k q/s
@@ -78,25 +82,31 @@ class DenseConfig:
     def __post_init__(self) -> None:
         if self.faiss_kind not in FAISS_KINDS:
             raise UnknownNameError("FAISS index kind", self.faiss_kind, FAISS_KINDS)
+        check_precision(self.precision, allow_none=False)
         positive = {
-            "batch_size": self.batch_size, "chunk_rows": self.chunk_rows, "hnsw_m": self.hnsw_m,
+            "batch_size": self.batch_size, "token_budget": self.token_budget, "chunk_rows": self.chunk_rows, "hnsw_m": self.hnsw_m,
             "hnsw_ef_construction": self.hnsw_ef_construction, "hnsw_ef_search": self.hnsw_ef_search,
             "ivf_nprobe": self.ivf_nprobe, "pq_m": self.pq_m, "rerank_factor": self.rerank_factor,
         }
         bad = {k: v for k, v in positive.items() if v < 1}
         if bad:
             raise ConfigError(f"dense index options must be >= 1, found {bad}")
-        if self.ivf_nlist < 0 or self.recall_sample < 0 or self.threads < 0:
+        if self.ivf_nlist < 0 or self.recall_sample < 0 or self.threads < 0 or self.parity_sample < 0:
             raise ConfigError("ivf_nlist, recall_sample and threads must be >= 0 (0 = automatic / off / default)")
         if not 1 <= self.pq_nbits <= 16:
             raise ConfigError(f"pq_nbits must be in 1..16, found {self.pq_nbits}")
 
+    @classmethod
+    def from_dict(cls, params: dict) -> DenseConfig:
+        """A recorded config; one written before precisions existed was encoded in fp32."""
+        return cls(**{"precision": "fp32", **params})
 
-def _names_key(names: Sequence[str], spec) -> str:
+
+def _names_key(names: Sequence[str], encoder) -> str:
     digest = hashlib.sha256()
     for name in names:
         digest.update(name.encode("utf-8", "surrogatepass") + b"\n")
-    digest.update(f"{spec.name}\0{spec.revision}".encode())
+    digest.update(f"{encoder.spec.name}\0{encoder.spec.revision}\0{encoder.precision}".encode())
     return digest.hexdigest()
 
 
@@ -114,41 +124,57 @@ def encode_names(
     encoder,
     work_dir: Path,
     *,
-    batch_size: int = 64,
+    batch_size: int = 512,
+    token_budget: int = TOKEN_BUDGET,
     chunk_rows: int = 8192,
     show_progress: bool | None = None,
-) -> np.memmap:
+    progress: Callable[[int], None] | None = None,
+) -> tuple[np.memmap, dict]:
     """Encode `names` (passage role) into ``work_dir/embeddings.npy``, resuming a partial run.
 
-    After each chunk the memmap is flushed and ``progress.json`` records the rows done; a rerun
-    with the same names and encoder (same key) starts after them. Returns the memmap (read-only).
+    Names are taken in order of length (characters) across the whole list, so each chunk holds
+    names of similar length and its batches pad little; rows are written back at their own
+    positions. After each chunk the memmap is flushed and ``progress.json`` records the chunks
+    done; a rerun with the same names and encoder (same key) starts after them. Returns the
+    memmap (read-only) and the encoding figures (tokens, truncated names, names/s).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     n, dim = len(names), encoder.dim
-    key = _names_key(names, encoder.spec)
+    key = _names_key(names, encoder)
     progress_path, path = work_dir / PROGRESS, work_dir / WORK_EMBEDDINGS
     done = 0
     if progress_path.is_file() and path.is_file():
         try:
-            progress = json.loads(progress_path.read_text(encoding="utf-8"))
+            saved = json.loads(progress_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
-            progress = {}
-        if progress.get("key") == key and progress.get("rows") == n and progress.get("dim") == dim:
-            done = int(progress.get("done", 0))
+            saved = {}
+        if saved.get("key") == key and saved.get("rows") == n and saved.get("dim") == dim:
+            done = int(saved.get("done", 0))
             log.info("resuming dense encoding in %s at %d of %d names", work_dir, done, n)
     if done == 0:
         progress_path.unlink(missing_ok=True)
         vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
     else:
         vectors = np.load(path, mmap_mode="r+")
+    order = np.argsort(np.fromiter((len(x) for x in names), dtype=np.int64, count=n), kind="stable")
     reporter = bar(n, initial=done, desc="encoding names", unit="name", show=show_progress)
+
+    def advance(count: int) -> None:  # after each batch, so the progress moves every few seconds
+        reporter.update(count)
+        if progress is not None:
+            progress(count)
+
+    totals = {"tokens": 0, "padded_tokens": 0, "truncated": 0, "longest": 0, "tokenize_seconds": 0.0}
+    started, start_row = time.perf_counter(), done
     while done < n:
         end = min(done + chunk_rows, n)
-        # Encoded in slices so that the progress moves every few seconds, not once per chunk.
-        for start in range(done, end, PROGRESS_ROWS):
-            stop = min(start + PROGRESS_ROWS, end)
-            vectors[start:stop] = encoder.encode(names[start:stop], role="passage", batch_size=batch_size)
-            reporter.update(stop - start)
+        rows = np.sort(order[done:end])  # sorted rows: the memmap is written front to back
+        vectors[rows] = encoder.encode([names[i] for i in rows], role="passage", batch_size=batch_size,
+                                       token_budget=token_budget, progress=advance)
+        stats = encoder.last_stats
+        for field in ("tokens", "padded_tokens", "truncated", "tokenize_seconds"):
+            totals[field] += getattr(stats, field)
+        totals["longest"] = max(totals["longest"], stats.longest)
         vectors.flush()
         done = end
         tmp = progress_path.with_suffix(".tmp")
@@ -156,7 +182,16 @@ def encode_names(
         os.replace(tmp, progress_path)
     reporter.close()
     del vectors
-    return np.load(path, mmap_mode="r")
+    seconds = time.perf_counter() - started
+    figures = {
+        "names_encoded": n - start_row, "resumed_at": start_row, "max_length": encoder.max_length, **totals,
+        "tokenize_seconds": round(totals["tokenize_seconds"], 3),
+        "names_per_second": round((n - start_row) / max(seconds, 1e-9), 1),
+    }
+    if totals["truncated"]:
+        log.warning("%d of %d names were longer than the encoder's %d tokens and were truncated",
+                    totals["truncated"], n, encoder.max_length)
+    return np.load(path, mmap_mode="r"), figures
 
 
 def _exact_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
@@ -305,9 +340,11 @@ class DenseNameIndex:
             work_dir = Path(temporary.name)
         started = time.perf_counter()
         names = list(names)
-        embeddings = encode_names(
-            names, encoder, Path(work_dir), batch_size=config.batch_size, chunk_rows=config.chunk_rows,
-            show_progress=show_progress,
+        if config.precision != encoder.precision:  # the config records what the vectors were encoded in
+            config = replace(config, precision=encoder.precision)
+        embeddings, encoding = encode_names(
+            names, encoder, Path(work_dir), batch_size=config.batch_size, token_budget=config.token_budget,
+            chunk_rows=config.chunk_rows, show_progress=show_progress,
         )
         encode_seconds = time.perf_counter() - started
         started = time.perf_counter()
@@ -318,6 +355,7 @@ class DenseNameIndex:
             "faiss_kind": config.faiss_kind,
             "encode_seconds": round(encode_seconds, 3),
             "faiss_seconds": round(time.perf_counter() - started, 3),
+            "encoding": encoding,
         }
         if config.faiss_kind.startswith("ivf"):
             params["ivf_nlist"] = _nlist(config, len(names))
@@ -335,18 +373,19 @@ class DenseNameIndex:
         rng = np.random.default_rng(self.config.seed)
         picked = np.sort(rng.choice(len(names), size=min(sample, len(names)), replace=False))
         texts = [names[i] for i in picked]
-        parts = []
         with bar(len(texts), desc="measuring recall: encoding sample queries", unit="query") as reporter:
-            for start in range(0, len(texts), PROGRESS_ROWS):
-                parts.append(self.encoder.encode(texts[start : start + PROGRESS_ROWS], role="query",
-                                                 batch_size=self.config.batch_size))
-                reporter.update(len(parts[-1]))
-        return recall_against_exact(self, np.concatenate(parts), ks)
+            queries = self.encoder.encode(texts, role="query", batch_size=self.config.batch_size,
+                                          token_budget=self.config.token_budget, progress=reporter.update)
+        return recall_against_exact(self, queries, ks)
+
+    def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """(q, dim) L2-normalised query vectors, in the encoder's precision."""
+        return self.encoder.encode(list(queries), role="query", batch_size=self.config.batch_size,
+                                   token_budget=self.config.token_budget)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (q, k) float32, name rows (q, k) int64, -1 = none), by (score desc, row asc)."""
-        vectors = self.encoder.encode(list(queries), role="query", batch_size=self.config.batch_size)
-        return self.search_vectors(vectors, k)
+        return self.search_vectors(self.encode_queries(queries), k)
 
     def search_vectors(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Search with already encoded (L2-normalised) query vectors."""
@@ -400,9 +439,11 @@ class DenseNameIndex:
         return params
 
     @classmethod
-    def load(cls, folder: Path, params: dict | None = None, encoder=None) -> DenseNameIndex:
+    def load(cls, folder: Path, params: dict | None = None, encoder=None, precision: str | None = None) -> DenseNameIndex:
         """Read ``dense/`` of `folder`; `params` defaults to its params.json, `encoder` to
-        load_encoder(params' encoder name). Refuses an encoder other than the one it was built with."""
+        load_encoder(params' encoder name) in `precision` (None: the precision the index was
+        encoded in, `linker.precision.resolve_precision`). Refuses an encoder other than the one
+        it was built with."""
         import faiss
 
         folder = Path(folder)
@@ -413,7 +454,7 @@ class DenseNameIndex:
             with native_read(path, "dense index parameters (JSON)", fix=REBUILD):
                 params = json.loads(path.read_text(encoding="utf-8"))
         with native_read(folder / PARAMS, "dense index parameters with config, encoder, files, rows, dim", fix=REBUILD):
-            config = DenseConfig(**params["config"])
+            config = DenseConfig.from_dict(params["config"])
             files, rows, dim, built = params["files"], int(params["rows"]), int(params["dim"]), params["encoder"]
             missing = [key for key in ("name", "revision", "dim") if key not in built]
             if missing:
@@ -425,7 +466,10 @@ class DenseNameIndex:
         if encoder is None:
             from linker.encoders import load_encoder
 
-            encoder = load_encoder(_recorded_encoder(params["encoder"]), threads=config.threads or None)
+            encoder = load_encoder(_recorded_encoder(params["encoder"]), threads=config.threads or None,
+                                   precision=resolve_precision(precision, recorded=config.precision))
+        if encoder.precision != config.precision:
+            log.info("%s: names encoded in %s, queries in %s", folder, config.precision, encoder.precision)
         _set_threads(config.threads)
         if (encoder.spec.revision, encoder.dim) != (built["revision"], built["dim"]):
             raise IndexMismatchError(
@@ -502,23 +546,90 @@ def recall_against_exact(index: DenseNameIndex, queries: np.ndarray, ks: tuple[i
 
 def partial_dir(parent: Path, names: Sequence[str], encoder) -> Path:
     """Stable work folder for resumable builds: beside the output, keyed by names + encoder."""
-    return Path(parent) / f".dense-partial-{_names_key(names, encoder.spec)[:16]}"
+    return Path(parent) / f".dense-partial-{_names_key(names, encoder)[:16]}"
+
+
+# The build-time check of a precision against fp32 on a sample of the index's own names. The bar is
+# looser than the benchmark bar (top-1 agreement >= 99.5% on linking): here each name is a query
+# against the other sampled names, whose nearest neighbours are often near-ties (a name and its
+# plural), so a little agreement is lost to ties that linking never sees. Measured figures for
+# MEDIC and ICD-O names are in eval/bench_encode.md.
+PARITY_MIN_AGREEMENT = 0.98
+PARITY_MIN_COSINE = 0.99
+
+
+def precision_check(names: Sequence[str], reference, candidate, sample: int, seed: int = 0) -> dict:
+    """Compare `candidate`'s vectors with `reference`'s (fp32) on a seeded sample of `names`.
+
+    Figures: cosine between the two vectors of each name (passage role; mean and minimum) and the
+    agreement of each sampled name's nearest other sampled name (query role against passages).
+    """
+    rng = np.random.default_rng(seed)
+    picked = [names[i] for i in np.sort(rng.choice(len(names), size=min(sample, len(names)), replace=False))]
+    started = time.perf_counter()
+    ref_p, cand_p = (e.encode(picked, role="passage") for e in (reference, candidate))
+    ref_q, cand_q = (e.encode(picked, role="query") for e in (reference, candidate))
+    cosine = np.sum(ref_p * cand_p, axis=1)
+    figures = {"sample": len(picked), "mean_cosine": round(float(cosine.mean()), 6),
+               "min_cosine": round(float(cosine.min()), 6)}
+    if len(picked) > 1:
+        # (sample, sample) similarities; a name's own row is excluded (it would always agree)
+        ref_s, cand_s = ref_q @ ref_p.T, cand_q @ cand_p.T
+        np.fill_diagonal(ref_s, -np.inf)
+        np.fill_diagonal(cand_s, -np.inf)
+        agree = np.asarray(picked, dtype=object)[ref_s.argmax(1)] == np.asarray(picked, dtype=object)[cand_s.argmax(1)]
+        figures["top1_agreement"] = round(float(agree.mean()), 4)
+    figures["passed"] = bool(figures["min_cosine"] >= PARITY_MIN_COSINE
+                             and figures.get("top1_agreement", 1.0) >= PARITY_MIN_AGREEMENT)
+    figures["seconds"] = round(time.perf_counter() - started, 2)
+    return figures
+
+
+def precision_encoder(names: Sequence[str], config: DenseConfig):
+    """Load the config's encoder in the precision to build with, and what decided it.
+
+    ``auto`` takes the fastest precision this processor runs natively and checks it against fp32
+    on `config.parity_sample` names; a failed check falls back to fp32. An explicit bf16/int8 is
+    checked too (its figures recorded, a failure logged) but kept: the user asked for it.
+    """
+    from linker.encoders import load_encoder
+    from linker.precision import native_precisions
+
+    fp32 = load_encoder(config.encoder, threads=config.threads or None)
+    wanted = resolve_precision(config.precision, device=fp32.device)
+    record = {"requested": config.precision, "chosen": wanted, "native": list(native_precisions(fp32.device))}
+    if wanted == "fp32":
+        return fp32, record
+    encoder = fp32.with_precision(wanted)
+    if config.parity_sample:
+        check = precision_check(names, fp32, encoder, config.parity_sample, config.seed)
+        record["check"] = check
+        if not check["passed"]:
+            if config.precision == "auto":
+                log.warning("precision %s failed the check against fp32 (%s); building in fp32", wanted, check)
+                record["chosen"] = "fp32"
+                return fp32, record
+            log.warning("precision %s failed the check against fp32 (%s); building in it as asked", wanted, check)
+    log.info("dense index precision: %s", record)
+    return encoder, record
+
+
+def build_dense(names: Sequence[str], config: DenseConfig, folder: Path) -> dict:
+    """Build and save the dense part of an index folder (dense and hybrid kinds); its manifest fields."""
+    encoder, precision = precision_encoder(names, config)
+    work = partial_dir(Path(folder).parent, names, encoder)
+    index = DenseNameIndex.build(names, encoder, config, work_dir=work)
+    index.params["precision"] = precision
+    params = index.save(folder)
+    shutil.rmtree(work, ignore_errors=True)
+    return {"encoder": params["encoder"], "dense": {k: v for k, v in params.items() if k not in ("encoder", "config")}}
 
 
 def dense_kind():
     """The ``dense`` entry of linker.index.KINDS."""
-    from linker.encoders import load_encoder
     from linker.index import IndexKind
 
-    def build(names: Sequence[str], config: DenseConfig, folder: Path) -> dict:
-        encoder = load_encoder(config.encoder, threads=config.threads or None)
-        work = partial_dir(Path(folder).parent, names, encoder)
-        index = DenseNameIndex.build(names, encoder, config, work_dir=work)
-        params = index.save(folder)
-        shutil.rmtree(work, ignore_errors=True)
-        return {"encoder": params["encoder"], "dense": {k: v for k, v in params.items() if k not in ("encoder", "config")}}
+    def load(folder: Path, config: DenseConfig, manifest: dict, precision: str | None = None):
+        return DenseNameIndex.load(folder, precision=precision)
 
-    def load(folder: Path, config: DenseConfig, manifest: dict):
-        return DenseNameIndex.load(folder)
-
-    return IndexKind("dense", DenseConfig, build, load, lambda d: DenseConfig(**d))
+    return IndexKind("dense", DenseConfig, build_dense, load, DenseConfig.from_dict)

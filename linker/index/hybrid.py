@@ -17,7 +17,6 @@ the same scale, so the default is 1.0 (equal weight). Pass a tuned value with
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError
-from linker.index.dense import DenseConfig, DenseNameIndex, partial_dir
+from linker.index.dense import DenseConfig, DenseNameIndex, build_dense
 from linker.index.tfidf import TfidfConfig, TfidfNameIndex, config_from_manifest
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,7 @@ class HybridConfig:
 
     @classmethod
     def from_dict(cls, params: dict) -> HybridConfig:
-        return cls(tfidf=config_from_manifest(params["tfidf"]), dense=DenseConfig(**params["dense"]),
+        return cls(tfidf=config_from_manifest(params["tfidf"]), dense=DenseConfig.from_dict(params["dense"]),
                    sparse_weight=float(params["sparse_weight"]))
 
 
@@ -70,8 +69,7 @@ class HybridNameIndex:
         n = len(queries)
         k = max(1, min(k, self.size))
         sparse_vectors = self.sparse.vectors(queries)  # (q, features)
-        dense_vectors = self.dense.encoder.encode(list(queries), role="query",
-                                                  batch_size=self.dense.config.batch_size)  # (q, dim)
+        dense_vectors = self.dense.encode_queries(queries)  # (q, dim)
         _, sparse_rows = self.sparse.search_vectors(sparse_vectors, k)
         _, dense_rows = self.dense.search_vectors(dense_vectors, k)
         union = np.full((n, 2 * k), -1, dtype=np.int64)  # (q, 2k): each query's candidate rows
@@ -94,25 +92,15 @@ class HybridNameIndex:
 
 def hybrid_kind():
     """The ``hybrid`` entry of linker.index.KINDS."""
-    from linker.encoders import load_encoder
     from linker.index import IndexKind
 
     def build(names: Sequence[str], config: HybridConfig, folder: Path) -> dict:
         sparse = TfidfNameIndex.build(names, config.tfidf)
         sparse.save(folder)
-        encoder = load_encoder(config.dense.encoder, threads=config.dense.threads or None)
-        work = partial_dir(Path(folder).parent, names, encoder)
-        dense = DenseNameIndex.build(names, encoder, config.dense, work_dir=work)
-        params = dense.save(folder)
-        shutil.rmtree(work, ignore_errors=True)
-        return {
-            "encoder": params["encoder"],
-            "features": sparse.matrix.shape[1],
-            "dense": {k: v for k, v in params.items() if k not in ("encoder", "config")},
-        }
+        return {"features": sparse.matrix.shape[1], **build_dense(names, config.dense, folder)}
 
-    def load(folder: Path, config: HybridConfig, manifest: dict) -> HybridNameIndex:
-        return HybridNameIndex(TfidfNameIndex.load(folder, config.tfidf), DenseNameIndex.load(folder),
+    def load(folder: Path, config: HybridConfig, manifest: dict, precision: str | None = None) -> HybridNameIndex:
+        return HybridNameIndex(TfidfNameIndex.load(folder, config.tfidf), DenseNameIndex.load(folder, precision=precision),
                                config.sparse_weight)
 
     return IndexKind("hybrid", HybridConfig, build, load, HybridConfig.from_dict)

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from linker.dictionary import read_concept_table
 from linker.errors import ConfigError, LinkerError
 from linker.index.tfidf import PRESETS, TfidfNameIndex
+from linker.precision import autocast, check_precision
 from linker.text import code_key, normalize
 from linker.train import common
 from linker.train.losses import marginal_nll
@@ -63,8 +64,10 @@ class BiosynConfig:
     seed: int = 0  # train.py --seed default 0
     device: str | None = None
     threads: int | None = None
+    precision: str = "auto"  # forward passes in fp32 or bf16 (auto: bf16 where native); see common.training_precision
 
     def __post_init__(self) -> None:
+        check_precision(self.precision, allow_none=False)
         if self.topk < 2:
             raise ConfigError(f"--topk must be >= 2 (softmax over candidates), found {self.topk}")
         if not 0.0 <= self.dense_ratio <= 1.0:
@@ -203,6 +206,7 @@ def train_biosyn(
     if config.threads:
         torch.set_num_threads(config.threads)
     device = common.pick_device(config.device)
+    precision = common.training_precision(config.precision, device)
     dictionary = load_dictionary(dict_path)
     if mentions is None:
         from linker.eval.datasets import load_dataset
@@ -261,8 +265,8 @@ def train_biosyn(
     for epoch in range(state["epoch"], config.epochs):
         # Dense candidates afresh from the current encoder (BioSyn's iterative candidate retrieval).
         refresh = common.Timer()
-        name_vectors = common.embed_no_grad(model, name_texts, device)
-        query_dense = common.embed_no_grad(model, query_texts, device)
+        name_vectors = common.embed_no_grad(model, name_texts, device, precision)
+        query_dense = common.embed_no_grad(model, query_texts, device, precision)
         dense_rows = dense_top(query_dense, name_vectors, config.topk)
         candidates = merge_candidates(dense_rows, sparse_rows, config.topk, config.dense_ratio)
         cand_sparse = sparse.score_rows(query_vectors, candidates)  # (queries, topk)
@@ -291,8 +295,10 @@ def train_biosyn(
             if not bool(pos.any()):
                 skipped += 1  # nothing to learn from this batch: no step, no loss recorded
                 continue
-            q_vec = F.normalize(common.embed(model, [query_texts[i] for i in idx], device), dim=1)  # (batch, dim)
-            c_vec = F.normalize(common.embed(model, [name_texts[max(r, 0)] for r in rows.ravel()], device), dim=1)
+            with autocast(precision, device):
+                q_vec = common.embed(model, [query_texts[i] for i in idx], device)  # (batch, dim)
+                c_vec = common.embed(model, [name_texts[max(r, 0)] for r in rows.ravel()], device)
+            q_vec, c_vec = F.normalize(q_vec.float(), dim=1), F.normalize(c_vec.float(), dim=1)
             c_vec = c_vec.view(len(idx), config.topk, -1)  # (batch, topk, dim)
             dense = torch.einsum("bd,bkd->bk", q_vec, c_vec)  # (batch, topk) cosine
             s = torch.from_numpy(cand_sparse[idx]).to(device)
@@ -331,6 +337,7 @@ def train_biosyn(
     metrics.extra.update({
         "train_seconds": timer.seconds,
         "hardware": common.hardware(device, config.threads),
+        "precision": precision,
         "parameters": counts,
         "sparse_weight": weight,
         "resumed": resume,

@@ -80,11 +80,20 @@ def hardware(device: str, threads: int | None) -> dict:
 
 def transformer_of(model):
     """The Hugging Face model inside a SentenceTransformer (its first module)."""
-    first = model[0]
-    auto = getattr(first, "auto_model", None)
-    if auto is None:
-        raise ConfigError(f"the encoder's first module ({type(first).__name__}) is not a transformer; cannot train it")
-    return auto
+    from linker.encoders import transformer_module
+
+    return transformer_module(model)
+
+
+def training_precision(precision: str, device: str) -> str:
+    """fp32 or bf16 for the forward passes of training (`linker.precision`; auto = bf16 where the
+    device runs it natively). Weights, optimizer state and the loss stay fp32."""
+    from linker.precision import resolve_precision
+
+    chosen = resolve_precision(precision, device=device)
+    if chosen == "int8":
+        raise ConfigError("--precision int8 is for inference only; train in auto, bf16 or fp32")
+    return chosen
 
 
 def freeze(model, *, embeddings: bool, layers: int) -> dict:
@@ -120,26 +129,14 @@ def embed(model, texts: Sequence[str], device: str) -> torch.Tensor:
     return model(features)["sentence_embedding"]
 
 
-def embed_no_grad(model, texts: Sequence[str], device: str, batch_size: int = 256) -> np.ndarray:
-    """L2-normalised float32 embeddings for retrieval during training (eval mode, no gradients).
+def embed_no_grad(model, texts: Sequence[str], device: str, precision: str = "fp32") -> np.ndarray:
+    """L2-normalised float32 embeddings for retrieval during training (eval mode, no gradients),
+    through the inference path (`linker.encoders.Encoder`: batches by tokens, in `precision`).
+    `texts` already carry their prompts."""
+    from linker.encoders import Encoder, EncoderSpec
 
-    Texts are encoded in order of length, so that a batch pads to similar lengths (as
-    sentence-transformers' own `encode` does), and returned in the caller's order.
-    """
-    was_training = model.training
-    model.eval()
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(order), batch_size):
-            vectors = embed(model, [texts[i] for i in order[start : start + batch_size]], device)
-            out.append(torch.nn.functional.normalize(vectors, dim=1).float().cpu().numpy())
-    model.train(was_training)
-    if not out:
-        return np.zeros((0, 0), dtype=np.float32)
-    result = np.empty((len(texts), out[0].shape[1]), dtype=np.float32)
-    result[order] = np.concatenate(out)
-    return result
+    spec = EncoderSpec(name="(in training)", path="", revision="training")
+    return Encoder(spec, model, precision, device=device).encode(texts, role="passage")
 
 
 def data_hashes(paths: Sequence[Path]) -> dict[str, str]:

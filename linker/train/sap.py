@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from linker.dictionary import read_concept_table
 from linker.errors import ConfigError, LinkerError
+from linker.precision import autocast, check_precision
 from linker.text import normalize
 from linker.train import common
 from linker.train.losses import MultiSimilarityParams, multi_similarity_loss
@@ -50,8 +51,10 @@ class SapConfig:
     seed: int = 33  # pretrain.sh --random_seed 33
     device: str | None = None  # None = cuda when present, else cpu
     threads: int | None = None  # torch CPU threads; None keeps torch's default
+    precision: str = "auto"  # forward passes in fp32 or bf16 (auto: bf16 where native); see common.training_precision
 
     def __post_init__(self) -> None:
+        check_precision(self.precision, allow_none=False)
         if self.batch_size < 2:
             raise ConfigError(f"batch size must be >= 2 (the loss needs negatives), found {self.batch_size}")
         if self.epochs < 1 or self.lr <= 0 or self.max_length < 4 or self.pairs_per_concept < 1:
@@ -146,6 +149,7 @@ def train_sap(
     if config.threads:
         torch.set_num_threads(config.threads)
     device = common.pick_device(config.device)
+    precision = common.training_precision(config.precision, device)
     pairs, pair_stats = synonym_pairs(dict_path, config)
 
     base = load_encoder(encoder, device=device, threads=config.threads)
@@ -184,8 +188,9 @@ def train_sap(
             batch = [pairs[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
             texts = [prefix + p.first for p in batch] + [prefix + p.second for p in batch]
             labels = torch.tensor([p.concept for p in batch] * 2, device=device)
-            vectors = common.embed(model, texts, device)  # (2 * batch, dim)
-            loss, mined = multi_similarity_loss(vectors, labels, config.ms, mine=config.use_miner)
+            with autocast(precision, device):
+                vectors = common.embed(model, texts, device)  # (2 * batch, dim)
+            loss, mined = multi_similarity_loss(vectors.float(), labels, config.ms, mine=config.use_miner)
             optimizer.zero_grad()
             if mined:
                 loss.backward()
@@ -211,6 +216,7 @@ def train_sap(
     metrics.extra.update({
         "train_seconds": timer.seconds,
         "pairs_per_second": round(len(pairs) * (config.epochs) / max(timer.seconds, 1e-9), 2),
+        "precision": precision,
         "hardware": common.hardware(device, config.threads),
         "parameters": counts,
         "resumed": resume,

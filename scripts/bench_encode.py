@@ -1,0 +1,414 @@
+"""Encoder speed and parity at each precision (fp32, bf16, int8) on this machine's CPU.
+
+    .venv/bin/python scripts/bench_encode.py --part throughput [--names 1500] [--repeats 3]
+    .venv/bin/python scripts/bench_encode.py --part parity
+    .venv/bin/python scripts/bench_encode.py --part build [--build-names 0]
+    .venv/bin/python scripts/bench_encode.py --part train
+    .venv/bin/python scripts/bench_encode.py --report          # eval/bench_encode.md from the JSON
+
+Each part adds its results to eval/bench_encode.json (other parts' results are kept) and the
+report is rewritten from the JSON. The CPU is shared with other jobs, so speeds are measured as
+ratios: the contenders run alternately in one process, each repeat in turn, and the median of the
+repeats is reported with the load average around each part.
+
+- throughput: names/s encoding MEDIC names (a seeded sample) as passages with all-MiniLM-L6-v2
+  and multilingual-e5-small: sentence-transformers' own `encode` (batch 64, the loop before this
+  change) and linker's loop (length-sorted, batches filled to a token budget) in fp32, bf16, int8.
+- parity: dense indexes in each precision over (a) MEDIC + NCBI train/dev mentions, queried with
+  the NCBI-disease test set preprocessed as BioSyn does (minilm; eval/ncbi_biosyn.md's set-up),
+  (b) ICD-O names + Cantemist train mentions, queried with the Cantemist test set (e5-small;
+  eval/cantemist_tfidf_train.md's set-up). Top-1 agreement with fp32 and Acc@1 (Full).
+- build: a dense flat index of ICD-10-CM (simple-icd-10-cm's names and inclusion terms) with
+  e5-small at precision auto; wall-clock time and the manifest's figures.
+- train: SAP pairs/s and BioSyn seconds per step in fp32 and bf16 (minilm, MEDIC), alternating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("bench_encode")
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save(out: Path, part: str, result: dict) -> None:
+    from linker.fileio import atomic_file
+
+    data = load_json(out.with_suffix(".json"))
+    if part == "parity":  # parity runs per benchmark (--only) add to the benchmarks already measured
+        result["benchmarks"] = {**data.get("parity", {}).get("benchmarks", {}), **result["benchmarks"]}
+    data[part] = {**result, "command": " ".join(["python", "scripts/bench_encode.py", *sys.argv[1:]]),
+                  "machine": machine()}
+    with atomic_file(out.with_suffix(".json")) as tmp:
+        tmp.write_text(json.dumps(data, indent=2))
+    write_report(out, data)
+
+
+def machine() -> dict:
+    import torch
+
+    from linker.precision import available_cpus, native_precisions
+
+    return {"cpus_available": available_cpus(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "native_precisions": list(native_precisions()), "processor": platform.processor() or platform.machine()}
+
+
+def medic_names(data: Path, n: int, seed: int = 0) -> list[str]:
+    from linker.dictionary import SourceSpec, build_dictionary, read_concept_table
+
+    table = ROOT / "indexes" / "bench_encode" / "medic.parquet"
+    if not table.exists():
+        build_dictionary([SourceSpec("tsv", (data / "ncbi_disease" / "medic_06Jul2012.txt",))], table)
+    names = read_concept_table(table).table.column("name").to_pylist()
+    rng = np.random.default_rng(seed)
+    return [names[i] for i in np.sort(rng.choice(len(names), size=min(n, len(names)), replace=False))]
+
+
+# --- throughput ---------------------------------------------------------------------------------
+
+
+def throughput(args) -> dict:
+    from linker.encoders import load_encoder
+
+    names = medic_names(args.data, args.names)
+    result = {"names": len(names), "repeats": args.repeats, "encoders": {}, "load_before": os.getloadavg()}
+    for encoder_name in ("minilm", "e5-small"):
+        fp32 = load_encoder(encoder_name)
+        contenders = {"fp32, sentence-transformers encode (before)": None}
+        contenders.update({p: fp32.with_precision(p) for p in PRECISIONS})
+        runs: dict[str, list[float]] = {label: [] for label in contenders}
+        vectors: dict[str, np.ndarray] = {}
+        for label, encoder in contenders.items():  # warm-up: first calls pay one-off kernel set-up
+            run_one(fp32, encoder, names[:64])
+        for repeat in range(args.repeats):
+            for label, encoder in contenders.items():
+                started = time.perf_counter()
+                vectors[label] = run_one(fp32, encoder, names)
+                runs[label].append(len(names) / (time.perf_counter() - started))
+                log.info("%s %s repeat %d: %.0f names/s (load %.1f)", encoder_name, label, repeat + 1, runs[label][-1],
+                         os.getloadavg()[0])
+        reference = vectors["fp32"]
+        result["encoders"][encoder_name] = {
+            label: {"names_per_s": [round(x, 1) for x in runs[label]], "median": round(statistics.median(runs[label]), 1),
+                    "min_cosine_to_fp32": round(float(np.min(np.sum(vectors[label] * reference, axis=1))), 6)}
+            for label in contenders
+        }
+        result["encoders"][encoder_name]["_stats"] = contenders["fp32"].last_stats.to_dict()
+    if args.budgets:
+        result["token_budget"] = budget_sweep(args, names)
+    result["load_after"] = os.getloadavg()
+    return result
+
+
+def run_one(fp32, encoder, names: list[str]) -> np.ndarray:
+    if encoder is None:  # the loop before: sentence-transformers' encode, batches of 64 names
+        prefix = fp32.spec.passage_prefix
+        return fp32.model.encode([prefix + n for n in names], batch_size=64, convert_to_numpy=True, show_progress_bar=False,
+                                 normalize_embeddings=True)
+    return encoder.encode(names, role="passage")
+
+
+def budget_sweep(args, names: list[str]) -> dict:
+    from linker.encoders import load_encoder
+
+    budgets = [int(b) for b in args.budgets.split(",")]
+    out = {}
+    for encoder_name in ("minilm", "e5-small"):
+        fp32 = load_encoder(encoder_name)
+        for precision in ("fp32", "bf16"):
+            encoder = fp32.with_precision(precision)
+            runs = {b: [] for b in budgets}
+            for _ in range(args.repeats):
+                for budget in budgets:
+                    started = time.perf_counter()
+                    encoder.encode(names, role="passage", token_budget=budget)
+                    runs[budget].append(len(names) / (time.perf_counter() - started))
+            out[f"{encoder_name} {precision}"] = {str(b): round(statistics.median(v), 1) for b, v in runs.items()}
+            log.info("budget sweep %s %s: %s", encoder_name, precision, out[f"{encoder_name} {precision}"])
+    return out
+
+
+# --- parity -------------------------------------------------------------------------------------
+
+
+def parity(args) -> dict:
+    from linker.dictionary import SourceSpec, build_dictionary
+    from linker.eval.datasets import load_dataset
+
+    work = ROOT / "indexes" / "bench_encode"
+    work.mkdir(parents=True, exist_ok=True)
+    ncbi, cantemist = args.data / "ncbi_disease", args.data / "cantemist"
+    prep = f"#biosyn&typos={ncbi / 'ncbi-spell-check.txt'}"
+    train_specs = [f"pubtator:{ncbi / n}{prep}" for n in ("NCBItrainset_corpus.txt", "NCBIdevelopset_corpus.txt")]
+    medic_td = work / "medic_train_dev.parquet"
+    if not medic_td.exists():
+        rows = [f"{cid}\t{m.text}" for spec in train_specs for m in load_dataset(spec) if len(m.gold) == 1 for cid in m.gold[0]]
+        (work / "ncbi_train_dev_names.tsv").write_text("\n".join(dict.fromkeys(rows)) + "\n", encoding="utf-8")
+        build_dictionary([SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt", work / "ncbi_train_dev_names.tsv"))], medic_td)
+    c_train = f"brat:{cantemist / 'train.zip'}"
+    icdo_train = work / "icdo_train.parquet"
+    if not icdo_train.exists():
+        rows = [f"{m.gold[0][0]}\t{m.text}\tes" for m in load_dataset(c_train) if len(m.gold) == 1]
+        (work / "cantemist_train_names.tsv").write_text("\n".join(dict.fromkeys(rows)) + "\n", encoding="utf-8")
+        build_dictionary([SourceSpec("icdo", (cantemist / "valid-codes.tsv",)),
+                          SourceSpec("tsv", (work / "cantemist_train_names.tsv",))], icdo_train)
+    benchmarks = [
+        ("NCBI-disease test, MEDIC + train/dev mentions", "minilm", medic_td, f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}{prep}",
+         {"same_as": ncbi / "medic_06Jul2012.txt", "composite": "any"}),
+        ("Cantemist test, ICD-O names + train mentions", "e5-small", icdo_train, f"brat:{cantemist / 'test.zip'}#lang=es", {}),
+    ]
+    wanted = [b for b in benchmarks if not args.only or args.only in b[1] or args.only in b[0]]
+    result = {"benchmarks": {}, "load_before": os.getloadavg()}
+    for label, encoder_name, table, test, options in wanted:
+        result["benchmarks"][label] = parity_one(work, label, encoder_name, table, test, options)
+    result["load_after"] = os.getloadavg()
+    return result
+
+
+def parity_one(work: Path, label: str, encoder_name: str, table: Path, test: str, options: dict) -> dict:
+    from linker.eval.datasets import load_dataset
+    from linker.eval.report import evaluate
+    from linker.index import build_index
+    from linker.index.dense import DenseConfig
+    from linker.link import Linker
+
+    mentions = [m.text for m in load_dataset(test)]
+    rows, top1 = {}, {}
+    for precision in PRECISIONS:
+        folder = work / f"{table.stem}_{encoder_name}_{precision}"
+        started = time.perf_counter()
+        if not (folder / "manifest.json").exists():
+            build_index(table, kind="dense", out=folder, config=DenseConfig(encoder=encoder_name, precision=precision))
+        build_seconds = time.perf_counter() - started
+        report = evaluate(folder, test, ks=(1, 5), **options)
+        full = report.row("full")
+        results = Linker.load(folder).link(mentions, k=1)
+        top1[precision] = [r.candidates[0].concept_id if r.candidates else None for r in results]
+        manifest = json.loads((folder / "manifest.json").read_text())
+        rows[precision] = {
+            "acc1": round(100 * full.acc(1).value, 2), "acc5": round(100 * full.acc(5).value, 2), "n": full.n,
+            "build_seconds": round(build_seconds, 1), "encode_seconds": manifest["dense"]["encode_seconds"],
+            "names": manifest["counts"]["names"], "build_check": manifest["dense"]["precision"].get("check"),
+            "truncated": manifest["dense"]["encoding"]["truncated"],
+        }
+        log.info("%s %s: %s", label, precision, rows[precision])
+    for precision in PRECISIONS:
+        same = np.mean([a == b for a, b in zip(top1[precision], top1["fp32"])])
+        rows[precision]["top1_agreement"] = round(100 * float(same), 2)
+        rows[precision]["acc1_delta"] = round(rows[precision]["acc1"] - rows["fp32"]["acc1"], 2)
+        rows[precision]["passes"] = bool(same >= 0.995 and abs(rows[precision]["acc1_delta"]) <= 0.3)
+    return {"encoder": encoder_name, "dictionary": str(table.relative_to(ROOT)), "test": test.replace(str(ROOT.parent), ".."),
+            "mentions": len(mentions), "precisions": rows}
+
+
+# --- ICD-10-CM build ------------------------------------------------------------------------------
+
+
+def build(args) -> dict:
+    from linker.dictionary import SourceSpec, build_dictionary, read_concept_table
+    from linker.index import build_index
+    from linker.index.dense import DenseConfig
+
+    work = ROOT / "indexes" / "bench_encode"
+    table = work / "icd10cm.parquet"
+    if not table.exists():
+        build_dictionary([SourceSpec("icd10", ())], table)
+    if args.build_names:  # a seeded sample, when the shared CPU makes the full run impractical
+        full = read_concept_table(table).table
+        picked = np.sort(np.random.default_rng(0).choice(full.num_rows, args.build_names, replace=False))
+        ids, names = (full.column(c).take(picked).to_pylist() for c in ("concept_id", "name"))
+        tsv = work / f"icd10cm_{args.build_names}.tsv"
+        tsv.write_text("".join(f"{i}\t{n}\n" for i, n in zip(ids, names)), encoding="utf-8")
+        table = work / f"icd10cm_{args.build_names}.parquet"
+        build_dictionary([SourceSpec("tsv", (tsv,))], table)
+    folder = work / f"{table.stem}_e5_{args.build_precision}"
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    manifest = build_index(table, kind="dense", out=folder,
+                           config=DenseConfig(encoder="e5-small", precision=args.build_precision))
+    seconds = time.perf_counter() - started
+    return {"names": manifest["counts"]["names"], "sampled": bool(args.build_names), "seconds": round(seconds, 1),
+            "precision": manifest["dense"]["precision"], "encoding": manifest["dense"]["encoding"],
+            "encode_seconds": manifest["dense"]["encode_seconds"], "load_before": load_before,
+            "load_after": os.getloadavg()}
+
+
+# --- training -----------------------------------------------------------------------------------
+
+
+def train(args) -> dict:
+    from linker.dictionary import SourceSpec, build_dictionary
+    from linker.train.biosyn import BiosynConfig, train_biosyn
+    from linker.train.sap import SapConfig, train_sap
+
+    work = ROOT / "indexes" / "bench_encode" / "train"
+    work.mkdir(parents=True, exist_ok=True)
+    ncbi = args.data / "ncbi_disease"
+    medic = ROOT / "indexes" / "bench_encode" / "medic.parquet"
+    medic_names(args.data, 1)  # builds the MEDIC table when missing
+    # BioSyn re-encodes its whole dictionary every epoch; a MEDIC subset keeps each repeat short
+    # while the step itself (16 mentions x 20 candidates) is the same as on all of MEDIC.
+    small = work / "medic_small.txt"
+    lines = [line for line in (ncbi / "medic_06Jul2012.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
+    small.write_text("\n".join(lines[:: max(1, len(lines) // args.biosyn_concepts)]) + "\n", encoding="utf-8")
+    small_table = work / "medic_small.parquet"
+    build_dictionary([SourceSpec("tsv", (small,))], small_table)
+    train_spec = f"pubtator:{ncbi / 'NCBItrainset_corpus.txt'}"
+    sap, biosyn = {p: [] for p in ("fp32", "bf16")}, {p: [] for p in ("fp32", "bf16")}
+    load_before = os.getloadavg()
+    for repeat in range(args.repeats):
+        for precision in ("fp32", "bf16"):
+            summary = train_sap(medic, encoder="minilm", out=work / f"sap_{precision}",
+                                config=SapConfig(max_pairs=args.sap_pairs, batch_size=64, precision=precision))
+            sap[precision].append(summary["pairs_per_second"])
+            summary = train_biosyn(train_spec, small_table, encoder="minilm", out=work / f"biosyn_{precision}",
+                                   config=BiosynConfig(epochs=1, max_queries=args.biosyn_queries, precision=precision))
+            metrics = json.loads((work / f"biosyn_{precision}" / "train_metrics.json").read_text())
+            steps = metrics["steps"]
+            step_seconds = (steps[-1]["seconds"] - metrics["epochs"][0]["candidate_seconds"]) / len(steps)
+            biosyn[precision].append({"step_seconds": round(step_seconds, 3),
+                                      "candidate_seconds": metrics["epochs"][0]["candidate_seconds"]})
+            log.info("train %s repeat %d: sap %.1f pairs/s, biosyn %s", precision, repeat + 1, sap[precision][-1],
+                     biosyn[precision][-1])
+    median = statistics.median
+    return {
+        "sap": {"pairs": args.sap_pairs, "batch": 64, "encoder": "minilm",
+                **{p: {"pairs_per_s": v, "median": round(median(v), 1)} for p, v in sap.items()}},
+        "biosyn": {"queries": args.biosyn_queries, "batch": 16, "topk": 20, "encoder": "minilm",
+                   "dictionary_names": _rows(small_table),
+                   **{p: {"runs": v, "median_step_seconds": round(median(r["step_seconds"] for r in v), 3),
+                          "median_candidate_seconds": round(median(r["candidate_seconds"] for r in v), 2)}
+                      for p, v in biosyn.items()}},
+        "load_before": load_before, "load_after": os.getloadavg(),
+    }
+
+
+def _rows(table: Path) -> int:
+    from linker.dictionary import read_concept_table
+
+    return read_concept_table(table).table.num_rows
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def _load(values) -> str:
+    return "/".join(f"{v:.1f}" for v in values)
+
+
+def write_report(out: Path, data: dict) -> None:
+    from linker.fileio import atomic_file
+
+    lines = ["# Dense encoding at each precision on the shared CPU", "",
+             "Produced by `scripts/bench_encode.py` (commands per part below). Speeds are medians of repeats that "
+             "alternate the contenders in one process, on a 2-CPU machine shared with other jobs: compare ratios "
+             "within a table, not absolute figures across tables. Load average (1/5/15 min) is shown per part.", ""]
+    if "throughput" in data:
+        t = data["throughput"]
+        lines += ["## Encoding throughput (names/s)", "",
+                  f"`{t['command']}`: {t['names']:,} MEDIC names (seeded sample) as passages, median of {t['repeats']} "
+                  f"repeats; load {_load(t['load_before'])} before, {_load(t['load_after'])} after; "
+                  f"{t['machine']['torch_threads']} torch threads, native precisions {', '.join(t['machine']['native_precisions'])}.", "",
+                  "| encoder | contender | names/s (median) | runs | vs fp32 before | min cosine to fp32 |", "|---|---|---|---|---|---|"]
+        for name, rows in t["encoders"].items():
+            before = rows["fp32, sentence-transformers encode (before)"]["median"]
+            for label, row in rows.items():
+                if label.startswith("_"):
+                    continue
+                shown = label if "before" in label else f"{label}, linker loop"
+                lines.append(f"| {name} | {shown} | {row['median']:,.0f} | {', '.join(f'{x:.0f}' for x in row['names_per_s'])} "
+                             f"| {row['median'] / before:.2f}x | {row['min_cosine_to_fp32']:.5f} |")
+        if "token_budget" in t:
+            lines += ["", "Token budget per batch (names/s, median):", "",
+                      "| encoder, precision | " + " | ".join(next(iter(t["token_budget"].values())).keys()) + " |",
+                      "|---|" + "---|" * len(next(iter(t["token_budget"].values())))]
+            lines += [f"| {k} | " + " | ".join(f"{v:,.0f}" for v in row.values()) + " |" for k, row in t["token_budget"].items()]
+        lines.append("")
+    if "parity" in data:
+        p = data["parity"]
+        lines += ["## Parity with fp32 on real benchmarks", "",
+                  f"`{p['command']}`. A dense flat index per precision; the test mentions are encoded in the index's "
+                  "precision. Bar: top-1 agreement with fp32 >= 99.5% and Acc@1 within 0.3 points. "
+                  "Build check: the index build's own check on 512 of its names (min cosine, nearest-name agreement).", "",
+                  "| benchmark | encoder | precision | Acc@1 | Acc@5 | top-1 agreement with fp32 % | Acc@1 - fp32 | passes | build check | names encoded/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for label, b in p["benchmarks"].items():
+            for precision, row in b["precisions"].items():
+                check = row.get("build_check")
+                shown = "-" if not check else f"{check['min_cosine']:.4f} / {100 * check['top1_agreement']:.1f}%"
+                lines.append(f"| {label} (n={b['mentions']:,}) | {b['encoder']} | {precision} | {row['acc1']:.2f} | {row['acc5']:.2f} "
+                             f"| {row['top1_agreement']:.2f} | {row['acc1_delta']:+.2f} | {'yes' if row['passes'] else 'no'} "
+                             f"| {shown} | {row['names'] / max(row['encode_seconds'], 1e-9):,.0f} |")
+        lines += ["", f"Load {_load(p['load_before'])} before, {_load(p['load_after'])} after.", ""]
+    if "build" in data:
+        b = data["build"]
+        what = "a seeded sample of ICD-10-CM's names" if b["sampled"] else "all ICD-10-CM names"
+        lines += ["## Dense index build: ICD-10-CM with e5-small", "",
+                  f"`{b['command']}`: {what} ({b['names']:,}), flat FAISS, precision {b['precision']['requested']} -> "
+                  f"{b['precision']['chosen']}. Build {b['seconds']:.0f} s ({b['seconds'] / 60:.1f} min), of which encoding "
+                  f"{b['encode_seconds']:.0f} s ({b['encoding']['names_per_second']:,.0f} names/s); "
+                  f"{b['encoding']['truncated']} names truncated (longest {b['encoding']['longest']} tokens, limit "
+                  f"{b['encoding']['max_length']}); load {_load(b['load_before'])} before, {_load(b['load_after'])} after.", ""]
+    if "train" in data:
+        t = data["train"]
+        s, bio = t["sap"], t["biosyn"]
+        lines += ["## Training: fp32 vs bf16 autocast", "",
+                  f"`{t['command']}`: minilm; SAP {s['pairs']} MEDIC pairs, batch {s['batch']}; BioSyn {bio['queries']} "
+                  f"NCBI train mentions, batch {bio['batch']}, top-{bio['topk']}, one epoch over a MEDIC subset of "
+                  f"{bio['dictionary_names']:,} names. Alternating, median of the runs; load {_load(t['load_before'])} "
+                  f"before, {_load(t['load_after'])} after.", "",
+                  "| measure | fp32 (before) | bf16 | speed-up |", "|---|---|---|---|",
+                  f"| SAP pairs/s | {s['fp32']['median']:.1f} | {s['bf16']['median']:.1f} | {s['bf16']['median'] / s['fp32']['median']:.2f}x |",
+                  f"| BioSyn seconds per step | {bio['fp32']['median_step_seconds']:.2f} | {bio['bf16']['median_step_seconds']:.2f} "
+                  f"| {bio['fp32']['median_step_seconds'] / bio['bf16']['median_step_seconds']:.2f}x |",
+                  f"| BioSyn dictionary + query re-encoding per epoch, s | {bio['fp32']['median_candidate_seconds']:.1f} "
+                  f"| {bio['bf16']['median_candidate_seconds']:.1f} "
+                  f"| {bio['fp32']['median_candidate_seconds'] / bio['bf16']['median_candidate_seconds']:.2f}x |", ""]
+    with atomic_file(out.with_suffix(".md")) as tmp:
+        tmp.write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("throughput", "parity", "build", "train"))
+    parser.add_argument("--report", action="store_true", help="only rewrite the Markdown from the JSON")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_encode")
+    parser.add_argument("--names", type=int, default=1500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budgets", default="", help="also sweep these token budgets, e.g. 2048,4096,8192,16384")
+    parser.add_argument("--only", default="", help="parity: only the benchmark whose encoder or label contains this")
+    parser.add_argument("--build-names", type=int, default=0, help="build: a seeded sample of this many names (0 = all)")
+    parser.add_argument("--build-precision", default="auto")
+    parser.add_argument("--sap-pairs", type=int, default=512)
+    parser.add_argument("--biosyn-queries", type=int, default=96)
+    parser.add_argument("--biosyn-concepts", type=int, default=1000)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.report:
+        write_report(args.out, load_json(args.out.with_suffix(".json")))
+        return
+    if args.part is None:
+        parser.error("give --part or --report")
+    result = {"throughput": throughput, "parity": parity, "build": build, "train": train}[args.part](args)
+    save(args.out, args.part, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Precision (fp32, bf16, int8, auto) and the encode loop: parity on the tiny model, manifests, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linker import precision as prec
+from linker.cli.main import main
+from linker.encoders import _token_batches, load_encoder
+from linker.errors import ConfigError, UnknownNameError
+from linker.index import build_index, load_index
+from linker.index.dense import DenseConfig, DenseNameIndex, precision_check
+from linker.link import Linker
+
+NAMES = (Path(__file__).parent / "fixtures" / "dense" / "names.txt").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="module")
+def fp32(tiny_encoder_dir):
+    return load_encoder(str(tiny_encoder_dir))
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """Pretend the processor has the given feature flags."""
+
+    def set_flags(*flags: str) -> None:
+        monkeypatch.setattr(prec, "cpu_flags", lambda: frozenset(flags))
+
+    return set_flags
+
+
+def test_unknown_precision_lists_the_choices(tiny_encoder_dir):
+    with pytest.raises(UnknownNameError, match="available: auto, bf16, fp32, int8"):
+        load_encoder(str(tiny_encoder_dir), precision="fp16")
+    with pytest.raises(UnknownNameError, match="precision"):
+        DenseConfig(precision="half")
+
+
+def test_auto_takes_bf16_only_where_the_processor_runs_it_natively(cpu):
+    cpu("avx512f", "avx512_bf16", "avx512_vnni")
+    assert prec.native_precisions("cpu") == ("fp32", "bf16", "int8")
+    assert prec.resolve_precision("auto") == "bf16"
+    cpu("avx2", "avx512_vnni")
+    assert prec.native_precisions("cpu") == ("fp32", "int8")
+    assert prec.resolve_precision("auto") == "fp32"  # int8 is no auto choice (it missed the parity bar)
+    assert prec.resolve_precision("bf16") == "bf16"  # asked for: honoured, even emulated
+
+
+def test_a_recorded_precision_is_kept_where_native_else_fp32(cpu):
+    cpu("avx512_bf16")
+    assert prec.resolve_precision(None, recorded="bf16") == "bf16"
+    assert prec.resolve_precision(None, recorded=None) == "fp32"  # an index from before precisions
+    assert prec.resolve_precision("fp32", recorded="bf16") == "fp32"  # told otherwise
+    cpu("avx2")
+    assert prec.resolve_precision(None, recorded="bf16") == "fp32"
+    with pytest.raises(ConfigError, match="int8 runs on the CPU only"):
+        prec.resolve_precision("int8", device="cuda:0")
+
+
+def test_available_cpus_follow_affinity_and_cgroup_quota(monkeypatch):
+    import os
+
+    affinity = len(os.sched_getaffinity(0))
+    assert 1 <= prec.available_cpus() <= affinity
+    monkeypatch.setattr(prec, "_cgroup_quota", lambda: 0.5)  # half a CPU still gets one thread
+    assert prec.available_cpus() == 1
+    monkeypatch.setattr(prec, "_cgroup_quota", lambda: None)
+    assert prec.available_cpus() == affinity
+
+
+def test_token_batches_respect_the_budget_and_the_count():
+    lengths = np.array([2, 2, 3, 3, 3, 8, 20])
+    batches = _token_batches(lengths, token_budget=9, max_batch=10)
+    assert batches == [(0, 3), (3, 5), (5, 6), (6, 7)]  # 3 x 3 tokens fit 9; 20 > 9 goes alone
+    assert _token_batches(np.array([1] * 5), token_budget=100, max_batch=2) == [(0, 2), (2, 4), (4, 5)]
+
+
+def test_encode_loop_matches_sentence_transformers_in_the_callers_order(fp32):
+    texts = ["fracture of femur with a very long description of the bone", "rash", "hair loss", "fever", "rash"]
+    seen = []
+    ours = fp32.encode(texts, role="passage", token_budget=16, progress=seen.append)
+    reference = fp32.model.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    assert sum(seen) == len(texts) and len(seen) == fp32.last_stats.batches > 1
+    stats = fp32.last_stats
+    assert (stats.texts, stats.truncated) == (5, 0) and stats.padded_tokens >= stats.tokens
+
+
+def test_truncation_is_counted(tiny_encoder_dir):
+    encoder = load_encoder(str(tiny_encoder_dir))
+    encoder.model.max_seq_length = 4
+    encoder.encode(["hair loss of the scalp", "rash"], role="passage")
+    assert encoder.last_stats.truncated == 1 and encoder.last_stats.max_length == 4
+    assert encoder.last_stats.longest > 4
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_reduced_precisions_keep_parity_with_fp32_on_the_tiny_model(fp32, precision):
+    reduced = fp32.with_precision(precision)
+    assert reduced.precision == precision and fp32.precision == "fp32"
+    figures = precision_check(NAMES, fp32, reduced, sample=len(NAMES))
+    assert figures["sample"] == 35 and figures["min_cosine"] >= 0.99, figures
+    assert figures["top1_agreement"] >= 0.97 and figures["passed"], figures  # at most one of 35 flips
+    if precision == "int8":  # the Linear layers really were swapped for quantised ones
+        from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+
+        def quantized(model) -> int:
+            return sum(isinstance(m, QuantizedLinear) for m in model.modules())
+
+        assert quantized(reduced.model) == 13 and quantized(fp32.model) == 0  # 2 layers x 6 Linear + pooler
+
+
+def test_an_int8_encoder_does_not_go_back(fp32):
+    with pytest.raises(ConfigError, match="load the encoder again"):
+        fp32.with_precision("int8").with_precision("fp32")
+
+
+def test_old_configs_without_precision_were_fp32():
+    assert DenseConfig.from_dict({"encoder": "minilm"}).precision == "fp32"
+    assert DenseConfig().precision == "auto"
+
+
+def _dense_index(tmp_path: Path, tiny_encoder_dir: Path, precision: str) -> Path:
+    tsv = tmp_path / "names.tsv"
+    tsv.write_text("concept_id\tname\n" + "".join(f"C{i:03d}\t{n}\n" for i, n in enumerate(NAMES)), encoding="utf-8")
+    from linker.dictionary import SourceSpec, build_dictionary
+
+    build_dictionary([SourceSpec("tsv", (tsv,))], tmp_path / "dict.parquet")
+    out = tmp_path / f"dense-{precision}"
+    build_index(tmp_path / "dict.parquet", kind="dense", out=out,
+                config=DenseConfig(encoder=str(tiny_encoder_dir), precision=precision))
+    return out
+
+
+def test_the_manifest_records_the_precision_and_its_check_and_queries_follow_it(tmp_path, tiny_encoder_dir, cpu):
+    cpu("avx512_bf16", "avx512_vnni")
+    folder = _dense_index(tmp_path, tiny_encoder_dir, "auto")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    record = manifest["dense"]["precision"]
+    assert (record["requested"], record["chosen"]) == ("auto", "bf16")
+    assert record["check"]["passed"] and record["check"]["sample"] == 35
+    assert manifest["dense"]["encoding"]["truncated"] == 0
+    assert json.loads((folder / "dense" / "params.json").read_text())["config"]["precision"] == "bf16"
+    assert Linker.load(folder).precision == "bf16"  # queries as the names were encoded
+    assert Linker.load(folder, precision="fp32").precision == "fp32"  # unless told otherwise
+    cpu("avx2")
+    assert Linker.load(folder).precision == "fp32"  # a processor without native bf16
+
+
+def test_int8_index_links_like_fp32(tmp_path, tiny_encoder_dir):
+    int8 = load_index(_dense_index(tmp_path, tiny_encoder_dir, "int8"))
+    fp32 = load_index(_dense_index(tmp_path, tiny_encoder_dir, "fp32"))
+    assert int8.names.encoder.precision == "int8" and fp32.names.encoder.precision == "fp32"
+    assert int8.manifest["dense"]["precision"]["check"]["passed"]
+    assert "check" not in fp32.manifest["dense"]["precision"]
+    _, int8_rows = int8.names.search(NAMES, 1)
+    _, fp32_rows = fp32.names.search(NAMES, 1)
+    assert np.mean(int8_rows[:, 0] == fp32_rows[:, 0]) >= 0.97
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_cli_precision_options(tmp_path, tiny_encoder_dir, capsys):
+    folder = _dense_index(tmp_path, tiny_encoder_dir, "fp32")
+    code, out, err = run(["link", "--index", str(folder), "--precision", "int8", "--json", "fever"], capsys)
+    assert code == 0, err
+    assert json.loads(out)[0]["candidates"][0]["matched_name"] == "fever"
+    code, out, err = run(["link", "--index", str(folder), "--precision", "fp8", "fever"], capsys)
+    assert code == 1 and err.strip() == "error: unknown precision 'fp8'; available: auto, bf16, fp32, int8"
+    code, out, err = run(["index", "build", "--dict", str(tmp_path / "dict.parquet"), "--kind", "dense", "--encoder",
+                          str(tiny_encoder_dir), "--precision", "half", "--out", str(tmp_path / "x")], capsys)
+    assert code == 1 and "available: auto, bf16, fp32, int8" in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_dense_index_loads_with_a_given_encoder_of_another_precision(tmp_path, fp32):
+    DenseNameIndex.build(NAMES, fp32, DenseConfig(encoder="tiny", chunk_rows=8)).save(tmp_path)
+    loaded = DenseNameIndex.load(tmp_path, None, fp32.with_precision("bf16"))
+    assert loaded.config.precision == "fp32" and loaded.encoder.precision == "bf16"
+    assert loaded.search(["fever"], 1)[1][0, 0] == NAMES.index("fever")
