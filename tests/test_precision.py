@@ -47,7 +47,7 @@ def test_auto_takes_bf16_only_where_the_processor_runs_it_natively(cpu):
     assert prec.resolve_precision("auto") == "bf16"
     cpu("avx2", "avx512_vnni")
     assert prec.native_precisions("cpu") == ("fp32", "int8")
-    assert prec.resolve_precision("auto") == "fp32"  # int8 is no auto choice (it missed the parity bar)
+    assert prec.resolve_precision("auto") == "fp32"  # int8 is no auto choice (see AUTO_CHOICES)
     assert prec.resolve_precision("bf16") == "bf16"  # asked for: honoured, even emulated
 
 
