@@ -130,7 +130,8 @@ def _dense_index(tmp_path: Path, tiny_encoder_dir: Path, precision: str) -> Path
     tsv.write_text("concept_id\tname\n" + "".join(f"C{i:03d}\t{n}\n" for i, n in enumerate(NAMES)), encoding="utf-8")
     from linker.dictionary import SourceSpec, build_dictionary
 
-    build_dictionary([SourceSpec("tsv", (tsv,))], tmp_path / "dict.parquet")
+    if not (tmp_path / "dict.parquet").exists():
+        build_dictionary([SourceSpec("tsv", (tsv,))], tmp_path / "dict.parquet")
     out = tmp_path / f"dense-{precision}"
     build_index(tmp_path / "dict.parquet", kind="dense", out=out,
                 config=DenseConfig(encoder=str(tiny_encoder_dir), precision=precision))
