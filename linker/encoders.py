@@ -252,6 +252,9 @@ class EncodeStats:
 # tens of MB). MAX_BATCH bounds a batch of very short texts.
 TOKEN_BUDGET = 8192
 MAX_BATCH = 512
+# A batch also ends where the next text is longer than its first by this factor (+2 tokens), so a
+# small or spread-out set of texts does not pad a 4-token name to 40 (padding costs as much as text).
+MAX_PADDING = 1.25
 
 
 class Encoder:
@@ -385,12 +388,15 @@ class Encoder:
 
 def _token_batches(lengths: np.ndarray, token_budget: int, max_batch: int) -> list[tuple[int, int]]:
     """(start, end) slices of length-sorted texts: each batch's count x its longest length stays
-    within the budget (a single text longer than the budget forms its own batch)."""
+    within the budget (a single text longer than the budget forms its own batch), and its longest
+    text is at most MAX_PADDING x its shortest + 2 tokens."""
     batches, start = [], 0
     n = len(lengths)
     while start < n:
         end = start + 1
-        while end < n and end - start < max_batch and (end - start + 1) * int(lengths[end]) <= token_budget:
+        longest = MAX_PADDING * int(lengths[start]) + 2
+        while (end < n and end - start < max_batch and lengths[end] <= longest
+               and (end - start + 1) * int(lengths[end]) <= token_budget):
             end += 1
         batches.append((start, end))
         start = end

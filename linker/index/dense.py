@@ -556,13 +556,17 @@ def partial_dir(parent: Path, names: Sequence[str], encoder) -> Path:
 # MEDIC and ICD-O names are in eval/bench_encode.md.
 PARITY_MIN_AGREEMENT = 0.98
 PARITY_MIN_COSINE = 0.99
+# Two neighbours whose fp32 cosines differ by less than this are a tie: bf16's per-vector error
+# (cosine 0.99999 to fp32, eval/bench_encode.md) moves scores by up to ~1e-3.
+PARITY_TIE = 1e-3
 
 
 def precision_check(names: Sequence[str], reference, candidate, sample: int, seed: int = 0) -> dict:
     """Compare `candidate`'s vectors with `reference`'s (fp32) on a seeded sample of `names`.
 
     Figures: cosine between the two vectors of each name (passage role; mean and minimum) and the
-    agreement of each sampled name's nearest other sampled name (query role against passages).
+    agreement of each sampled name's nearest other sampled name (query role against passages);
+    the candidate's pick agrees when its fp32 cosine is within PARITY_TIE of fp32's best.
     """
     rng = np.random.default_rng(seed)
     picked = [names[i] for i in np.sort(rng.choice(len(names), size=min(sample, len(names)), replace=False))]
@@ -577,8 +581,9 @@ def precision_check(names: Sequence[str], reference, candidate, sample: int, see
         ref_s, cand_s = ref_q @ ref_p.T, cand_q @ cand_p.T
         np.fill_diagonal(ref_s, -np.inf)
         np.fill_diagonal(cand_s, -np.inf)
-        agree = np.asarray(picked, dtype=object)[ref_s.argmax(1)] == np.asarray(picked, dtype=object)[cand_s.argmax(1)]
-        figures["top1_agreement"] = round(float(agree.mean()), 4)
+        chosen = ref_s[np.arange(len(picked)), cand_s.argmax(1)]  # fp32 cosine of the candidate's pick
+        figures["top1_agreement"] = round(float(np.mean(chosen >= ref_s.max(1) - PARITY_TIE)), 4)
+        figures["tie"] = PARITY_TIE
     figures["passed"] = bool(figures["min_cosine"] >= PARITY_MIN_COSINE
                              and figures.get("top1_agreement", 1.0) >= PARITY_MIN_AGREEMENT)
     figures["seconds"] = round(time.perf_counter() - started, 2)
