@@ -12,7 +12,6 @@ to an Arrow record batch, so a distributed engine (Ray Data ``map_batches``, Spa
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Sequence
@@ -150,7 +149,6 @@ class Linker:
             raise ConfigError(f"--min-confidence needs a calibration of {index.folder} for this scorer; "
                               f"run `linker calibrate --index {index.folder} --dataset SPEC` first")
         self.min_confidence = min_confidence
-        self._dropped: np.ndarray | None = None  # name rows of concepts removed by `without_concepts`
         self.stats = {"texts": 0, "retrieve_seconds": 0.0, "rerank_seconds": 0.0, "rerank_pairs": 0}
         table = index.concepts.table
         self._concepts = ConceptIndex(table.column("concept_id"))
@@ -203,20 +201,6 @@ class Linker:
         """What `Candidate.score` is: the retriever's score or one re-ranker's (calibrations are per scorer)."""
         return RETRIEVER_SCORER if self.reranker is None else self.reranker.scorer
 
-    def without_concepts(self, concept_ids: Sequence[str]) -> Linker:
-        """This Linker as if `concept_ids` were not in the dictionary (their names masked out).
-
-        Used to make unlinkable test mentions for the "no link" evaluation without rebuilding
-        the index; a tf-idf index keeps the idf weights of the full dictionary.
-        """
-        other = copy.copy(self)
-        other._lang_masks = {}
-        other.stats = dict.fromkeys(self.stats, 0)
-        wanted = set(concept_ids)
-        codes = [i for i, cid in enumerate(self._concepts.ids) if cid in wanted]
-        other._dropped = np.isin(self._concepts.codes, np.asarray(codes, dtype=np.int64))
-        return other
-
     @property
     def manifest(self) -> dict:
         return self.index.manifest
@@ -244,12 +228,11 @@ class Linker:
 
     def _allowed(self, lang: str | None) -> np.ndarray | None:
         if lang is None:
-            return None if self._dropped is None else ~self._dropped
+            return None
         if lang not in self._langs:
             raise UnknownNameError("language in this index", lang, self._langs)
         if lang not in self._lang_masks:
-            mask = self._lang_codes == self._langs.index(lang)
-            self._lang_masks[lang] = mask if self._dropped is None else mask & ~self._dropped
+            self._lang_masks[lang] = self._lang_codes == self._langs.index(lang)
         return self._lang_masks[lang]
 
     def preferred_name(self, concept: int, lang: str | None) -> str:
@@ -330,7 +313,7 @@ class Linker:
         A mention with no usable signal (for tf-idf: no n-gram known to the dictionary) gets no
         candidates. An empty or blank mention is an error naming its position. `exclude` is a
         bool mask over the concept table's rows: those names are left out as if the index did
-        not hold them (held-out tests of `linker.eval.capabilities`).
+        not hold them (held-out tests of `linker.eval.capabilities`, "no link" tests of `linker.eval.trust`).
         """
         if isinstance(mentions, str):
             raise InputFormatError("mentions", "a list of mention strings", f"one string {shorten(mentions)}",

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 import linker
 from linker.errors import ConfigError, UnknownNameError
@@ -136,11 +138,11 @@ def _ranked(candidates) -> Ranked:
 
 
 def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
-            progress: bool | None) -> list[tuple[Ranked, ...]]:
+            progress: bool | None, exclude: np.ndarray | None = None) -> list[tuple[Ranked, ...]]:
     """Per mention, one `Ranked` per query text (`Mention.queries`); each distinct text linked once.
 
     With a re-ranker, all of its `rerank_k` concepts are kept (k is raised to it), so that the
-    retriever's own top-k can be scored from the same call.
+    retriever's own top-k can be scored from the same call. `exclude`: as `Linker.link`.
     """
     if linker_.reranker is not None:
         k = max(k, linker_.rerank_k)
@@ -153,7 +155,7 @@ def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
     for lang, texts in by_lang.items():
         for start in range(0, len(texts), LINK_BATCH):
             chunk = texts[start : start + LINK_BATCH]
-            for text, result in zip(chunk, linker_.link(chunk, k=k, lang=lang)):
+            for text, result in zip(chunk, linker_.link(chunk, k=k, lang=lang, exclude=exclude)):
                 ranked[(text, lang)] = _ranked(result.candidates)
             reporter.update(len(chunk))
     reporter.close()
@@ -309,8 +311,9 @@ def evaluate(
                               "(with the same re-ranker) first")
         removed, gold_nil = remove_gold_concepts(linker_.concepts.table.column("concept_id").to_pylist(), gold,
                                                  nil_fraction, expand=expand)
-        masked = linker_.without_concepts(removed)
-        nil_ranked = predict(masked, mentions, 1, query_lang=query_lang, progress=progress)
+        concept_ids = linker_.concepts.table.column("concept_id")
+        removed_names = pc.is_in(concept_ids, value_set=pa.array(removed, pa.string())).to_numpy(zero_copy_only=False)
+        nil_ranked = predict(linker_, mentions, 1, query_lang=query_lang, progress=progress, exclude=removed_names)
         nil_hits = mention_hits(gold, [tuple(r.ids for r in q) for q in nil_ranked], 1, composite=composite,
                                 expand=expand)
         nil_report = nil_section(top_of(nil_ranked, "top_confidence"), nil_hits, gold_nil, min_confidence, removed,

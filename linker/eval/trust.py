@@ -9,7 +9,7 @@ All three look at each mention's *best* candidate: its confidence (calibrated P(
   coverage rises and the accuracy of the kept mentions falls. Reported at the threshold that keeps
   90% of mentions, and drawn as a PNG.
 - NIL: a seeded share of the test set's gold concepts is removed from the dictionary (their names
-  masked out of the index, `Linker.without_concepts`); mentions that needed one of them have no
+  masked out of the index, `Linker.link(exclude=...)`); mentions that needed one of them have no
   right answer any more and should come back "no link" (best confidence below the threshold).
   Precision / recall / F1 of the "no link" decisions at the given threshold, and the best F1 over
   all thresholds (an oracle choice, labelled as such).
