@@ -11,6 +11,7 @@ from linker.errors import ConfigError
 from linker.index import build_index, load_index
 from linker.index.dense import DenseConfig
 from linker.index.hybrid import HybridConfig
+from linker.index.tfidf import TfidfConfig
 from linker.link import Linker
 
 pytestmark = pytest.mark.slow  # builds encoders and FAISS indexes: a few seconds
@@ -39,7 +40,7 @@ def test_dense_manifest_records_encoder_and_files(built, tiny_encoder_dir):
 def test_hybrid_manifest_has_both_parts(built):
     manifest = load_index(built / "hybrid").manifest
     assert manifest["parameters"]["sparse_weight"] == 0.5
-    assert manifest["parameters"]["tfidf"]["ngram_max"] == 2
+    assert manifest["parameters"]["tfidf"]["ngram_max"] == TfidfConfig().ngram_max  # the tf-idf default, recorded
     assert {"tfidf/names.npz", "dense/embeddings.npy"} <= set(manifest["files"])
 
 

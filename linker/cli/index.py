@@ -62,7 +62,7 @@ def build_cli(
     preset: str = typer.Option(None, "--preset", help="tf-idf: a named setting, e.g. medical-crossing (char 1,2 as that paper and BioSyn)."),
     ngram: str = typer.Option(None, "--ngram", help="tf-idf: character n-gram range MIN,MAX (default 3,3)."),
     analyzer: str = typer.Option(None, "--analyzer", help="tf-idf: char_wb (n-grams inside word boundaries, default) or char."),
-    normalization: str = typer.Option(None, "--normalization", help="tf-idf: text normalisation of names and mentions: biosyn (default), default, faithful."),
+    normalization: str = typer.Option(None, "--normalization", help="tf-idf: text normalisation of names and mentions: biosyn (default), default, words, faithful."),
     exact_max_names: int = typer.Option(None, "--exact-max-names", help="tf-idf: search larger indexes approximately (default 500000)."),
     threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
     encoder: str = typer.Option(None, "--encoder", help="dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."),
