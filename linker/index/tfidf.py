@@ -3,7 +3,7 @@
 The default is character trigrams inside word boundaries (``char_wb``, 3-3) over names and
 mentions normalised as BioSyn does (lower case, punctuation to spaces): over NCBI-disease,
 Cantemist, CodiEsp-D and Mantra it was the most accurate setting on average and visits about a
-third of the postings of the Medical Crossing setting per query (eval/tfidf_defaults.md, from
+tenth of the postings of the Medical Crossing setting per query (eval/tfidf_defaults.md, from
 scripts/tfidf_defaults.py). That setting, character uni+bigrams as the Medical Crossing baseline
 and BioSyn's sparse encoder used, stays available as the preset ``medical-crossing``.
 
@@ -21,9 +21,9 @@ Search is `sparse_dot_topn.sp_matmul_topn` (a multi-threaded sparse product that
 top n per row), over chunks of queries so that memory stays bounded: a full scipy product
 followed by a sort materialises every non-zero query-name score (measured by the lead on 200k
 names: ~95 queries/s at 2.6 GiB, against ~600 queries/s at 0.3 GiB with sp_matmul_topn).
-The names are searched in shards of `SHARD_NAMES`: the product accumulates each query's scores in
-an array as long as the shard, and one that fits the CPU cache made exact search over 1M names
-~1.7x faster per CPU second than one 1M-long array (scripts/bench_link.py measures it).
+The names are searched in shards of `SHARD_NAMES`, so that the array in which the product accumulates
+a query's scores stays small enough for the CPU cache; whether that pays off depended on the run on
+the shared 2-core machine (eval/bench_link.md compares it with one product over all names).
 
 Above `TfidfConfig.exact_max_names` names the search is approximate: a query's n-grams found in
 more than `candidate_df` of the names do not select candidates (they are most of the work: the
