@@ -391,12 +391,14 @@ def test_cantemist_dev1_brat_folder(shared_data, tmp_path):
 
     from linker.dictionary import SourceSpec, build_dictionary
     from linker.index import build_index
+    from linker.index.tfidf import PRESETS
 
     src = tmp_path / "dev1"
     with zipfile.ZipFile(shared_data / "cantemist" / "dev1.zip") as archive:
         archive.extractall(src)
     build_dictionary([SourceSpec("icdo", (shared_data / "cantemist" / "valid-codes.tsv",))], tmp_path / "icdo.parquet")
-    build_index(tmp_path / "icdo.parquet", kind="tfidf", out=tmp_path / "icdo")
+    # char 1-2-grams give every mention a candidate; the default trigrams none to 140 of them
+    build_index(tmp_path / "icdo.parquet", kind="tfidf", out=tmp_path / "icdo", config=PRESETS["medical-crossing"])
     summary = normalize_brat(Linker.load(tmp_path / "icdo"), src, tmp_path / "out")
     assert (summary.documents, summary.mentions, summary.linked) == (250, 3341, 3341)
     reference = re.compile(r"^N\d+\tReference (T\d+) icdo3:\d{4}/\d+\t\S.*$")
