@@ -264,20 +264,26 @@ def train(args) -> dict:
     medic_names(args.data, 1)  # builds the MEDIC table when missing
     # BioSyn re-encodes its whole dictionary every epoch; a MEDIC subset keeps each repeat short
     # while the step itself (16 mentions x 20 candidates) is the same as on all of MEDIC.
+    # The subset keeps the concepts of the training mentions (else no candidate list holds a positive).
+    from linker.eval.datasets import load_dataset
+
+    train_spec = f"pubtator:{ncbi / 'NCBItrainset_corpus.txt'}"
+    gold = {i.split(":")[-1] for m in load_dataset(train_spec) for part in m.gold for i in part}
     small = work / "medic_small.txt"
     lines = [line for line in (ncbi / "medic_06Jul2012.txt").read_text(encoding="utf-8").splitlines() if line.strip()]
-    small.write_text("\n".join(lines[:: max(1, len(lines) // args.biosyn_concepts)]) + "\n", encoding="utf-8")
+    step = max(1, len(lines) // args.biosyn_concepts)
+    kept = [line for i, line in enumerate(lines) if i % step == 0 or set(line.split("||")[0].split("|")) & gold]
+    small.write_text("\n".join(kept) + "\n", encoding="utf-8")
     small_table = work / "medic_small.parquet"
-    build_dictionary([SourceSpec("tsv", (small,))], small_table)
-    train_spec = f"pubtator:{ncbi / 'NCBItrainset_corpus.txt'}"
+    build_dictionary([SourceSpec("tsv", (small,))], small_table, overwrite=True)
     sap, biosyn = {p: [] for p in ("fp32", "bf16")}, {p: [] for p in ("fp32", "bf16")}
     load_before = os.getloadavg()
     for repeat in range(args.repeats):
         for precision in ("fp32", "bf16"):
-            summary = train_sap(medic, encoder="minilm", out=work / f"sap_{precision}",
+            summary = train_sap(medic, encoder="minilm", out=work / f"sap_{precision}", overwrite=True,
                                 config=SapConfig(max_pairs=args.sap_pairs, batch_size=64, precision=precision))
             sap[precision].append(summary["pairs_per_second"])
-            summary = train_biosyn(train_spec, small_table, encoder="minilm", out=work / f"biosyn_{precision}",
+            summary = train_biosyn(train_spec, small_table, encoder="minilm", out=work / f"biosyn_{precision}", overwrite=True,
                                    config=BiosynConfig(epochs=1, max_queries=args.biosyn_queries, precision=precision))
             metrics = json.loads((work / f"biosyn_{precision}" / "train_metrics.json").read_text())
             steps = metrics["steps"]
@@ -355,7 +361,7 @@ def write_report(out: Path, data: dict) -> None:
                 lines.append(f"| {label} (n={b['mentions']:,}) | {b['encoder']} | {precision} | {row['acc1']:.2f} | {row['acc5']:.2f} "
                              f"| {row['top1_agreement']:.2f} | {row['acc1_delta']:+.2f} | {'yes' if row['passes'] else 'no'} "
                              f"| {shown} | {row['names'] / max(row['encode_seconds'], 1e-9):,.0f} |")
-        lines += ["", f"Load {_load(p['load_before'])} before, {_load(p['load_after'])} after.", ""]
+        lines += [""] + [f"- {label}: {b['run']}" for label, b in p["benchmarks"].items() if b.get("run")] + [""]
     if "build" in data:
         b = data["build"]
         what = "a seeded sample of ICD-10-CM's names" if b["sampled"] else "all ICD-10-CM names"
@@ -370,7 +376,8 @@ def write_report(out: Path, data: dict) -> None:
         s, bio = t["sap"], t["biosyn"]
         lines += ["## Training: fp32 vs bf16 autocast", "",
                   f"`{t['command']}`: minilm; SAP {s['pairs']} MEDIC pairs, batch {s['batch']}; BioSyn {bio['queries']} "
-                  f"NCBI train mentions, batch {bio['batch']}, top-{bio['topk']}, one epoch over a MEDIC subset of "
+                  f"NCBI train mentions, batch {bio['batch']}, top-{bio['topk']}, one epoch over a MEDIC subset (the train "
+                  f"mentions' concepts and a stride sample) of "
                   f"{bio['dictionary_names']:,} names. Alternating, median of the runs; load {_load(t['load_before'])} "
                   f"before, {_load(t['load_after'])} after.", "",
                   "| measure | fp32 (before) | bf16 | speed-up |", "|---|---|---|---|",
