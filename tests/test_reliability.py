@@ -389,27 +389,33 @@ def _kill_at(command: list[str], delay: float) -> int | None:
     return process.wait()
 
 
+def _timed_run(args: list[str]) -> float:
+    """Wall seconds of one unkilled `python -m linker ARGS` run (it must succeed)."""
+    start = time.perf_counter()
+    assert subprocess.run([sys.executable, "-m", "linker", *args], cwd=ROOT).returncode == 0
+    return time.perf_counter() - start
+
+
 @pytest.mark.slow
 def test_kill_9_during_index_build_and_normalize_leaves_previous_outputs(tmp_path):
     """kill -9 at random points: the previous index and normalised file stay intact, the next run cleans up."""
     table = tmp_path / "big.parquet"
     build_dictionary([SourceSpec("tsv", (_big_names(tmp_path / "big.tsv", 60_000),))], table)
-    build_index(table, kind="tfidf", out=tmp_path / "idx")
-    before = digest(tmp_path / "idx")
+    build = ["-q", "index", "build", "--dict", str(table), "--out", str(tmp_path / "idx")]
     src = spans(tmp_path / "in.jsonl", *[f"name {i} hair loss" for i in range(3000)])
-    assert subprocess.run([sys.executable, "-m", "linker", "-q", "normalize", "--index", str(tmp_path / "idx"),
-                           "--format", "jsonl", "--input", str(src), "--output", str(tmp_path / "out.jsonl")],
-                          cwd=ROOT).returncode == 0
-    out_before = digest(tmp_path / "out.jsonl")
+    normalize = ["-q", "normalize", "--index", str(tmp_path / "idx"), "--format", "jsonl", "--input", str(src),
+                 "--output", str(tmp_path / "out.jsonl")]
+    # Kill points are fractions of an unkilled run's wall time, timed here: fixed delays land after the end
+    # on a quiet machine and before the start under load.
+    build_seconds, normalize_seconds = _timed_run(build), _timed_run(normalize)
+    before, out_before = digest(tmp_path / "idx"), digest(tmp_path / "out.jsonl")
     rng = np.random.default_rng(7)
     killed = 0
-    for delay in rng.uniform(0.8, 5.0, size=4):
-        code = _kill_at(["-q", "index", "build", "--dict", str(table), "--out", str(tmp_path / "idx"), "--overwrite"],
-                        float(delay))
+    for fraction in rng.uniform(0.5, 0.95, size=4):
+        code = _kill_at([*build, "--overwrite"], float(fraction * build_seconds))
         killed += code == -signal.SIGKILL
         assert digest(tmp_path / "idx") == before or load_index(tmp_path / "idx")  # old, or the finished new one
-        code = _kill_at(["-q", "normalize", "--index", str(tmp_path / "idx"), "--format", "jsonl", "--input", str(src),
-                         "--output", str(tmp_path / "out.jsonl"), "--overwrite"], float(delay))
+        code = _kill_at([*normalize, "--overwrite"], float(fraction * normalize_seconds))
         killed += code == -signal.SIGKILL
         assert digest(tmp_path / "out.jsonl") == out_before  # same input, same index: the same bytes either way
     assert killed >= 2  # most kills land in the middle of the work
