@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError, LinkerError, MissingInputError
+from linker.precision import autocast, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -33,31 +34,6 @@ RERANKER_DIR = "reranker"  # an index folder's bound re-ranker (`linker index bu
 DEFAULT_RERANK_K = 32
 MAX_LENGTH = 64  # tokens per (mention, name) pair: NCBI/Cantemist mentions and names fit in ~30
 BATCH_SIZE = 128
-
-
-def bf16_supported() -> bool:
-    """True where torch can run bfloat16 matmuls on this CPU natively (AVX512-BF16 / AMX)."""
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def autocast(device: str, enabled: bool = True):
-    """bf16 autocast on a CPU that supports it (or any CUDA device); a no-op context elsewhere."""
-    import contextlib
-
-    import torch
-
-    if not enabled:
-        return contextlib.nullcontext()
-    if device.startswith("cuda"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if bf16_supported():
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def weights_file(folder: Path) -> Path | None:
@@ -88,7 +64,9 @@ class CrossEncoder:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
-        self.bf16 = bf16
+        # One precision mechanism for every model (linker.precision): bf16 only where the device runs it
+        # natively; emulated bf16 is slower than fp32.
+        self.precision = resolve_precision("auto" if bf16 else "fp32", device=device)
 
     @property
     def scorer(self) -> str:
@@ -137,7 +115,7 @@ class CrossEncoder:
             raise ValueError("mentions and names must have the same length")
         out = np.empty(len(mentions), dtype=np.float32)
         order = sorted(range(len(mentions)), key=lambda i: len(mentions[i]) + len(names[i]))
-        with torch.inference_mode(), autocast(self.device, self.bf16):
+        with torch.inference_mode(), autocast(self.precision, self.device):
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
                 out[rows] = self.logits([mentions[i] for i in rows], [names[i] for i in rows]).float().cpu().numpy()

@@ -215,7 +215,8 @@ def train_rerank(
 
     An existing `out` is replaced only with `overwrite` (and only a folder that linker wrote).
     """
-    from linker.rerank import CrossEncoder, autocast, bf16_supported, init_cross_encoder
+    from linker.precision import autocast
+    from linker.rerank import CrossEncoder, init_cross_encoder
 
     out = Path(out)
     dict_path = Path(dict_path)
@@ -257,7 +258,7 @@ def train_rerank(
             batch = [groups[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
             mentions = [g.mention for g in batch for _ in range(width)]
             names = [name for g in batch for name in (g.positive, *g.negatives)]
-            with autocast(device, config.bf16):
+            with autocast(model.precision, device):
                 logits = model.logits(mentions, names).float().view(len(batch), width)  # (batch, 1 + negatives)
             loss = torch.nn.functional.cross_entropy(logits, target[: len(batch)])
             optimizer.zero_grad()
@@ -300,7 +301,7 @@ def train_rerank(
     metrics.extra.update({
         "train_seconds": timer.seconds,
         "steps": state["step"],
-        "bf16": bool(config.bf16 and (device.startswith("cuda") or bf16_supported())),
+        "bf16": model.precision == "bf16",
         "hardware": common.hardware(device, config.threads),
         "parameters": sum(p.numel() for p in model.model.parameters()),
         "resumed": resume,
