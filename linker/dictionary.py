@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import linker
-from linker.errors import InputFormatError, LinkerError, MissingInputError
+from linker.errors import LinkerError, MissingInputError
 from linker.fileio import atomic_file, check_output, native_read
 from linker.progress import bar
 from linker.schema import CONCEPT_SCHEMA, HIERARCHY_SCHEMA, ConceptName, HierarchyRow, validate_concept_table

@@ -58,7 +58,6 @@ FORMATS = ("jsonl", "brat", "ade-xml")
 # Mentions per Linker.link call: the tf-idf index searches queries in chunks of 1024, so a batch
 # of that size is one sparse product; larger batches only add memory.
 BATCH = 1024
-XML_ROOTS = ("Label", "SubmissionLabel")
 
 
 # --------------------------------------------------------------------------- shared

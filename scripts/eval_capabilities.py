@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 
 from capability_indexes import default_index

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import platform
-import shutil
 import sys
 import time
 from pathlib import Path
