@@ -273,3 +273,31 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def repo_root() -> Path:
+    """The checkout this package runs from (the folder holding pyproject.toml), else the working directory."""
+    here = Path(__file__).resolve().parents[1]
+    return here if (here / "pyproject.toml").exists() else Path.cwd().resolve()
+
+
+def portable_paths(text: str, *, root: str | Path | None = None, data: str | Path | None = None,
+                   scratch: str | Path | None = None) -> str:
+    """`text` (a report's JSON or markdown) with this machine's paths made portable: paths inside the
+    repository root become relative to it (the root itself ``.``), paths inside its sibling ``shared``
+    folder (or under `data`, the shared data folder a script was given) become ``../shared/...``, and
+    paths under `scratch` (a temporary folder gone once the run ends) ``<scratch>/...``.
+    Other absolute paths are left as they are."""
+    root = Path(root).resolve() if root is not None else repo_root()
+    pairs: list[tuple[str, str]] = [(str(Path(scratch)), "<scratch>")] if scratch is not None else []
+    if data is not None:
+        pairs += [(str(Path(data).resolve()), "../shared/data"), (str(Path(data).absolute()), "../shared/data")]
+    pairs += [(str(root.parent / "shared"), "../shared")]
+    pairs += [(str(root), ".")]
+    for absolute, relative in pairs:
+        if absolute in ("/", "."):
+            continue
+        # prefix followed by "/" → relative prefix; the bare folder (at a word boundary) → relative name
+        text = text.replace(absolute + "/", "" if relative == "." else relative + "/")
+        text = re.sub(re.escape(absolute) + r"(?![\w.-])", relative, text)
+    return text

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from linker.fileio import portable_paths
+
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = ROOT / "eval"
 SEED = 13
@@ -175,8 +177,8 @@ def main() -> None:
         "runs": results,
     }
     EVAL.mkdir(exist_ok=True)
-    (EVAL / "dict_build_benchmark.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (EVAL / "dict_build_benchmark.md").write_text(markdown(report), encoding="utf-8")
+    (EVAL / "dict_build_benchmark.json").write_text(portable_paths(json.dumps(report, indent=2) + "\n", scratch=tmp), encoding="utf-8")
+    (EVAL / "dict_build_benchmark.md").write_text(portable_paths(markdown(report), scratch=tmp), encoding="utf-8")
     print(f"wrote {EVAL / 'dict_build_benchmark.md'} and .json")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from linker.eval.datasets import load_dataset
-from linker.fileio import atomic_file
+from linker.fileio import atomic_file, portable_paths
 from linker.link import Linker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def main() -> None:
     ])
     for path, text in ((args.out / f"{args.name}.json", json.dumps(result, indent=2)), (args.out / f"{args.name}.md", md)):
         with atomic_file(path) as tmp:
-            tmp.write_text(text.replace(str(ROOT) + "/", "").replace(str(args.data), "../shared/data"), encoding="utf-8")
+            tmp.write_text(portable_paths(text, data=args.data), encoding="utf-8")
     print(md)
 
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without relying on how the package was installed
 
 from linker.dictionary import SourceSpec, build_dictionary, describe  # noqa: E402
-from linker.fileio import atomic_file  # noqa: E402
+from linker.fileio import atomic_file, portable_paths  # noqa: E402
 from linker.sources import SourceOptions  # noqa: E402
 
 HPO_TRANSLATIONS = ("es.babelon", "fr.babelon", "nl.babelon", "de.babelon", "fr.synonyms", "nl.synonyms", "de.synonyms")
@@ -142,9 +142,10 @@ def main() -> None:
         results = run(args.data, args.out_dir)
     report = {"python": platform.python_version(), "cpus": os.cpu_count(), "tables": results}
     with atomic_file(ROOT / "eval" / "dictionaries.json") as tmp:
-        tmp.write_text(json.dumps(report, ensure_ascii=False, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.write_text(portable_paths(json.dumps(report, ensure_ascii=False, indent=2, default=str) + "\n", data=args.data),
+                       encoding="utf-8")
     with atomic_file(ROOT / "eval" / "dictionaries.md") as tmp:
-        tmp.write_text(markdown(results), encoding="utf-8")
+        tmp.write_text(portable_paths(markdown(results), data=args.data), encoding="utf-8")
 
 
 if __name__ == "__main__":

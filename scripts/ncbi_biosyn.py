@@ -39,7 +39,7 @@ import torch
 from linker.dictionary import SourceSpec, build_dictionary, read_concept_table
 from linker.eval.datasets import load_dataset
 from linker.eval.report import evaluate
-from linker.fileio import atomic_file
+from linker.fileio import atomic_file, portable_paths
 from linker.index import build_index
 from linker.index.dense import DenseConfig
 from linker.index.hybrid import HybridConfig
@@ -169,9 +169,9 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     with atomic_file(args.out / f"{args.report_name}.json") as tmp:
-        tmp.write_text(json.dumps(result, indent=2))
+        tmp.write_text(portable_paths(json.dumps(result, indent=2), data=args.data))
     with atomic_file(args.out / f"{args.report_name}.md") as tmp:
-        tmp.write_text(markdown(result))
+        tmp.write_text(portable_paths(markdown(result), data=args.data))
     print(markdown(result))
 
 

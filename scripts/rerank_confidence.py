@@ -46,7 +46,7 @@ from eval_all import mention_names, table  # noqa: E402  (the dictionaries eval_
 from linker.dictionary import SourceSpec  # noqa: E402
 from linker.eval.calibrate import calibrate  # noqa: E402
 from linker.eval.report import evaluate  # noqa: E402
-from linker.fileio import atomic_file  # noqa: E402
+from linker.fileio import atomic_file, portable_paths  # noqa: E402
 from linker.index import build_index  # noqa: E402
 from linker.index.tfidf import TfidfConfig, get_preset  # noqa: E402
 from linker.text import icd10cm_code  # noqa: E402
@@ -209,10 +209,7 @@ def training_summary(model: Path) -> dict:
 
 def relative_paths(path: Path, data: Path) -> None:
     """Reports name the data as ../shared/data and the repository as `.`, never this machine's paths."""
-    text = path.read_text(encoding="utf-8")
-    for absolute, relative in ((str(data.resolve()), "../shared/data"), (str(data), "../shared/data"),
-                               (str(ROOT) + "/", ""), (str(ROOT), ".")):
-        text = text.replace(absolute, relative)
+    text = portable_paths(path.read_text(encoding="utf-8"), root=ROOT, data=data)
     with atomic_file(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
 

@@ -42,7 +42,7 @@ from linker.dictionary import (
     read_concept_table,
 )
 from linker.eval.report import evaluate, markdown_table
-from linker.fileio import atomic_file
+from linker.fileio import atomic_file, portable_paths
 from linker.index import build_index
 from linker.index.dense import DenseConfig
 from linker.train.biosyn import BiosynConfig, train_biosyn
@@ -127,7 +127,7 @@ def main() -> None:
                               "rows": rows})
         full = report.row("full")
         log.info("%s: Acc@1 %.2f Acc@5 %.2f (n=%d)", label, 100 * full.acc(1).value, 100 * full.acc(5).value, full.n)
-        write(args.out, name, state, reports)  # partial results survive a cut-off run
+        write(args.out, name, state, reports, data=args.data)  # partial results survive a cut-off run
 
     if args.part == "cantemist":
         cantemist = args.data / "cantemist"
@@ -191,7 +191,7 @@ def main() -> None:
         score("dense e5-small + sap (HPO cross-lingual pairs), ICD-10-CM names (en)",
               dense(icd, args.work / "icd10cm_e5_sap", str(model)), test, train_spec=train, filters=("all",))
     state["tfidf_rows"] = tfidf_rows(args.out / "summary.json", {"codiesp": "codiesp_d"}.get(args.part, args.part))
-    write(args.out, name, state, reports)
+    write(args.out, name, state, reports, data=args.data)
     print((args.out / f"{name}.md").read_text())
 
 
@@ -236,7 +236,7 @@ def training_summary(model: Path) -> dict:
             "last_step_loss": steps[-1]["loss"] if steps else None}
 
 
-def write(out: Path, name: str, state: dict, reports) -> None:
+def write(out: Path, name: str, state: dict, reports, *, data: Path) -> None:
     state["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if (out / f"{name}.json").exists():  # another process (--index-only) may have timed other stages meanwhile
         old = json.loads((out / f"{name}.json").read_text())
@@ -244,9 +244,9 @@ def write(out: Path, name: str, state: dict, reports) -> None:
             state[key] = {**old.get(key, {}), **state[key]}
     out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / f"{name}.json") as tmp:
-        tmp.write_text(json.dumps(state, indent=2, default=str))
+        tmp.write_text(portable_paths(json.dumps(state, indent=2, default=str), data=data))
     with atomic_file(out / f"{name}.md") as tmp:
-        tmp.write_text(markdown(state, reports))
+        tmp.write_text(portable_paths(markdown(state, reports), data=data))
 
 
 def markdown(s: dict, reports) -> str:

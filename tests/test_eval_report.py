@@ -148,3 +148,17 @@ def test_progress_bar_only_when_asked(index_dir, fixtures, capsys):
     assert "linking" not in capsys.readouterr().err
     evaluate(index_dir, spec, ks=(1,), progress=True)
     assert "linking" in capsys.readouterr().err
+
+
+def test_portable_paths_relativises_repo_and_shared(tmp_path):
+    from linker.fileio import portable_paths
+
+    root = tmp_path / "wt" / "repo"
+    root.mkdir(parents=True)
+    text = (f'{{"index": "{root}/indexes/medic", "dataset": "pubtator:{tmp_path}/wt/shared/data/x.txt#biosyn", '
+            f'"cwd": "{root}", "other": "{root}2/a", "data": "{tmp_path}/elsewhere/data/y.tsv", '
+            f'"out": "{tmp_path}/scratch/out_0.parquet", "acc": 0.8125}}')
+    out = portable_paths(text, root=root, data=tmp_path / "elsewhere" / "data", scratch=tmp_path / "scratch")
+    assert out == ('{"index": "indexes/medic", "dataset": "pubtator:../shared/data/x.txt#biosyn", '
+                   f'"cwd": ".", "other": "{root}2/a", "data": "../shared/data/y.tsv", '
+                   '"out": "<scratch>/out_0.parquet", "acc": 0.8125}')

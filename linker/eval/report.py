@@ -29,7 +29,7 @@ from linker.eval.datasets import Mention, load_dataset, parse_spec
 from linker.eval.filters import FILTERS, Normaliser, ReferenceSet, filter_indices, read_abbreviations
 from linker.eval.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Accuracy, accuracy, mention_hits
 from linker.eval.trust import calibration_section, coverage_chart, nil_section, remove_gold_concepts
-from linker.fileio import atomic_file, check_output
+from linker.fileio import atomic_file, check_output, portable_paths
 from linker.progress import bar
 from linker.text import code_key
 
@@ -447,7 +447,8 @@ def write_report(
         del paths["coverage"]
     report = EvalReport(**{**asdict_shallow(report), "files": tuple(str(p) for p in paths.values())})
     with atomic_file(paths["json"]) as tmp:
-        tmp.write_text(json.dumps(report.to_dict(), ensure_ascii=False, indent=2, default=str) + "\n", encoding="utf-8")
+        tmp.write_text(portable_paths(json.dumps(report.to_dict(), ensure_ascii=False, indent=2, default=str) + "\n"),
+                       encoding="utf-8")
     md = [
         f"# Evaluation: {report.dataset}",
         "",
@@ -464,7 +465,7 @@ def write_report(
         "",
     ]
     with atomic_file(paths["md"]) as tmp:
-        tmp.write_text("\n".join(md), encoding="utf-8")
+        tmp.write_text(portable_paths("\n".join(md)), encoding="utf-8")
     with atomic_file(paths["png"]) as tmp:
         _chart(report, tmp, name)
     if "coverage" in paths:
