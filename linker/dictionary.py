@@ -239,6 +239,32 @@ def read_concept_table(path: str | Path) -> ConceptTable:
     return ConceptTable(path=path, table=table, meta=meta, hierarchy=hierarchy)
 
 
+def alternative_ids(table: pa.Table, *, strip_prefix: str | None = None) -> dict[str, frozenset[str]]:
+    """code_key(id) -> the code keys of the ids that name the same concept, read from the ``xrefs`` column.
+
+    A concept and each of its xrefs are alternatives of each other, both ways and one step only:
+    MEDIC's ``C567755`` and its OMIM twin ``OMIM:613097`` (NCBI-disease annotates with either; a
+    disease that MEDIC lists on an OMIM-only line and as another disease's alternative is then
+    reached both ways), but two HPO terms that share a UMLS xref do not become one concept.
+    `strip_prefix` (``UMLS``) also adds the xrefs of that prefix without it (``UMLS:C0002170`` ->
+    ``C0002170``), for gold standards written in that id space (Mantra's CUIs). Evaluation
+    (`linker.eval.report.gold_matcher`) and training (`linker.train.biosyn`) both read alternatives here.
+    """
+    from linker.text import code_key
+
+    tag = None if strip_prefix is None else strip_prefix.rstrip(":").upper() + ":"
+    out: dict[str, set[str]] = {}
+    for concept_id, xrefs in zip(table.column("concept_id").to_pylist(), table.column("xrefs").to_pylist()):
+        key = code_key(concept_id)
+        for xref in xrefs or ():
+            alternatives = [xref] + ([xref[len(tag):]] if tag and xref.upper().startswith(tag) else [])
+            for alt in map(code_key, alternatives):
+                if alt != key:
+                    out.setdefault(key, set()).add(alt)
+                    out.setdefault(alt, set()).add(key)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
 def describe(path: str | Path, *, samples: int = 5) -> dict:
     """Counts of concepts and names per source, language and term type, and a few sample rows."""
     ct = read_concept_table(path)

@@ -11,7 +11,7 @@ tf-idf default. This script measures, with every other setting equal:
 
 1. the capability suite on the embedded default dictionary, tf-idf ``default`` vs ``words``;
 2. the tf-idf benchmarks of scripts/eval_all.py (NCBI-disease, Cantemist, CodiEsp-D, Mantra GSC),
-   same dictionaries, test sets and same_as / xref rules, under the Full and exact-match filters
+   same dictionaries, test sets and xref rules, under the Full and exact-match filters
    (the 0.2 filters take most of eval_all's time and do not depend on the index).
 
 Writes ``eval/capabilities_fix.md|json`` (and the suite's ``eval/capabilities_fix_suite.*``).
@@ -50,7 +50,7 @@ def benchmarks(data: Path, idx: Path) -> list[tuple[str, Path, str, dict]]:
     medic_td = table(idx / "medic_train_dev.parquet", [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt", extra))],
                      rebuild=False)
     n_train = [f"pubtator:{ncbi / 'NCBItrainset_corpus.txt'}", f"pubtator:{ncbi / 'NCBIdevelopset_corpus.txt'}"]
-    same = {"same_as": ncbi / "medic_06Jul2012.txt", "train_spec": n_train, "filters": ("full", "dict", "train")}
+    same = {"train_spec": n_train, "filters": ("full", "dict", "train")}
     test = f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}"
     icdo = table(idx / "icdo.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",))], rebuild=False)
     c_test, c_train = f"brat:{cantemist / 'test.zip'}#lang=es", f"brat:{cantemist / 'train.zip'}"

@@ -77,7 +77,7 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         "train": [n_train],
         "heldin": f"pubtator:{ncbi / 'NCBIdevelopset_corpus.txt'}{prep}",
         "test": f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}{prep}",
-        "eval": {"composite": "any", "same_as": ncbi / "medic_06Jul2012.txt"}, "nil": 0.2,
+        "eval": {"composite": "any"}, "nil": 0.2,
     }
     c_train = f"brat:{cantemist / 'train.zip'}"
 
@@ -161,7 +161,7 @@ def main() -> None:
         for system in systems:
             folder = folders[system][0]
             cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k,
-                            composite=spec["eval"].get("composite", "all"), same_as=spec["eval"].get("same_as"))
+                            composite=spec["eval"].get("composite", "all"))
             report = evaluate(folder, spec["test"], train_spec=spec["train"], filters=("full", "train0.2"), ks=(1, 5),
                               report_dir=args.out, name=f"rr_{name}_{system}", rerank_k=args.rerank_k,
                               nil_fraction=spec["nil"], overwrite=True, **spec["eval"])  # regenerates its reports

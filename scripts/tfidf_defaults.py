@@ -66,7 +66,7 @@ def benchmarks(data: Path, idx: Path) -> list[dict]:
         merge_tables([hp, doid], merged)
     return [
         {"name": "NCBI-disease (MEDIC + train/dev)", "dict": medic_td, "test": f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}",
-         "options": {"train_spec": ncbi_train, "filters": ("full", "train0.2"), "same_as": ncbi / "medic_06Jul2012.txt"}},
+         "options": {"train_spec": ncbi_train, "filters": ("full", "train0.2")}},
         {"name": "Cantemist (ICD-O, es)", "dict": icdo, "test": f"brat:{cantemist / 'test.zip'}#lang=es",
          "options": {"train_spec": f"brat:{cantemist / 'train.zip'}", "filters": ("full", "train0.2")}},
         {"name": "CodiEsp-D (ICD-10-CM en, es mentions)", "dict": icd10, "test": f"codiesp:{codiesp / 'testX.tsv'}#D",

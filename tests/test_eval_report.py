@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from linker.cli.main import main
+from linker.dictionary import SourceSpec, alternative_ids, build_dictionary
 from linker.errors import ConfigError, UnknownNameError
 from linker.eval.report import evaluate, markdown_table, resolve_filters
 from linker.index import build_index
@@ -70,6 +71,34 @@ def test_composite_rule_any_counts_one_part(index_dir, fixtures):
     assert evaluate(index_dir, spec, ks=(1,), composite="all").row("full").acc(1).correct == 3
 
 
+def test_several_composite_rules_in_one_linking_pass(index_dir, fixtures, tmp_path, monkeypatch):
+    from linker.link import Linker
+
+    calls = []
+    link = Linker.link
+    monkeypatch.setattr(Linker, "link", lambda self, *a, **kw: calls.append(a) or link(self, *a, **kw))
+    spec = f"pubtator:{fixtures / 'eval/pubtator_slice.txt'}"
+    report = evaluate(index_dir, spec, ks=(1,), composite=("any", "all"), filters=("full", "dict"),
+                      report_dir=tmp_path, name="rules")
+    assert len(calls) == 1  # one linking pass for both rules
+    assert [(r.composite, r.filter) for r in report.rows] == [("any", "full"), ("any", "dict"), ("all", "full"),
+                                                            ("all", "dict")]
+    assert report.row("full").acc(1).correct == 5  # the first rule by default
+    assert report.row("full", composite="all").acc(1).correct == 3
+    assert report.config["composite_rules"] == ["any", "all"] and report.config["composite_rule"] == "any"
+    md = (tmp_path / "rules.md").read_text()
+    assert "| dataset | lang | composite | in dict % |" in md and "| pubtator_slice.txt | all | all | 100.00 | 5 | 60.00" in md
+    with pytest.raises(UnknownNameError, match="unknown composite rule 'most'"):
+        evaluate(index_dir, spec, composite=("all", "most"))
+
+
+def test_cli_eval_composite_list(index_dir, fixtures, capsys):
+    main(["eval", "--index", str(index_dir), "--dataset", f"pubtator:{fixtures / 'eval/pubtator_slice.txt'}",
+          "--k", "1", "--composite", "all,any"])
+    out = capsys.readouterr().out
+    assert "| pubtator_slice.txt | all | all | 5 | 60.00 [" in out and "| pubtator_slice.txt | all | any | 5 | 100.00 [" in out
+
+
 def test_gold_via_xref(index_dir, tmp_path):
     data = tmp_path / "cuis.tsv"
     data.write_text("C1565489\trenal insufficiency\nC0030705\tpatients\n", encoding="utf-8")
@@ -124,14 +153,31 @@ def test_cli_eval_errors(index_dir, fixtures, capsys, args, message):
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_same_as_groups_count_alternative_ids(index_dir, tmp_path):
-    groups = tmp_path / "medic_like.txt"
-    groups.write_text("D001943|114480||Breast Neoplasms|Breast Cancer\n", encoding="utf-8")
-    data = tmp_path / "omim.tsv"
-    data.write_text("OMIM:114480\tbreast cancer\n", encoding="utf-8")
-    assert evaluate(index_dir, f"tsv:{data}", ks=(1,)).row("full").acc(1).correct == 0
-    report = evaluate(index_dir, f"tsv:{data}", ks=(1,), same_as=groups)
-    assert report.row("full").acc(1).correct == 1 and report.reachable == 1.0
+def test_alternative_ids_come_from_the_concept_tables_xrefs(tmp_path):
+    # MEDIC's pipe format: the OMIM ids of a line become xrefs of its MeSH concept; 260350 also has
+    # its own OMIM-only line, so it is a concept *and* an alternative of D010190 (reached both ways).
+    medic = tmp_path / "medic_like.txt"
+    medic.write_text("D001943|114480||Breast Neoplasms|Breast Cancer\n260350||Pearson syndrome\n"
+                     "D010190|260350||Pancreatic Diseases\nC0001|C0002||unrelated thing\n", encoding="utf-8")
+    build_dictionary([SourceSpec("tsv", (medic,))], tmp_path / "medic.parquet")
+    build_index(tmp_path / "medic.parquet", kind="tfidf", out=tmp_path / "index", config=PRESETS["medical-crossing"])
+    data = tmp_path / "gold.tsv"
+    data.write_text("OMIM:114480\tbreast cancer\nD010190\tpearson syndrome\nOMIM:260350\tpancreatic diseases\n"
+                    "D001943\tpearson syndrome\n", encoding="utf-8")
+    report = evaluate(tmp_path / "index", f"tsv:{data}", ks=(1,))
+    assert report.row("full").acc(1).correct == 3 and report.reachable == 1.0
+    assert report.config["alternative_ids"] == "concept table xrefs"
+
+
+def test_alternative_ids_are_one_xref_step_both_ways():
+    table = pa.Table.from_pylist(
+        [{"concept_id": c, "xrefs": x} for c, x in [("HP:1", ["UMLS:C9", "MSH:D1"]), ("HP:2", ["UMLS:C9"]),
+                                                   ("D5", ["OMIM:7"])]])
+    alternatives = alternative_ids(table)
+    assert alternatives["HP:1"] == {"UMLS:C9", "MSH:D1"} and alternatives["UMLS:C9"] == {"HP:1", "HP:2"}
+    assert "HP:2" not in alternatives["HP:1"]  # sharing a UMLS xref does not make two terms one concept
+    assert alternatives["OMIM:7"] == {"D5"}
+    assert alternative_ids(table, strip_prefix="UMLS")["HP:2"] == {"UMLS:C9", "C9"}
 
 
 def test_empty_test_set_gives_empty_rows(index_dir, tmp_path):

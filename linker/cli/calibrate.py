@@ -18,11 +18,10 @@ def calibrate_cli(
     rerank_k: int = rerank_k_option(),
     composite: str = typer.Option("all", "--composite", help="Composite mentions right when all parts (all) or any part (any) is found."),
     gold_via_xref: str = typer.Option(None, "--gold-via-xref", help="Map predicted ids through this xref prefix (UMLS) before comparing with gold."),
-    same_as: Path = typer.Option(None, "--same-as", help="File of id groups 'ID|ID...' (e.g. MEDIC) that name one concept."),
     query_lang: bool = typer.Option(False, "--query-lang", help="Restrict candidates to names in each mention's language."),
 ) -> None:
     """Fit P(correct | score) (isotonic) on held-in mentions; every candidate then carries a confidence."""
     from linker.eval.calibrate import calibrate
 
     echo_json(calibrate(index, dataset, rerank=rerank, rerank_k=rerank_k, composite=composite,
-                        gold_via_xref=gold_via_xref, same_as=same_as, query_lang=query_lang))
+                        gold_via_xref=gold_via_xref, query_lang=query_lang))

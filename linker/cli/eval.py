@@ -27,10 +27,9 @@ def eval_cli(
     report: Path = typer.Option(None, "--report", help="Write the report to PATH.md, PATH.json and PATH.png (e.g. eval/ncbi)."),
     mode: str = typer.Option("faithful", "--mode", help="Filter normalisation: faithful (lower/strip) or biosyn."),
     abbreviations: Path = typer.Option(None, "--abbreviations", help="biosyn mode: 'short<TAB>long' table to expand."),
-    composite: str = typer.Option("all", "--composite", help="Composite mentions right when all parts (all) or any part (any) is found."),
+    composite: str = typer.Option("all", "--composite", help="Composite mentions right when all parts (all) or any part (any) is found; several comma-separated (all,any) are scored from one linking pass."),
     gold_via_xref: str = typer.Option(None, "--gold-via-xref",
                                       help="Map predicted ids through this xref prefix (UMLS) before comparing with gold."),
-    same_as: Path = typer.Option(None, "--same-as", help="File of id groups 'ID|ID...' (e.g. MEDIC) that name one concept."),
     query_lang: bool = typer.Option(False, "--query-lang", help="Restrict candidates to names in each mention's language."),
     lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
     rerank: str = rerank_option(),
@@ -68,8 +67,8 @@ def eval_cli(
         raise ConfigError(f"--k takes comma-separated integers, found {k!r}") from None
     result = evaluate(
         index, dataset, train_spec=tuple(train or ()), filters=split_csv(filter_), ks=ks,
-        report_dir=None if report is None else report.parent, name=None if report is None else report.name, mode=mode, composite=composite,
-        gold_via_xref=gold_via_xref, same_as=same_as, query_lang=query_lang, abbreviations=abbreviations, lenient=lenient,
+        report_dir=None if report is None else report.parent, name=None if report is None else report.name, mode=mode, composite=split_csv([composite]),
+        gold_via_xref=gold_via_xref, query_lang=query_lang, abbreviations=abbreviations, lenient=lenient,
         rerank=rerank, rerank_k=rerank_k, nil_fraction=nil_fraction, min_confidence=min_confidence,
         overwrite=overwrite,
         precision=precision,

@@ -32,7 +32,6 @@ def calibrate(
     rerank_k: int | None = None,
     composite: str = "all",
     gold_via_xref: str | None = None,
-    same_as: str | Path | None = None,
     query_lang: bool = False,
     progress: bool | None = None,
 ) -> dict:
@@ -51,7 +50,7 @@ def calibrate(
     if not mentions:
         raise ConfigError(f"{dataset_spec}: no mentions with gold ids to calibrate on")
     ranked = predict(linker_, mentions, 1, query_lang=query_lang, progress=progress)
-    expand, _known = gold_matcher(linker_, gold_via_xref=gold_via_xref, same_as=same_as)
+    expand, _known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
     correct = mention_hits([m.gold for m in mentions], [tuple(r.ids for r in q) for q in ranked], 1,
                            composite=composite, expand=expand)
     scores = top_of(ranked, "top_score")

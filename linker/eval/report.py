@@ -27,7 +27,14 @@ import linker
 from linker.errors import ConfigError, UnknownNameError
 from linker.eval.datasets import Mention, load_dataset, parse_spec
 from linker.eval.filters import FILTERS, Normaliser, ReferenceSet, filter_indices, read_abbreviations
-from linker.eval.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Accuracy, accuracy, mention_hits
+from linker.eval.metrics import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    COMPOSITE_RULES,
+    Accuracy,
+    accuracy,
+    mention_hits,
+)
 from linker.eval.trust import calibration_section, coverage_chart, nil_section, remove_gold_concepts
 from linker.fileio import atomic_file, check_output, portable_paths
 from linker.progress import bar
@@ -40,13 +47,14 @@ LINK_BATCH = 512  # mentions per Linker call: a progress step, small enough to k
 
 @dataclass(frozen=True)
 class EvalRow:
-    """Acc@k of one (filter, language) subset; lang "all" is the whole subset."""
+    """Acc@k of one (filter, language) subset under one composite rule; lang "all" is the whole subset."""
 
     filter: str
     lang: str
     n: int
     accuracies: tuple[Accuracy, ...]
     reachable: float = math.nan  # share of the subset whose gold ids are all in the dictionary
+    composite: str = "all"  # the rule that scored composite mentions (`linker.eval.metrics`)
 
     def acc(self, k: int) -> Accuracy:
         return next(a for a in self.accuracies if a.k == k)
@@ -66,8 +74,10 @@ class EvalReport:
     calibration: dict | None = None  # ECE before/after, accuracy / coverage (`linker.eval.trust`)
     nil: dict | None = None  # "no link" precision / recall / F1 with gold concepts removed
 
-    def row(self, filter_name: str, lang: str = "all") -> EvalRow:
-        return next(r for r in self.rows if r.filter == filter_name and r.lang == lang)
+    def row(self, filter_name: str, lang: str = "all", composite: str | None = None) -> EvalRow:
+        """One row; `composite` None: the first rule evaluated."""
+        composite = composite or self.rows[0].composite
+        return next(r for r in self.rows if r.filter == filter_name and r.lang == lang and r.composite == composite)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,38 +94,6 @@ def resolve_filters(filters: Sequence[str], *, have_train: bool) -> tuple[str, .
         else:
             raise UnknownNameError("filter", name, [*FILTERS, "all"])
     return tuple(dict.fromkeys(out))
-
-
-def _xref_map(linker_, prefix: str) -> dict[str, tuple[str, ...]]:
-    """concept_id -> ids in the `prefix` id space named by the concept's xrefs (``UMLS:C…`` -> ``C…``)."""
-    table = linker_.concepts.table
-    tag = prefix.rstrip(":") + ":"
-    out: dict[str, set[str]] = {}
-    for concept_id, xrefs in zip(table.column("concept_id").to_pylist(), table.column("xrefs").to_pylist()):
-        for x in xrefs or ():
-            if x.upper().startswith(tag.upper()):
-                out.setdefault(concept_id, set()).add(x[len(tag):])
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
-def read_same_as(path: str | Path) -> dict[str, tuple[str, ...]]:
-    """Groups of ids that name one concept, one group a line: ``ID|ID|...`` (anything after ``||`` ignored).
-
-    MEDIC's own file is such a list (``C565846|215600||Copper Toxicosis, Idiopathic``: a MeSH id
-    and its OMIM alternative), and NCBI-disease annotates with either id; bare numbers are OMIM
-    ids, written ``OMIM:<n>`` as the corpus writes them (the MEDIC source's rule).
-    """
-    from linker.fileio import iter_lines
-    from linker.sources.tsv import pipe_ids
-
-    groups: dict[str, set[str]] = {}
-    for _number, line in iter_lines(path):
-        if not line.strip() or line.startswith("#"):
-            continue
-        ids = pipe_ids(line.partition("||")[0])
-        for concept_id in ids:
-            groups.setdefault(concept_id, set()).update(ids)
-    return {k: tuple(sorted(v)) for k, v in groups.items()}
 
 
 @dataclass(frozen=True)
@@ -167,17 +145,19 @@ def top_of(ranked: Sequence[tuple[Ranked, ...]], field_name: str) -> np.ndarray:
     return np.array([min(getattr(r, field_name) for r in queries) for queries in ranked], dtype=np.float64)
 
 
-def gold_matcher(linker_, *, gold_via_xref: str | None, same_as: str | Path | None):
-    """(expand, known): predicted id -> the ids it stands for, and the code keys the dictionary can reach."""
-    xrefs = _xref_map(linker_, gold_via_xref) if gold_via_xref else {}
-    if same_as:
-        id_groups = read_same_as(same_as)
-        for concept_id in set(linker_.concepts.table.column("concept_id").to_pylist()):
-            if concept_id in id_groups:
-                xrefs[concept_id] = tuple(sorted({*xrefs.get(concept_id, ()), *id_groups[concept_id]}))
-    expand = (lambda cid: xrefs.get(cid, ())) if xrefs else None
-    known = {code_key(c) for c in linker_.concepts.table.column("concept_id").to_pylist()}
-    known |= {code_key(x) for ids in xrefs.values() for x in ids}
+def gold_matcher(linker_, *, gold_via_xref: str | None = None):
+    """(expand, known): predicted id -> its alternative ids, and the code keys the dictionary can reach.
+
+    Alternatives come from the concept table's xrefs (`linker.dictionary.alternative_ids`, the
+    mechanism training uses too): MEDIC's OMIM ids of a MeSH disease; with `gold_via_xref`
+    (``UMLS``) also the xrefs of that prefix without it, for gold ids in that id space.
+    """
+    from linker.dictionary import alternative_ids
+
+    table = linker_.concepts.table
+    alternatives = alternative_ids(table, strip_prefix=gold_via_xref)
+    expand = (lambda cid: alternatives.get(code_key(cid), ())) if alternatives else None
+    known = {code_key(c) for c in table.column("concept_id").to_pylist()} | set(alternatives)
     return expand, known
 
 
@@ -191,11 +171,10 @@ def evaluate(
     report_dir: str | Path | None = None,
     progress: bool | None = None,
     mode: str = "faithful",
-    composite: str = "all",
+    composite: str | Sequence[str] = "all",
     gold_via_xref: str | None = None,
     query_lang: bool = False,
     abbreviations: str | Path | None = None,
-    same_as: str | Path | None = None,
     name: str | None = None,
     lenient: bool = False,
     rerank: str | Path | None = None,
@@ -210,11 +189,14 @@ def evaluate(
     `train_spec`: dataset spec(s) whose mention texts form the training reference set (needed
     by ``train``/``train0.2``). `gold_via_xref`: an id prefix (``UMLS``) when the gold ids live
     in another id space than the dictionary (Mantra's CUIs vs HPO ids): predictions are mapped
-    through the concept table's xrefs. `query_lang`: restrict candidates to names in each
-    mention's language (off by default: CodiEsp links Spanish mentions to English names).
-    `same_as`: a file of id groups (`read_same_as`); a predicted id also counts as the other ids
-    of its group (MEDIC's MeSH and OMIM ids of one disease). `lenient`: skip (and log) brat
-    annotations whose spans do not fit their .txt instead of failing.
+    through the concept table's xrefs. A predicted id always counts as its alternative ids, the
+    concept table's xrefs (`gold_matcher`: MEDIC's MeSH and OMIM ids of one disease). `query_lang`:
+    restrict candidates to names in each mention's language (off by default: CodiEsp links Spanish
+    mentions to English names). `lenient`: skip (and log) brat annotations whose spans do not fit
+    their .txt instead of failing.
+
+    `composite`: one rule (``all``, ``any``) or several, each scored from the same linking pass
+    (rows per rule; the re-ranker, calibration and NIL sections use the first).
 
     `rerank`/`rerank_k`: as `Linker.load`; with a re-ranker the report also scores the
     retriever's own order from the same call (the re-ranker's gain). `nil_fraction`: remove this
@@ -230,12 +212,17 @@ def evaluate(
     if not 0.0 <= nil_fraction < 1.0:
         raise ConfigError(f"--nil-fraction is a share of the gold concepts from 0 to 1, found {nil_fraction}")
 
+    rules = (composite,) if isinstance(composite, str) else tuple(dict.fromkeys(composite))
+    for rule in rules or ("(none)",):
+        if rule not in COMPOSITE_RULES:
+            raise UnknownNameError("composite rule", rule, COMPOSITE_RULES)
+    composite = rules[0]  # the rule of the re-ranker, calibration and NIL sections
     ks = tuple(sorted(set(int(k) for k in ks)))
     if not ks or ks[0] < 1:
         raise ConfigError(f"k must be positive integers, found {ks}")
     train_specs = (train_spec,) if isinstance(train_spec, str) else tuple(train_spec or ())
     inputs = [index_dir, *(parse_spec(s).path for s in (dataset_spec, *train_specs))]
-    inputs += [p for p in (abbreviations, same_as, rerank) if p is not None and Path(p).exists()]
+    inputs += [p for p in (abbreviations, rerank) if p is not None and Path(p).exists()]
     if report_dir is not None:
         check_report_paths(report_dir, name, inputs=inputs, overwrite=overwrite)
     filter_names = resolve_filters(filters, have_train=bool(train_specs))
@@ -267,22 +254,25 @@ def evaluate(
     predicted = [tuple(r.ids for r in queries) for queries in ranked]
     seconds["link"] = time.perf_counter() - t
 
-    expand, known = gold_matcher(linker_, gold_via_xref=gold_via_xref, same_as=same_as)
+    expand, known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
     gold = [m.gold for m in mentions]
     in_dict = np.array([all(any(code_key(a) in known for a in part) for part in g) for g in gold], dtype=bool)
     reachable = float(in_dict.mean()) if gold else math.nan
 
     t = time.perf_counter()
-    hits = {k: mention_hits(gold, predicted, k, composite=composite, expand=expand) for k in ks}
+    rule_hits = {rule: {k: mention_hits(gold, predicted, k, composite=rule, expand=expand) for k in ks}
+                 for rule in rules}
+    hits = rule_hits[composite]
     langs = sorted({m.lang for m in mentions})
     lang_of = np.array([m.lang for m in mentions])
     rows = []
-    for f in filter_names:
-        idx = np.array(subsets[f], dtype=np.int64)
-        groups = [("all", idx)] + ([(lang, idx[lang_of[idx] == lang]) for lang in langs] if len(langs) > 1 else [])
-        for lang, sel in groups:
-            rows.append(EvalRow(f, lang, int(len(sel)), tuple(accuracy(hits[k][sel], k) for k in ks),
-                                float(in_dict[sel].mean()) if len(sel) else math.nan))
+    for rule in rules:
+        for f in filter_names:
+            idx = np.array(subsets[f], dtype=np.int64)
+            groups = [("all", idx)] + ([(lang, idx[lang_of[idx] == lang]) for lang in langs] if len(langs) > 1 else [])
+            for lang, sel in groups:
+                rows.append(EvalRow(f, lang, int(len(sel)), tuple(accuracy(rule_hits[rule][k][sel], k) for k in ks),
+                                    float(in_dict[sel].mean()) if len(sel) else math.nan, rule))
     rerank_section = None
     if linker_.reranker is not None:
         retriever_predicted = [tuple(r.retriever_ids for r in queries) for queries in ranked]
@@ -335,8 +325,9 @@ def evaluate(
         "filter_mode": mode,
         "abbreviations": str(abbreviations) if abbreviations else None,
         "composite_rule": composite,
+        "composite_rules": list(rules),
         "gold_via_xref": gold_via_xref,
-        "same_as": str(same_as) if same_as else None,
+        "alternative_ids": "concept table xrefs",
         "query_lang": query_lang,
         "scorer": linker_.scorer,
         "calibration": linker_.manifest.get("calibration"),
@@ -366,25 +357,27 @@ FILTER_TITLES = {"full": "Full", "dict": "Filtered (dict)", "dict0.2": "Filtered
 
 
 def markdown_table(labelled: Sequence[tuple[str, EvalReport]], *, intervals: bool = False, reach: bool = False) -> str:
-    """The paper's layout: one row per (dataset, language); per filter: n, Acc@k...
+    """The paper's layout: one row per (dataset, language[, composite rule]); per filter: n, Acc@k...
 
-    `reach` adds a column: % of the Full subset whose gold id is in the dictionary at all.
+    `reach` adds a column: % of the Full subset whose gold id is in the dictionary at all. A
+    column *composite* appears when a report scored several composite rules.
     """
     if not labelled:
         return ""
     filters = list(dict.fromkeys(r.filter for _, rep in labelled for r in rep.rows))
     ks = labelled[0][1].ks
-    head = ["dataset", "lang"] + (["in dict %"] if reach else []) + [
+    several = any(len({r.composite for r in rep.rows}) > 1 for _, rep in labelled)
+    head = ["dataset", "lang"] + (["composite"] if several else []) + (["in dict %"] if reach else []) + [
         f"{FILTER_TITLES.get(f, f)} {col}" for f in filters for col in ("n", *(f"Acc@{k}" for k in ks))]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, rep in labelled:
-        for lang in dict.fromkeys(r.lang for r in rep.rows):
-            cells = [label, lang]
+        for rule, lang in dict.fromkeys((r.composite, r.lang) for r in rep.rows):
+            cells = [label, lang] + ([rule] if several else [])
             if reach:
                 first = next(r for r in rep.rows if r.lang == lang)
                 cells.append(_pct(first.reachable))
             for f in filters:
-                row = next((r for r in rep.rows if r.filter == f and r.lang == lang), None)
+                row = next((r for r in rep.rows if r.filter == f and r.lang == lang and r.composite == rule), None)
                 if row is None:
                     cells += [""] * (1 + len(ks))
                     continue
@@ -402,7 +395,7 @@ def _chart(report: EvalReport, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report.rows if r.lang == "all"]
+    rows = [r for r in report.rows if r.lang == "all" and r.composite == report.rows[0].composite]
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(rows), 3.2))
     width = 0.8 / len(report.ks)
     x = np.arange(len(rows))
@@ -453,7 +446,7 @@ def write_report(
         f"# Evaluation: {report.dataset}",
         "",
         f"Index `{report.config.get('index_version', report.index)}`; filter mode {report.config.get('filter_mode')}, "
-        f"composite rule {report.config.get('composite_rule')}; {report.config.get('mentions')} mentions, "
+        f"composite rule {', '.join(report.config.get('composite_rules', [report.config.get('composite_rule')]))}; {report.config.get('mentions')} mentions, "
         f"{_pct(report.reachable)}% with a gold id present in the dictionary.",
         "Acc@k in %, 95% bootstrap interval in brackets "
         f"({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}).",

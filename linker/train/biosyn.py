@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from linker.dictionary import read_concept_table
+from linker.dictionary import alternative_ids, read_concept_table
 from linker.errors import ConfigError, LinkerError
 from linker.index.tfidf import PRESETS, TfidfNameIndex
 from linker.precision import autocast, check_precision
@@ -92,10 +92,10 @@ class Query:
 class Dictionary:
     names: tuple[str, ...]
     keys: tuple[str, ...]  # code_key(concept_id) of each name row
-    aliases: dict[str, frozenset[str]]  # code_key(xref) -> the concepts listing it (MEDIC: OMIM id -> MeSH id)
+    aliases: dict[str, frozenset[str]]  # code_key(id) -> the concepts it is an alternative of (OMIM id -> MeSH id)
 
     def resolve(self, gold: frozenset[str]) -> frozenset[str]:
-        """Gold ids plus the concepts that carry any of them as an alternative id (xref)."""
+        """Gold ids plus the concepts that are alternatives of any of them (xrefs, either way)."""
         return gold.union(*(self.aliases.get(g, ()) for g in gold))
 
 
@@ -104,17 +104,15 @@ def load_dictionary(path: str | Path) -> Dictionary:
     table = read_concept_table(path).table
     seen: set[tuple[str, str]] = set()
     names, keys = [], []
-    aliases: dict[str, set[str]] = {}
-    columns = (table.column(c).to_pylist() for c in ("concept_id", "name", "xrefs"))
-    for cid, name, xrefs in zip(*columns):
+    for cid, name in zip(table.column("concept_id").to_pylist(), table.column("name").to_pylist()):
         key = (normalize(name, "default"), code_key(cid))
-        for xref in xrefs or ():
-            aliases.setdefault(code_key(xref), set()).add(key[1])
         if key[0] and key not in seen:
             seen.add(key)
             names.append(name)
             keys.append(key[1])
-    return Dictionary(tuple(names), tuple(keys), {k: frozenset(v) for k, v in aliases.items()})
+    concepts = set(keys)  # only alternatives that are concepts of the dictionary can be positives
+    aliases = {k: v & concepts for k, v in alternative_ids(table).items()}
+    return Dictionary(tuple(names), tuple(keys), {k: v for k, v in aliases.items() if v})
 
 
 def training_queries(mentions, config: BiosynConfig) -> tuple[list[Query], dict]:
