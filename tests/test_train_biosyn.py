@@ -75,7 +75,8 @@ def test_biosyn_training_improves_mention_retrieval(tmp_path, tiny_encoder_dir, 
     # lr 1e-3 for a random 2-layer model (BioSyn's 1e-5 is for a pretrained BERT); topk 8 of 20 names.
     config = BiosynConfig(lr=1e-3, batch_size=4, epochs=8, topk=8, threads=1, seed=1)
     before = mention_acc1(str(tiny_encoder_dir), biosyn_dict)
-    summary = train_biosyn(TRAIN, biosyn_dict, encoder=str(tiny_encoder_dir), out=out, config=config)
+    summary = train_biosyn(TRAIN, biosyn_dict, encoder=str(tiny_encoder_dir), out=out, config=config,
+                           monitor=load_dataset(TRAIN))
     after = mention_acc1(str(out), biosyn_dict)
     assert before < 0.35 and after > 0.6, (before, after)  # measured with these seeds: 0.23 -> 0.77
     metrics = json.loads((out / "train_metrics.json").read_text())
@@ -87,6 +88,10 @@ def test_biosyn_training_improves_mention_retrieval(tmp_path, tiny_encoder_dir, 
     assert metrics["extra"]["queries"]["queries"] == 13 and summary["steps"] + skipped == 32
     assert all(e["queries_without_positive"] >= 1 for e in metrics["epochs"])
     assert metrics["epochs"][-1]["train_dense_acc1_before_epoch"] > metrics["epochs"][0]["train_dense_acc1_before_epoch"]
+    # the watched mentions (here the training ones) get the same Acc@1 as a separate evaluation, within
+    # one of 13 queries (training may encode in bf16), before the first epoch and after the last
+    watched = metrics["epochs"][0]["monitor_dense_acc1_before_epoch"], metrics["extra"]["monitor_dense_acc1_after_training"]
+    assert watched == pytest.approx((before, after), abs=1 / 13 + 1e-6)
     weight = json.loads((out / "biosyn.json").read_text())["sparse_weight"]
     assert weight == metrics["extra"]["sparse_weight"] != 0.0  # learned from BioSyn's initial 0
     config_json = json.loads((out / "train_config.json").read_text())

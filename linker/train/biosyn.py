@@ -23,7 +23,7 @@ import logging
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -187,13 +187,17 @@ def train_biosyn(
     show_progress: bool = False,
     mentions=None,
     overwrite: bool = False,
+    monitor=None,
 ) -> dict:
     """Fine-tune `encoder` BioSyn-style on the mentions of `train_spec`; write a model folder to `out`.
 
     `train_spec` is a dataset spec for `linker.eval.datasets.load_dataset` ("FORMAT:PATH"), or
     several (train and dev); `mentions` may pass already loaded mentions instead (the specs are
     then only recorded). An existing `out` is replaced only with `overwrite` (and only a folder
-    that linker wrote).
+    that linker wrote). `monitor` (mentions, e.g. a held-out split) gets its dense Acc@1 against the
+    training dictionary recorded before each epoch and after the last, for a training curve; it
+    reuses the dictionary vectors each epoch encodes anyway, so only the final point costs an
+    extra encoding. Nothing is chosen by it.
     """
     from linker.encoders import load_encoder
 
@@ -216,6 +220,8 @@ def train_biosyn(
     resolved = [Query(q.text, dictionary.resolve(q.gold)) for q in queries]
     query_stats["gold_widened_by_xrefs"] = sum(len(r.gold) > len(q.gold) for q, r in zip(queries, resolved))
     queries = resolved
+    watch = ([Query(q.text, dictionary.resolve(q.gold)) for q in training_queries(monitor, replace(config, max_queries=None))[0]]
+             if monitor else [])
     if len(dictionary.names) < config.topk:
         raise ConfigError(f"{dict_path}: {len(dictionary.names)} names, fewer than --topk {config.topk}")
 
@@ -258,6 +264,14 @@ def train_biosyn(
     name_texts = [name_prefix + n for n in dictionary.names]
     query_texts = [query_prefix + q.text for q in queries]
     name_keys = np.array(dictionary.keys, dtype=object)
+    watch_texts = [query_prefix + q.text for q in watch]
+
+    def monitor_acc1(name_vectors: np.ndarray) -> float | None:
+        if not watch:
+            return None
+        top = dense_top(common.embed_no_grad(model, watch_texts, device, precision), name_vectors, 1)[:, 0]
+        return round(float(np.mean([name_keys[r] in q.gold for q, r in zip(watch, top)])), 4)
+
     timer = common.Timer()
     steps_per_epoch = math.ceil(len(queries) / config.batch_size)
     for epoch in range(state["epoch"], config.epochs):
@@ -272,10 +286,11 @@ def train_biosyn(
             [[r >= 0 and name_keys[r] in q.gold for r in row] for q, row in zip(queries, candidates)], dtype=bool
         )
         dense_acc1 = float(np.mean([name_keys[r] in q.gold for q, r in zip(queries, dense_rows[:, 0])]))
+        watch_acc1 = monitor_acc1(name_vectors)
         no_positive = int((~positive.any(axis=1)).sum())
         candidate_seconds = refresh.seconds
-        log.info("epoch %d candidates in %.0fs: dense Acc@1 on train %.3f, %d/%d queries without a positive",
-                 epoch + 1, candidate_seconds, dense_acc1, no_positive, len(queries))
+        log.info("epoch %d candidates in %.0fs: dense Acc@1 on train %.3f, on monitor %s, %d/%d queries without a "
+                 "positive", epoch + 1, candidate_seconds, dense_acc1, watch_acc1, no_positive, len(queries))
 
         model.train()
         # Order and dropout seeded per epoch, so a resumed run repeats an uninterrupted one exactly.
@@ -319,6 +334,7 @@ def train_biosyn(
             "epoch": epoch + 1,
             "mean_loss": round(sum(losses) / len(losses), 6) if losses else None,
             "train_dense_acc1_before_epoch": round(dense_acc1, 4),
+            "monitor_dense_acc1_before_epoch": watch_acc1,
             "queries_without_positive": no_positive,
             "batches_without_positive": skipped,
             "sparse_weight": round(float(sparse_weight.detach()), 6),
@@ -329,6 +345,10 @@ def train_biosyn(
         if epoch + 1 < config.epochs:
             common.save_checkpoint(out, model, optimizer, state, metrics, {"sparse_weight": sparse_weight.detach()})
 
+    if watch and metrics.epochs:
+        model.eval()
+        metrics.extra["monitor_dense_acc1_after_training"] = monitor_acc1(
+            common.embed_no_grad(model, name_texts, device, precision))
     model.max_seq_length = original_max_length
     model.eval()
     weight = float(sparse_weight.detach())
