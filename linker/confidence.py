@@ -11,7 +11,10 @@ listed and verified by the manifest like every other file) and applied by linear
 so loading needs neither scikit-learn nor pickle.
 
 A calibration belongs to one scorer: the retriever's own score, or one re-ranker (named by its
-weights' sha256). Linking with another scorer gives ``confidence = None`` (and refuses
+weights' sha256). For a re-ranker it also holds how the final score mixes both signals:
+``re-ranker logit + retriever_weight x retriever score``, the weight chosen by `linker calibrate`
+on the same held-in set (the best Acc@1 over a grid that runs from the re-ranker alone to, in
+effect, the retriever's own order), so a re-ranker that does not help there is outvoted. Linking with another scorer gives ``confidence = None`` (and refuses
 ``min_confidence``), because the map would be meaningless for that score.
 
 `expected_calibration_error`: the mean |accuracy - confidence| over 10 equal-width confidence
@@ -51,6 +54,7 @@ class Calibration:
     mentions: int = 0
     accuracy: float = float("nan")  # Acc@1 on the held-in set
     fitted_at: str = ""
+    retriever_weight: float = 0.0  # re-ranker scorers: final = logit + retriever_weight * retriever score
 
     def __call__(self, scores: np.ndarray | Sequence[float]) -> np.ndarray:
         """P(correct) of each score; flat beyond the fitted range (isotonic's "clip")."""
@@ -68,7 +72,8 @@ class Calibration:
         return reach[0] if reach else float("inf")
 
 
-def fit_isotonic(scores: Sequence[float], correct: Sequence[bool], *, scorer: str, fitted_on: str = "") -> Calibration:
+def fit_isotonic(scores: Sequence[float], correct: Sequence[bool], *, scorer: str, fitted_on: str = "",
+                 retriever_weight: float = 0.0) -> Calibration:
     """Isotonic regression of `correct` on `scores` (one pair per held-in mention)."""
     from sklearn.isotonic import IsotonicRegression
 
@@ -87,6 +92,7 @@ def fit_isotonic(scores: Sequence[float], correct: Sequence[bool], *, scorer: st
         mentions=int(len(scores)),
         accuracy=float(correct.mean()),
         fitted_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        retriever_weight=float(retriever_weight),
     )
 
 
@@ -166,6 +172,8 @@ def write_calibration(folder: str | Path, calibration: Calibration) -> dict:
         tmp.write_text(json.dumps(calibration.to_json(), indent=1) + "\n", encoding="utf-8")
     summary = {"scorer": calibration.scorer, "method": calibration.method, "fitted_on": calibration.fitted_on,
                "mentions": calibration.mentions, "fitted_at": calibration.fitted_at}
+    if calibration.scorer != RETRIEVER_SCORER:
+        summary["retriever_weight"] = calibration.retriever_weight
     manifest = {key: value for key, value in manifest.items() if key != "files"}
     return write_manifest(folder, {**manifest, "calibration": summary})
 

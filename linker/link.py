@@ -49,8 +49,9 @@ class MeddraPath:
 class Candidate:
     """A concept proposed for a mention, with the dictionary name that matched best.
 
-    `score` ranks the candidates: the re-ranker's logit when one is used, else the retriever's
-    score, which `retriever_score` always keeps. `confidence` is the calibrated P(this candidate
+    `score` ranks the candidates: with a re-ranker its logit (plus the calibration's
+    `retriever_weight` x the retriever's score), else the retriever's score, which
+    `retriever_score` always keeps. `confidence` is the calibrated P(this candidate
     is right) (`linker.confidence`), None when the index has no calibration for this scorer.
     """
 
@@ -125,7 +126,8 @@ class Linker:
     mention's language when given, else English, else any language's.
 
     With a `reranker` (`linker.rerank.CrossEncoder`), the retriever's top `rerank_k` concepts
-    are re-scored and re-ordered before the cut to k. With a calibration in the index folder
+    are re-scored (mixed with the retriever's score as the calibration says, `retriever_weight`)
+    and re-ordered before the cut to k. With a calibration in the index folder
     that matches the scorer, every candidate carries a `confidence`; with `min_confidence`, a
     mention whose best candidate is below it gets no candidates ("no link", `LinkResult.nil`).
     """
@@ -195,6 +197,12 @@ class Linker:
             rerank = index.folder / RERANKER_DIR
         reranker = None if rerank is None or str(rerank) == "none" else CrossEncoder.load(rerank)
         return cls(index, reranker=reranker, rerank_k=rerank_k, min_confidence=min_confidence)
+
+    @property
+    def retriever_weight(self) -> float:
+        """With a re-ranker: final score = its logit + this x the retriever's score (chosen on held-in data by
+        `linker calibrate` and stored with the calibration; 0 = the re-ranker alone when there is none)."""
+        return 0.0 if self.reranker is None or self.calibration is None else self.calibration.retriever_weight
 
     @property
     def scorer(self) -> str:
@@ -333,7 +341,11 @@ class Linker:
         started = time.perf_counter()
         hits = top_concepts(self.index.names, self._concepts, list(mentions), fetch, allowed=allowed)
         retrieved = time.perf_counter()
-        finals = [h.scores for h in hits] if self.reranker is None else self._rerank(mentions, hits)
+        if self.reranker is None:
+            finals = [h.scores for h in hits]
+        else:
+            weight = self.retriever_weight
+            finals = [r + np.float32(weight) * h.scores for r, h in zip(self._rerank(mentions, hits), hits)]
         self.stats["texts"] += len(mentions)
         self.stats["retrieve_seconds"] += retrieved - started
         self.stats["rerank_seconds"] += time.perf_counter() - retrieved

@@ -1,8 +1,8 @@
 """Re-ranking, calibrated confidence and "no link" on real data, CPU only: NCBI-disease, Cantemist, CodiEsp-D.
 
     .venv/bin/python scripts/rerank_confidence.py [--data ../shared/data] [--out eval] [--work indexes/rr]
-        [--models models] [--datasets ncbi,cantemist,codiesp] [--rerank-k 16] [--train-seconds 1800]
-        [--threads 2] [--rebuild]
+        [--models models] [--datasets ncbi,cantemist,codiesp] [--rerank-k 16] [--train-seconds 5100]
+        [--max-queries 1500] [--negatives 5] [--epochs 3] [--lr 3e-5] [--threads 1] [--rebuild]
 
 For each dataset: a tf-idf retriever over the dictionary plus the training mentions (as in
 eval/ncbi_biosyn.md and eval/cantemist_tfidf_train.md; character uni+bigrams, the parameters these
@@ -13,11 +13,19 @@ reports were measured with, pinned here since the library's default became char_
    (``--train-seconds``), minilm for English, e5-small for Spanish;
 2. two copies of the index, the retriever alone and the retriever with the re-ranker bound,
    each calibrated (`calibrate`, isotonic) on held-in mentions that are not in its dictionary:
-   the dev split (NCBI ``NCBIdevelopset``, Cantemist ``dev1``, CodiEsp ``devX``);
-3. `evaluate` on the test set, Full and Filtered0.2 (training-mention filter): Acc@1/Acc@5 of the
+   the dev split (NCBI ``NCBIdevelopset``, Cantemist ``dev1``, CodiEsp ``devX``); for the
+   re-ranker, the same held-in set chooses the mix of its logit and the retriever's score
+   (``retriever_weight``, recorded in the index manifest's calibration entry);
+3. on NCBI, the "no link" threshold is chosen on the held-in set too: `evaluate` on the dev split
+   with 20% of *its* gold concepts removed, the confidence threshold with the best "no link" F1 there;
+4. `evaluate` on the test set, Full and Filtered0.2 (training-mention filter): Acc@1/Acc@5 of the
    retriever's order and of the re-ranked order from the same call, re-rank latency per
    mention, ECE before/after calibration, Acc@1 of the 90% most confident; on NCBI also "no
-   link" F1 with 20% of the gold concepts removed from the dictionary (at confidence 0.5).
+   link" F1 with 20% of the test set's gold concepts removed from the dictionary, at the held-in
+   threshold (the test set's own best threshold is reported beside it, labelled oracle).
+
+Torch runs one thread by default: on the shared 2-core machine (load 13 to 20) a MiniLM training
+step took ~6 s with one thread and ~40 s with two (threads wait for each other's time slices).
 
 NCBI follows BioSyn's query preprocessing (``#biosyn&typos=…``) and scores with BioSyn's rule
 for composites (``any``), but its dictionary is MEDIC + *train* mentions only: the dev
@@ -120,9 +128,12 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=ROOT / "models")
     parser.add_argument("--datasets", default="ncbi,cantemist,codiesp")
     parser.add_argument("--rerank-k", type=int, default=16)
-    parser.add_argument("--train-seconds", type=float, default=1800)
-    parser.add_argument("--max-queries", type=int, default=20000)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train-seconds", type=float, default=5100)
+    parser.add_argument("--max-queries", type=int, default=1500, help="synonym queries (labelled mentions: all)")
+    parser.add_argument("--negatives", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--systems", default="retriever,reranked",
                         help="retriever: tf-idf + calibration only (no re-ranker trained); reranked: also the re-ranker")
     parser.add_argument("--rebuild", action="store_true")
@@ -140,7 +151,8 @@ def main() -> None:
         systems = [s.strip() for s in args.systems.split(",") if s.strip()]
         model = args.models / f"rr-{name}-{spec['encoder']}"
         if "reranked" in systems and (args.rebuild or not (model / "train_metrics.json").exists()):
-            config = RerankConfig(max_queries=args.max_queries, threads=args.threads, max_seconds=args.train_seconds)
+            config = RerankConfig(max_queries=args.max_queries, negatives=args.negatives, epochs=args.epochs, lr=args.lr,
+                                  threads=args.threads, max_seconds=args.train_seconds, checkpoint_every=50)
             resume = model.with_name(model.name + ".checkpoint").exists()
             train_rerank(train_dict, encoder=spec["encoder"], out=model, train_specs=spec["train"], config=config,
                          resume=resume, overwrite=args.rebuild)
@@ -162,12 +174,19 @@ def main() -> None:
             folder = folders[system][0]
             cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k,
                             composite=spec["eval"].get("composite", "all"))
+            threshold, heldin_nil = 0.5, None
+            if spec["nil"]:  # the "no link" threshold: the best F1 on the held-in set with its own concepts removed
+                heldin_nil = evaluate(folder, spec["heldin"], ks=(1,), rerank_k=args.rerank_k, nil_fraction=spec["nil"],
+                                      **spec["eval"]).nil
+                threshold = (heldin_nil["best_f1_oracle"] or {}).get("threshold", threshold)
             report = evaluate(folder, spec["test"], train_spec=spec["train"], filters=("full", "train0.2"), ks=(1, 5),
                               report_dir=args.out, name=f"rr_{name}_{system}", rerank_k=args.rerank_k,
-                              nil_fraction=spec["nil"], overwrite=True, **spec["eval"])  # regenerates its reports
+                              nil_fraction=spec["nil"], min_confidence=threshold, overwrite=True,
+                              **spec["eval"])  # regenerates its reports
             entry["systems"][system] = {
                 "calibration_fit": {k: cal[k] for k in ("mentions", "with_candidate", "accuracy_at_1", "ece_raw",
-                                                        "ece_fitted_in_sample", "breakpoints")},
+                                                        "ece_fitted_in_sample", "breakpoints", "mixing") if k in cal},
+                "nil_heldin": heldin_nil,
                 "rows": [{"filter": r.filter, "n": r.n, "acc1": r.acc(1).value, "acc5": r.acc(5).value,
                           "acc1_interval": [r.acc(1).low, r.acc(1).high]} for r in report.rows if r.lang == "all"],
                 "rerank": report.rerank, "calibration": {k: v for k, v in report.calibration.items() if k != "curve"},
@@ -238,6 +257,7 @@ def markdown(summary: dict) -> str:
         "| dataset | subset | n | retriever Acc@1 | Acc@5 | + re-ranker Acc@1 | Acc@5 | gain Acc@1 | re-rank ms / mention (retrieve ms) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    notes = []
     for entry in summary["datasets"].values():
         if "reranked" not in entry["systems"]:
             for row in entry["systems"]["retriever"]["rows"]:
@@ -245,12 +265,23 @@ def markdown(summary: dict) -> str:
                              f"{_pct(row['acc5'])} | not evaluated (see training) | | | |")
             continue
         rr = entry["systems"]["reranked"]["rerank"]
+        mixing = entry["systems"]["reranked"]["calibration_fit"].get("mixing")
+        if mixing:
+            by_weight = {float(w): a for w, a in mixing["accuracy_at_1_by_weight"].items()}  # JSON keys are strings
+            notes.append(f"- **{entry['title']}**: on the held-in set, Acc@1 of the retriever's order "
+                         f"{_pct(mixing['accuracy_at_1_retriever_order'])}, the re-ranker alone {_pct(by_weight[0.0])}, "
+                         f"the chosen mix (logit + {mixing['retriever_weight']:g} x retriever score) "
+                         f"{_pct(by_weight[float(mixing['retriever_weight'])])}; by weight: "
+                         + ", ".join(f"{w:g}: {_pct(a)}" for w, a in by_weight.items()) + ".")
         for row in rr["rows"]:
             lines.append(
                 f"| {entry['title']} | {row['filter']} | {row['n']:,} | {_pct(row['retriever_acc1'])} | "
                 f"{_pct(row['retriever_acc5'])} | {_pct(row['reranked_acc1'])} | {_pct(row['reranked_acc5'])} | "
                 f"{100 * (row['reranked_acc1'] - row['retriever_acc1']):+.2f} | "
                 f"{rr['rerank_ms_per_mention']:.1f} ({rr['retrieve_ms_per_mention']:.1f}) |")
+    if notes:
+        lines += ["", "The re-ranked column is the mix of the re-ranker's logit and the retriever's score chosen on the "
+                  "held-in set (`linker calibrate`, recorded in the index manifest):", "", *notes]
     lines += ["", "## Calibration (test set, Full)", "",
               "| dataset | system | held-in mentions | ECE raw | ECE calibrated | threshold keeping >= 90% | kept % | "
               "Acc@1 of the kept | Acc@1 of all |",
@@ -267,13 +298,18 @@ def markdown(summary: dict) -> str:
                 if s.get("nil")]
     if nil_rows:
         lines += ["", "## No link (20% of the gold concepts removed from the dictionary)", "",
-                  "| dataset | system | concepts removed | mentions without answer | 'no link' at confidence < 0.5 | "
-                  "precision | recall | F1 | best F1 (oracle threshold) | Acc@1 of the linked answerable |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "The threshold is the confidence with the best 'no link' F1 on the held-in dev split with 20% of "
+                  "its own gold concepts removed; the test set's own best threshold is shown beside it as an oracle "
+                  "(not a result).", "",
+                  "| dataset | system | concepts removed | mentions without answer | threshold (held-in F1) | "
+                  "'no link' answers | precision | recall | F1 | oracle F1 on test | Acc@1 of the linked answerable |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for entry, system, n in nil_rows:
             best = n.get("best_f1_oracle") or {}
+            heldin = (entry["systems"][system].get("nil_heldin") or {}).get("best_f1_oracle") or {}
             lines.append(
                 f"| {entry['title']} | {system} | {n['concepts_removed']:,} | {n['gold_nil']:,} of {n['mentions']:,} | "
+                f"{n['threshold']:.3f} ({_pct(heldin.get('f1'))}) | "
                 f"{n['predicted_nil']:,} | {_pct(n['precision'])} | {_pct(n['recall'])} | {_pct(n['f1'])} | "
                 f"{_pct(best.get('f1'))} at {best.get('threshold', float('nan')):.3f} | {_pct(n['linked_accuracy_at_1'])} |")
     lines += ["", "## Re-ranker training", ""]

@@ -11,13 +11,13 @@ import pytest
 
 from linker.cli.main import main
 from linker.errors import ConfigError, MissingInputError
-from linker.eval.calibrate import calibrate
-from linker.eval.report import evaluate
+from linker.eval.calibrate import RETRIEVER_WEIGHTS, calibrate, mix
+from linker.eval.report import Ranked, evaluate
 from linker.index import build_index
 from linker.index.manifest import read_manifest
 from linker.link import Linker
 from linker.rerank import RERANKER_DIR, CrossEncoder
-from linker.train.rerank import RerankConfig, mine_groups, train_rerank
+from linker.train.rerank import RerankConfig, learning_rate, mine_groups, train_rerank
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
 from normalize_tables import build_indexes  # noqa: E402
@@ -64,6 +64,25 @@ def test_config_checks():
         RerankConfig(negatives=8, fetch=8)
     with pytest.raises(ConfigError, match="batch_size"):
         RerankConfig(batch_size=0)
+
+
+def test_learning_rate_warms_up_then_decays_to_zero():
+    config = RerankConfig(lr=1e-4, warmup=0.1)
+    rates = [learning_rate(config, step, 100) for step in range(100)]
+    assert rates[0] == pytest.approx(1e-5) and rates[9] == pytest.approx(1e-4) == max(rates)
+    assert all(a >= b for a, b in zip(rates[9:], rates[10:])) and rates[-1] == pytest.approx(1e-4 / 90)
+    with pytest.raises(ConfigError, match="warmup"):
+        RerankConfig(warmup=1.0)
+
+
+def test_mix_orders_by_reranker_plus_weighted_retriever_score():
+    # Re-ranker prefers B, the retriever prefers A; C ties B under the re-ranker and loses on concept id.
+    ranked = Ranked(("B", "C", "A"), ("A", "B", "C"), 3.0, float("nan"), (3.0, 3.0, 1.0), (0.5, 0.4, 0.9))
+    assert mix(ranked, 0.0).ids == ("B", "C", "A") and mix(ranked, 0.0).top_score == 3.0
+    heavy = mix(ranked, RETRIEVER_WEIGHTS[-1])
+    assert heavy.ids == ranked.retriever_ids and heavy.top_score == pytest.approx(1.0 + 900.0)
+    assert heavy.retriever_scores == (0.9, 0.5, 0.4)  # scores travel with their concepts
+    assert mix(Ranked((), (), float("-inf"), float("-inf")), 1.0).ids == ()
 
 
 def test_trained_folder_is_safetensors_with_metrics(reranker):
@@ -140,6 +159,16 @@ def test_bound_reranker_calibration_and_eval_gain(tmp_path, indexes, reranker):
     assert Linker.load(out, rerank="none").reranker is None
     summary = calibrate(out, HELDIN, rerank_k=4)
     assert summary["scorer"] == linker.scorer
+    mixing = summary["mixing"]  # the weight with the best held-in Acc@1, the smallest on a tie
+    weight, by_weight = mixing["retriever_weight"], mixing["accuracy_at_1_by_weight"]
+    assert weight == min(w for w in RETRIEVER_WEIGHTS if by_weight[w] == max(by_weight.values()))
+    assert read_manifest(out)["calibration"]["retriever_weight"] == weight
+    mixed = Linker.load(out, rerank_k=4)
+    assert mixed.retriever_weight == weight
+    candidates = mixed.link(["head pain"], k=4)[0].candidates
+    logits = mixed.reranker.score(["head pain"] * len(candidates), [c.matched_name for c in candidates])
+    np.testing.assert_allclose([c.score for c in candidates],
+                               logits + weight * np.array([c.retriever_score for c in candidates]), atol=2e-2)
     assert Linker.load(out, rerank_k=4).link(["hair loss"], k=1)[0].candidates[0].confidence is not None
     assert Linker.load(out, rerank="none").calibration is None  # fitted for the re-ranker, not the retriever
     report = evaluate(out, HELDIN, ks=(1, 2), rerank_k=4, report_dir=tmp_path, name="rep")

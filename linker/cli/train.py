@@ -45,7 +45,7 @@ def biosyn_cli(
 
     check_encoder_name(encoder)  # before any data is read
     config = BiosynConfig(
-        lr=lr, batch_size=batch_size, epochs=epochs, topk=topk, dense_ratio=dense_ratio,
+        lr=lr, warmup=warmup, batch_size=batch_size, epochs=epochs, topk=topk, dense_ratio=dense_ratio,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, max_queries=max_queries,
         seed=seed, device=device, threads=threads, precision=precision,
     )
@@ -79,7 +79,7 @@ def sap_cli(
 
     check_encoder_name(encoder)  # before any data is read
     config = SapConfig(
-        lr=lr, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
+        lr=lr, warmup=warmup, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, seed=seed, device=device, threads=threads,
         precision=precision,
     )
@@ -97,7 +97,8 @@ def rerank_cli(
     max_queries: int = typer.Option(20000, "--max-queries", help="Synonym queries (seeded sample); labelled mentions are all used."),
     synonyms_per_concept: int = typer.Option(2, "--synonyms-per-concept", help="Names of one concept used as queries."),
     negatives: int = typer.Option(7, "--negatives", help="Hard negatives per query (tf-idf's best names of other concepts)."),
-    lr: float = typer.Option(2e-5, "--lr", help="Learning rate."),
+    lr: float = typer.Option(3e-5, "--lr", help="Peak learning rate (linear warm-up over --warmup of the steps, then linear decay to 0)."),
+    warmup: float = typer.Option(0.1, "--warmup", help="Share of the steps with a linear warm-up."),
     batch_size: int = typer.Option(16, "--batch-size", help="Queries per step (each with 1 + negatives pairs)."),
     epochs: int = typer.Option(1, "--epochs", help="Epochs."),
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Steps between checkpoints (0: after each epoch only)."),
@@ -113,7 +114,7 @@ def rerank_cli(
     from linker.train.rerank import RerankConfig, train_rerank
 
     config = RerankConfig(
-        lr=lr, batch_size=batch_size, negatives=negatives, epochs=epochs, max_queries=max_queries,
+        lr=lr, warmup=warmup, batch_size=batch_size, negatives=negatives, epochs=epochs, max_queries=max_queries,
         synonyms_per_concept=synonyms_per_concept, checkpoint_every=checkpoint_every, seed=seed, device=device,
         threads=threads, bf16=bf16, max_seconds=max_seconds,
     )

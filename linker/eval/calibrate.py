@@ -5,6 +5,12 @@ training mentions that are not also names of the index's dictionary: a mention t
 dictionary name is an exact hit and would teach the map that every score is right). Each mention
 gives one pair (its best candidate's final score, whether that candidate is right); mentions
 without any candidate are left out (they are "no link" whatever the map says).
+
+With a re-ranker, the same held-in set first chooses how its logit and the retriever's score mix
+(`RETRIEVER_WEIGHTS`, final = logit + weight x retriever score, the weight with the best Acc@1;
+the smallest on a tie): from the re-ranker alone (0) to, in effect, the retriever's order with the
+re-ranker breaking its ties (1000 against cosines in [0, 1]). The map is then fitted on the mixed
+score. A re-ranker that does not beat the retriever's own order there is reported with a warning.
 """
 
 from __future__ import annotations
@@ -19,9 +25,21 @@ from linker.confidence import expected_calibration_error, fit_isotonic, raw_prob
 from linker.errors import ConfigError
 from linker.eval.datasets import load_dataset
 from linker.eval.metrics import mention_hits
-from linker.eval.report import gold_matcher, predict, top_of
+from linker.eval.report import Ranked, gold_matcher, predict, top_of
 
 log = logging.getLogger(__name__)
+
+RETRIEVER_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 1000.0)
+
+
+def mix(ranked: Ranked, weight: float) -> Ranked:
+    """`ranked` re-ordered by re-ranker score + weight x retriever score (ties: concept_id, as the Linker)."""
+    if not ranked.ids:
+        return ranked
+    scores = [s + weight * r for s, r in zip(ranked.scores, ranked.retriever_scores)]
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], ranked.ids[i]))
+    return Ranked(tuple(ranked.ids[i] for i in order), ranked.retriever_ids, scores[order[0]], ranked.top_confidence,
+                  tuple(scores[i] for i in order), tuple(ranked.retriever_scores[i] for i in order))
 
 
 def calibrate(
@@ -51,11 +69,28 @@ def calibrate(
         raise ConfigError(f"{dataset_spec}: no mentions with gold ids to calibrate on")
     ranked = predict(linker_, mentions, 1, query_lang=query_lang, progress=progress)
     expand, _known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
-    correct = mention_hits([m.gold for m in mentions], [tuple(r.ids for r in q) for q in ranked], 1,
-                           composite=composite, expand=expand)
+    gold = [m.gold for m in mentions]
+
+    def hits_at_1(ranked_, field="ids"):
+        return mention_hits(gold, [tuple(getattr(r, field) for r in q) for q in ranked_], 1, composite=composite,
+                            expand=expand)
+
+    weight, mixing = 0.0, None
+    if linker_.reranker is not None:
+        accuracy = {w: float(hits_at_1([tuple(mix(r, w) for r in q) for q in ranked]).mean()) for w in RETRIEVER_WEIGHTS}
+        weight = max(RETRIEVER_WEIGHTS, key=lambda w: (accuracy[w], -w))
+        retriever_order = float(hits_at_1(ranked, "retriever_ids").mean())
+        mixing = {"retriever_weight": weight, "accuracy_at_1_by_weight": accuracy,
+                  "accuracy_at_1_retriever_order": retriever_order, "reranker_helps": accuracy[weight] > retriever_order}
+        if not mixing["reranker_helps"]:
+            log.warning("%s: the re-ranker does not beat the retriever's own order on %s (Acc@1 %.4f vs %.4f); "
+                        "link without it (--rerank none)", index_dir, dataset_spec, accuracy[weight], retriever_order)
+        ranked = [tuple(mix(r, weight) for r in q) for q in ranked]
+    correct = hits_at_1(ranked)
     scores = top_of(ranked, "top_score")
     keep = np.isfinite(scores)
-    calibration = fit_isotonic(scores[keep], correct[keep], scorer=linker_.scorer, fitted_on=dataset_spec)
+    calibration = fit_isotonic(scores[keep], correct[keep], scorer=linker_.scorer, fitted_on=dataset_spec,
+                               retriever_weight=weight)
     manifest = write_calibration(index_dir, calibration)
     summary = {
         "index": str(index_dir),
@@ -67,6 +102,7 @@ def calibrate(
         "ece_raw": round(expected_calibration_error(raw_probability(scores[keep], linker_.scorer), correct[keep]), 6),
         "ece_fitted_in_sample": round(expected_calibration_error(calibration(scores[keep]), correct[keep]), 6),
         "breakpoints": len(calibration.x),
+        **({"mixing": mixing} if mixing else {}),
         "files": sorted(manifest["files"]),
         "seconds": round(time.perf_counter() - started, 2),
     }

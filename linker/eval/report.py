@@ -104,6 +104,8 @@ class Ranked:
     retriever_ids: tuple[str, ...]  # the same concepts in the retriever's order
     top_score: float  # -inf without candidates
     top_confidence: float  # nan without a calibration, -inf without candidates
+    scores: tuple[float, ...] = ()  # final scores, in `ids` order
+    retriever_scores: tuple[float, ...] = ()  # the retriever's scores, in `ids` order
 
 
 def _ranked(candidates) -> Ranked:
@@ -112,7 +114,8 @@ def _ranked(candidates) -> Ranked:
     retriever = sorted(candidates, key=lambda c: (-c.retriever_score, c.concept_id))
     top = candidates[0]
     return Ranked(tuple(c.concept_id for c in candidates), tuple(c.concept_id for c in retriever), float(top.score),
-                  math.nan if top.confidence is None else float(top.confidence))
+                  math.nan if top.confidence is None else float(top.confidence),
+                  tuple(float(c.score) for c in candidates), tuple(float(c.retriever_score) for c in candidates))
 
 
 def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,

@@ -48,7 +48,8 @@ MINE_BATCH = 1024  # queries per tf-idf search while mining
 
 @dataclass(frozen=True)
 class RerankConfig:
-    lr: float = 2e-5  # the usual BERT-size fine-tuning rate (sentence-transformers' cross-encoder examples)
+    lr: float = 3e-5  # peak rate; sentence-transformers' cross-encoder examples use 2e-5 to 5e-5 for MiniLM
+    warmup: float = 0.1  # share of the steps with a linear warm-up; then linear decay to 0 at the last step
     batch_size: int = 16  # queries per step; each brings 1 + negatives pairs
     negatives: int = 7  # hard negatives per query: 8 pairs per query, 128 per step at batch 16
     epochs: int = 1
@@ -71,6 +72,17 @@ class RerankConfig:
             raise ConfigError(f"fetch ({self.fetch}) must exceed negatives ({self.negatives})")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, found {self.lr}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ConfigError(f"warmup is a share of the steps in [0, 1), found {self.warmup}")
+
+
+def learning_rate(config: RerankConfig, step: int, total: int) -> float:
+    """The rate of step `step` (0-based) of `total`: linear warm-up then linear decay (a pure function of the
+    step, so a resumed run continues the same schedule without saving a scheduler)."""
+    warm = max(1, round(config.warmup * total))
+    if step < warm:
+        return config.lr * (step + 1) / warm
+    return config.lr * max(0.0, (total - step) / max(1, total - warm))
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,8 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
                 if code in query.concepts:
                     if positive is None and row != query.own_row and (query.labelled or names[row].lower() != lower):
                         positive = names[row]
+                elif names[row].lower() == lower:  # another concept with the query's very name: no signal to learn
+                    continue
                 elif code not in seen and len(negatives) < config.negatives:
                     seen.add(code)
                     negatives.append(names[row])
@@ -185,7 +199,7 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
                 positive = names[rng.choice(others)]
             while len(negatives) < config.negatives:  # rare: a tiny dictionary; random other concepts
                 row = rng.randrange(len(names))
-                if int(codes[row]) not in seen:
+                if int(codes[row]) not in seen and names[row].lower() != lower:
                     seen.add(int(codes[row]))
                     negatives.append(names[row])
                     padded += 1
@@ -243,6 +257,7 @@ def train_rerank(
 
     timer = common.Timer()
     steps_per_epoch = math.ceil(len(groups) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
     width = 1 + config.negatives
     target = torch.zeros(config.batch_size, dtype=torch.long, device=device)
     for epoch in range(state["epoch"], config.epochs):
@@ -258,6 +273,8 @@ def train_rerank(
             batch = [groups[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
             mentions = [g.mention for g in batch for _ in range(width)]
             names = [name for g in batch for name in (g.positive, *g.negatives)]
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(config, state["step"], total_steps)
             with autocast(model.precision, device):
                 logits = model.logits(mentions, names).float().view(len(batch), width)  # (batch, 1 + negatives)
             loss = torch.nn.functional.cross_entropy(logits, target[: len(batch)])
