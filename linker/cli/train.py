@@ -45,7 +45,7 @@ def biosyn_cli(
 
     check_encoder_name(encoder)  # before any data is read
     config = BiosynConfig(
-        lr=lr, warmup=warmup, batch_size=batch_size, epochs=epochs, topk=topk, dense_ratio=dense_ratio,
+        lr=lr, batch_size=batch_size, epochs=epochs, topk=topk, dense_ratio=dense_ratio,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, max_queries=max_queries,
         seed=seed, device=device, threads=threads, precision=precision,
     )
@@ -79,7 +79,7 @@ def sap_cli(
 
     check_encoder_name(encoder)  # before any data is read
     config = SapConfig(
-        lr=lr, warmup=warmup, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
+        lr=lr, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, seed=seed, device=device, threads=threads,
         precision=precision,
     )
