@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e ".[dev,spacy]"
+	$(VENV)/bin/pip install -q -e ".[dev,spacy,ray]"
 	touch $@
 
 indexes/default.parquet: | setup

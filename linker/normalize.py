@@ -88,12 +88,7 @@ def link_texts(
     """
     if len(texts) != len(langs):
         raise ValueError("texts and langs must have the same length")
-    known = set(linker.languages)
-    missing = sorted({lang for lang in langs if lang is not None and lang not in known})
-    if missing:
-        log.warning("index has no names in %s; those spans are linked against all languages (%s)",
-                    ", ".join(missing), ", ".join(sorted(known)))
-        langs = [lang if lang in known else None for lang in langs]
+    langs = usable_langs(linker, langs)
     out: list[tuple[Candidate, ...]] = [()] * len(texts)
     for start in range(0, len(texts), batch):
         by_lang: dict[str | None, list[int]] = {}
@@ -108,6 +103,17 @@ def link_texts(
     return out
 
 
+def usable_langs(linker: Linker, langs: Sequence[str | None]) -> list[str | None]:
+    """`langs` with each language the index has no names in replaced by None (any language), with one
+    warning: a Spanish span against the English default is linked, not a failure of its whole batch."""
+    known = set(linker.languages)
+    missing = sorted({lang for lang in langs if lang is not None and lang not in known})
+    if missing:
+        log.warning("index has no names in %s; those spans are linked against all languages (%s)",
+                    ", ".join(missing), ", ".join(sorted(known)))
+    return [lang if lang is None or lang in known else None for lang in langs]
+
+
 def _check_k(k: int) -> None:
     if k < 1:
         raise ConfigError(f"--k must be at least 1, found {k}")
@@ -116,7 +122,8 @@ def _check_k(k: int) -> None:
 # --------------------------------------------------------------------------- JSONL
 
 
-def _batched(items: Iterable, size: int) -> Iterator[list]:
+def batched(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of `size` items (the last one shorter), streaming."""
     buffer: list = []
     for item in items:
         buffer.append(item)
@@ -144,7 +151,7 @@ def normalize_jsonl_lines(
     total = sum(1 for _ in read_jsonl(lines(), where))  # pass 1: nothing is written before this ends
     linked = 0
     with bar(total, desc="linking spans", unit="span") as reporter:
-        for spans in _batched(read_jsonl(lines(), where), BATCH):
+        for spans in batched(read_jsonl(lines(), where), BATCH):
             candidates = link_texts(linker, [s.text for s in spans], [s.lang or lang for s in spans], k=k,
                                     reporter=reporter)
             for span, cands in zip(spans, candidates, strict=True):
@@ -396,6 +403,7 @@ __all__ = [
     "BATCH",
     "FORMATS",
     "NormalizeSummary",
+    "batched",
     "link_texts",
     "normalize_ade_xml",
     "normalize_brat",
@@ -404,4 +412,5 @@ __all__ = [
     "normalize_jsonl_stream",
     "normalize_path",
     "check_paths",
+    "usable_langs",
 ]

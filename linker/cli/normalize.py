@@ -12,16 +12,19 @@ from linker.cli.common import (
     rerank_k_option, rerank_option,
 )
 from linker.cli.main import app
-from linker.errors import ConfigError
+from linker.errors import ConfigError, UnknownNameError
 from linker.link import Linker
-from linker.normalize import FORMATS, check_paths, normalize_jsonl_stream, normalize_path
+from linker.normalize import BATCH, FORMATS, check_paths, normalize_jsonl_stream, normalize_path
+
+ENGINES = ("local", "ray")
 
 
 @app.command("normalize")
 def normalize_cli(
     index: Path = typer.Option(..., "--index", "-i", help="Index folder from `linker index build`."),
-    input_path: str = typer.Option(..., "--input", help="Input file or folder; `-` = stdin (jsonl only)."),
-    fmt: str = typer.Option(..., "--format", "-f", help=f"Input format: {', '.join(FORMATS)}."),
+    input_path: str = typer.Option(..., "--input", help="Input file or folder; `-` = stdin (jsonl only); "
+                                   "--engine ray: a folder, glob or file of .parquet / .jsonl(.gz) shards."),
+    fmt: str = typer.Option(None, "--format", "-f", help=f"Input format: {', '.join(FORMATS)} (--engine ray: by suffix)."),
     output: str = typer.Option(..., "--output", "-o", help="Output file or folder (mirrors the input); `-` = stdout (jsonl only)."),
     k: int = typer.Option(1, "--k", "-k", help="Candidates per span (jsonl); brat and ade-xml write the best one."),
     lang: str = typer.Option(None, "--lang", help="Restrict candidates to names in this language (a JSONL span's own lang wins)."),
@@ -37,8 +40,33 @@ def normalize_cli(
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
+    engine: str = typer.Option("local", "--engine", help=f"Where to link: {', '.join(ENGINES)}. ray: Ray Data, one "
+                               "Parquet shard out per input shard plus _SUCCESS; exactly-once, resumable (linker[ray])."),
+    workers: int = typer.Option(None, "--workers", help="--engine ray: linking actors, each loading the index once (default 2)."),
+    batch_size: int = typer.Option(None, "--batch-size", help=f"--engine ray: spans per link call (default {BATCH})."),
+    address: str = typer.Option(None, "--address", help="--engine ray: an existing Ray cluster (`auto`, host:port); default: start a local Ray."),
 ) -> None:
     """Normalise predicted spans: add ranked concepts (jsonl), brat normalisation lines, or TAC/ADE-Eval Reactions."""
+    if engine not in ENGINES:
+        raise UnknownNameError("engine", engine, ENGINES)
+    if engine == "ray":
+        local_only = {"--format brat/ade-xml": fmt not in (None, "jsonl"), "--db": db is not None,
+                      "--expand-abbreviations": expand_abbreviations, "--lenient": lenient,
+                      "--max-document-bytes": max_document_bytes is not None, "`-`": "-" in (input_path, output)}
+        used = [name for name, given in local_only.items() if given]
+        if used:
+            raise ConfigError(f"--engine ray reads Parquet and JSONL shards into Parquet shards; {', '.join(used)} "
+                              "work with --engine local only")
+        _normalize_ray(index, input_path, output, k=k, lang=lang, overwrite=overwrite, workers=workers or 2,
+                       batch_size=batch_size or BATCH, address=address, limits=read_limits(max_line_bytes, None),
+                       rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
+        return
+    ray_only = [name for name, value in (("--workers", workers), ("--batch-size", batch_size), ("--address", address))
+                if value is not None]
+    if ray_only:
+        raise ConfigError(f"{', '.join(ray_only)} work with --engine ray only")
+    if fmt is None:
+        raise ConfigError(f"--format is required: one of {', '.join(FORMATS)}")
     if (input_path == "-" or output == "-") and fmt != "jsonl":
         raise ConfigError(f"`-` (stdin/stdout) works with --format jsonl only, found --format {fmt}")
     limits = read_limits(max_line_bytes, max_document_bytes)
@@ -57,5 +85,20 @@ def normalize_cli(
         + (f", {len(summary.skipped):,} skipped" if summary.skipped else "")
         + f") in {summary.documents:,} "
         f"document(s) -> {output} in {time.perf_counter() - started:.1f}s",
+        err=True,
+    )
+
+
+def _normalize_ray(index: Path, input_spec: str, output: str, **options) -> None:
+    from linker.engine.ray import import_ray, normalize_ray
+
+    import_ray()  # a missing Ray is one line before any work
+    started = time.perf_counter()
+    summary = normalize_ray(index, input_spec, output, **options)
+    m = summary.manifest
+    typer.echo(
+        f"normalised {m['spans']:,} spans ({m['linked']:,} linked, {m['nil']:,} no link) in {m['shards']:,} shard(s), "
+        f"{summary.linked_now:,} linked now, {m['shards'] - summary.linked_now:,} done before -> {output} "
+        f"in {time.perf_counter() - started:.1f}s",
         err=True,
     )
