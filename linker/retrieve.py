@@ -85,7 +85,9 @@ def top_concepts(
     size = index.size
     results: list[ConceptHits | None] = [None] * len(queries)
     pending = list(range(len(queries)))
-    fetch = min(size, max(MIN_FETCH, k * OVERFETCH))
+    # An index may ask for a first fetch of its own (tf-idf maxscore: its cost grows with k).
+    first = getattr(index, "first_fetch", lambda k: None)(k)
+    fetch = min(size, max(MIN_FETCH, k * OVERFETCH) if first is None else max(k, first))
     while pending:
         # At most SCORE_BUDGET (query, name) hits per search call, so that widening many queries
         # towards the whole index (a rare language in a large index) keeps memory bounded.

@@ -149,7 +149,7 @@ def test_sharded_search_is_exact(monkeypatch):
 
 def test_approximate_search_rescores_candidates_exactly():
     exact = TfidfNameIndex.build(NAMES)
-    approximate = TfidfNameIndex.build(NAMES, TfidfConfig(exact_max_names=0, candidate_df=0.1))
+    approximate = TfidfNameIndex.build(NAMES, TfidfConfig(search="approximate", candidate_df=0.1))
     assert exact.exact and not approximate.exact
     queries = ["chest pain", "pain", "tension headache", "nausea vomiting", "fever unknown", "ЖЖЖ"]
     e_scores, e_rows = exact.search(queries, 3)
@@ -186,7 +186,7 @@ def test_preset_is_recorded_and_old_manifests_keep_their_setting(tmp_path):
 
     old = tmp_path / "mc"
     manifest = json.loads((old / MANIFEST).read_text())
-    for key in ("preset", "normalization", "exact_max_names", "candidate_df"):
+    for key in ("preset", "normalization", "exact_max_names", "candidate_df", "search"):
         del manifest["parameters"][key]
     write_manifest(old, {k: v for k, v in manifest.items() if k != "files"})
     config = load_index(old).names.config
@@ -204,3 +204,62 @@ def test_words_normalisation_ignores_punctuation(tmp_path):
                                  TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="words"))
     scores, rows = index.search(["aplasia hypoplasia of the toes"], 2)
     assert rows[0].tolist() == [0, 1] and scores[0][0] == pytest.approx(1.0)
+
+
+def _random_names(rng, count: int) -> list[str]:
+    """Names of 1-4 words from a small syllable set: many shared n-grams, and duplicates (exact ties)."""
+    syllables = ["ca", "ro", "ne", "pha", "li", "tis", "mo", "ur", "ex", "pain", "acu", "te"]
+    words = ["".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(60)]
+    names = [" ".join(rng.choice(words, size=rng.integers(1, 5))) for _ in range(count)]
+    return names + names[: count // 10]  # a tenth repeated: equal rows, equal scores
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_maxscore_search_equals_exact_search(seed):
+    """Certified early termination: the same top-k rows and scores as the full product, equal scores
+    ordered by row, over blocks of names (a small block size makes several)."""
+    from linker.index.maxscore import MaxScoreSearcher
+
+    rng = np.random.default_rng(seed)
+    names = _random_names(rng, 3_000)
+    exact = TfidfNameIndex.build(names, TfidfConfig(search="exact"))
+    queries = [names[i] for i in rng.integers(0, len(names), 40)] + \
+        [" ".join(rng.choice(names, size=2)) for _ in range(40)] + ["ЖЖЖ", "ca", "x"]
+    vectors = exact.vectors(queries)
+    # The reference: every name ranked (the full product keeps an arbitrary one of names tied at the
+    # k-th place; over all names, ties are ordered by row)
+    all_scores, all_rows = exact.search_vectors(vectors, len(names))
+    for k in (1, 5, 40):
+        e_scores, e_rows = all_scores[:, :k], all_rows[:, :k]
+        for block_size, threads in ((1_000, 1), (4_096, 2)):
+            searcher = MaxScoreSearcher(exact.matrix, exact.vectorizer.idf_, block_size=block_size)
+            m_scores, m_rows, work = searcher.search_counted(vectors, k, threads)
+            np.testing.assert_array_equal(m_rows, e_rows)
+            np.testing.assert_array_equal(m_scores, e_scores)  # same sums in the same order: bit-identical
+            # it did stop early: fewer postings read than the full product reads
+            full = np.diff(searcher.postings.indptr)[vectors.indices].sum()
+            assert work[:, 0].sum() < full
+    # the index dispatches to it, and retrieve asks it for a smaller first fetch
+    index = TfidfNameIndex.build(names, TfidfConfig(search="maxscore"))
+    assert index.search_method == "maxscore" and index.exact and index.first_fetch(5) == 10
+    np.testing.assert_array_equal(index.search(queries, 7)[1], all_rows[:, :7])
+
+
+def test_search_method_is_chosen_by_size_and_recorded(tmp_path):
+    assert TfidfNameIndex.build(NAMES).search_method == "exact"
+    assert TfidfNameIndex.build(NAMES, TfidfConfig(exact_max_names=3)).search_method == "maxscore"
+    with pytest.raises(UnknownNameError, match="tf-idf search 'fast'"):
+        TfidfConfig(search="fast")
+    table = write_concepts(tmp_path / "c.parquet")
+    manifest = build_index(table, kind="tfidf", out=tmp_path / "a", config=TfidfConfig(exact_max_names=3))
+    assert manifest["parameters"]["search"] == "auto" and manifest["search"] == "maxscore"
+    index = load_index(tmp_path / "a")
+    assert index.names.search_method == "maxscore"
+    exact_dir = tmp_path / "e"
+    assert build_index(table, kind="tfidf", out=exact_dir)["search"] == "exact"
+    from linker.link import Linker
+
+    mentions = ["chest pain", "head ache", "nausea and vomiting"]
+    got = [[c.concept_id for c in r.candidates] for r in Linker.load(tmp_path / "a").link(mentions, k=3)]
+    want = [[c.concept_id for c in r.candidates] for r in Linker.load(exact_dir).link(mentions, k=3)]
+    assert got == want

@@ -260,6 +260,7 @@ def test_cli_index_build_and_info(tmp_path, capsys):
         (["index", "build", "--dict", "{t}", "--out", "{d}/x", "--preset", "medical-crossing", "--ngram", "2,3"],
          "--preset medical-crossing sets the analyzer, n-gram range and normalisation; found also --ngram"),
         (["link", "--index", "{i}", "--explain", "--input", "{d}/m.jsonl"], "expected --explain with mention texts"),
+        (["index", "build", "--dict", "{t}", "--out", "{d}/x", "--search", "fast"], "unknown tf-idf search 'fast'"),
     ],
 )
 def test_cli_errors_are_one_line_and_exit_1(tmp_path, index_dir, capsys, argv, message):
@@ -269,6 +270,19 @@ def test_cli_errors_are_one_line_and_exit_1(tmp_path, index_dir, capsys, argv, m
     assert code == 1
     assert err.startswith("error: ") and message in err
     assert err.count("\n") == 1
+
+
+def test_cli_search_is_recorded(tmp_path, capsys):
+    table = write_concepts(tmp_path / "c.parquet")
+    code, _out, err = run(["index", "build", "--dict", str(table), "--out", str(tmp_path / "i"),
+                           "--search", "maxscore"], capsys)
+    assert code == 0, err
+    code, out, err = run(["index", "info", str(tmp_path / "i"), "--json"], capsys)
+    manifest = json.loads(out)
+    assert manifest["parameters"]["search"] == "maxscore" and manifest["search"] == "maxscore"
+    code, out, err = run(["link", "--index", str(tmp_path / "i"), "chest pain", "--k", "1", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)[0]["candidates"][0]["matched_name"].lower() == "chest pain"
 
 
 def test_cli_preset_and_explain(tmp_path, capsys):

@@ -24,7 +24,7 @@ def _ngram_range(text: str) -> tuple[int, int]:
 
 
 def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, normalization: str | None,
-                  threads: int | None, exact_max_names: int | None):
+                  threads: int | None, exact_max_names: int | None, search: str | None = None):
     import dataclasses
 
     from linker.index.tfidf import TfidfConfig, get_preset
@@ -37,7 +37,7 @@ def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, n
         raise ConfigError(f"--preset {preset} sets the analyzer, n-gram range and normalisation; "
                           f"found also {', '.join(dict.fromkeys('--' + key.split('_')[0] for key in options))}")
     base = get_preset(preset) if preset is not None else TfidfConfig()
-    query_options = {"threads": threads, "exact_max_names": exact_max_names}
+    query_options = {"threads": threads, "exact_max_names": exact_max_names, "search": search}
     return dataclasses.replace(base, **options, **{key: v for key, v in query_options.items() if v is not None})
 
 
@@ -63,7 +63,8 @@ def build_cli(
     ngram: str = typer.Option(None, "--ngram", help="tf-idf: character n-gram range MIN,MAX (default 3,3)."),
     analyzer: str = typer.Option(None, "--analyzer", help="tf-idf: char_wb (n-grams inside word boundaries, default) or char."),
     normalization: str = typer.Option(None, "--normalization", help="tf-idf: text normalisation of names and mentions: biosyn (default), default, words, faithful."),
-    exact_max_names: int = typer.Option(None, "--exact-max-names", help="tf-idf: search larger indexes approximately (default 500000)."),
+    exact_max_names: int = typer.Option(None, "--exact-max-names", help="tf-idf, --search auto: search larger indexes with maxscore (default 500000)."),
+    search: str = typer.Option(None, "--search", help="tf-idf: auto (default: exact up to --exact-max-names names, maxscore above), exact, maxscore (same top-k, stops reading postings early) or approximate."),
     threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
     encoder: str = typer.Option(None, "--encoder", help="dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."),
     faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type (flat, hnsw, ivf-sq8, ivf-pq)."),
@@ -74,14 +75,14 @@ def build_cli(
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
     if kind == "tfidf":
-        config = _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names)
+        config = _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search)
     elif kind == "dense":
         config = _dense_config(encoder, faiss_index, batch_size, threads, precision)
     elif kind == "hybrid":
         from linker.index.hybrid import HybridConfig
 
         extra = {} if sparse_weight is None else {"sparse_weight": sparse_weight}
-        config = HybridConfig(tfidf=_tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names),
+        config = HybridConfig(tfidf=_tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search),
                               dense=_dense_config(encoder, faiss_index, batch_size, threads, precision), **extra)
     else:
         config = None  # build_index names the valid kinds

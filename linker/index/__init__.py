@@ -69,7 +69,7 @@ def _tfidf_kind() -> IndexKind:
     def build(names: Sequence[str], config: TfidfConfig, folder: Path) -> dict:
         index = TfidfNameIndex.build(names, config)
         index.save(folder)
-        return {"features": index.matrix.shape[1]}
+        return {"features": index.matrix.shape[1], "search": index.search_method}
 
     def load(folder: Path, config: TfidfConfig, manifest: dict, precision: str | None = None) -> NameIndex:
         return TfidfNameIndex.load(folder, config)

@@ -25,10 +25,13 @@ The names are searched in shards of `SHARD_NAMES`, so that the array in which th
 a query's scores stays small enough for the CPU cache; whether that pays off depended on the run on
 the shared 2-core machine (eval/bench_link.md compares it with one product over all names).
 
-Above `TfidfConfig.exact_max_names` names the search is approximate: a query's n-grams found in
-more than `candidate_df` of the names do not select candidates (they are most of the work: the
-product visits every name holding them), the best-scoring names of the rest are rescored exactly
-with the whole query. eval/bench_link.md gives its speed and its agreement with exact search.
+`TfidfConfig.search` picks the search: ``exact`` is that product; ``maxscore``
+(`linker.index.maxscore`) gives the same top-k with certified early termination: it reads a
+query's n-grams rarest first and stops reading when no name it has not seen can reach the k-th
+score; ``auto`` (the default) is exact up to `exact_max_names` names and maxscore above;
+``approximate`` (a lever kept for comparison): a query's n-grams found in more than
+`candidate_df` of the names do not select candidates, the best-scoring names of the rest are
+rescored exactly with the whole query. eval/bench_link.md compares them.
 A mention that shares no n-gram with the vocabulary has an all-zero vector and gets no
 candidates (rows -1), never arbitrary ones.
 """
@@ -49,6 +52,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sparse_dot_topn import sp_matmul_topn
 
 from linker.errors import ConfigError, InputFormatError, UnknownNameError
+from linker.index import maxscore
 from linker.progress import track
 from linker.fileio import native_read
 from linker.text import MODES, normalize
@@ -64,6 +68,11 @@ BUILD_CHUNK = 8_192  # names analysed per step of the build: bounds its temporar
 SHARD_NAMES = 131_072  # names per product: a 512 KiB score accumulator (see the module docstring)
 MIN_CANDIDATES = 64  # approximate search: names rescored per query, at least, and 4x the names asked for
 MIN_RARE_NGRAMS = 3  # approximate search: a query's rarest n-grams that select candidates however common
+SEARCHES = ("auto", "exact", "maxscore", "approximate")  # TfidfConfig.search (module docstring)
+# maxscore: names fetched per wanted concept before `linker.retrieve` widens. Its cost grows with
+# the k it certifies (a lower k-th score prunes less), while widening repeats the search only for
+# the queries whose names cover too few concepts (eval/bench_link.md measures both).
+MAXSCORE_FETCH_PER_CONCEPT = 2
 
 
 @dataclass(frozen=True)
@@ -78,12 +87,15 @@ class TfidfConfig:
     query_chunk: int = 1024  # queries per sparse product: bounds memory at chunk * top_n scores
     threads: int = 2  # sp_matmul_topn threads; 2 = the project's CPU budget per process
     preset: str = ""  # the named preset these parameters came from ("" = none); recorded in the manifest
-    exact_max_names: int = 500_000  # larger indexes search approximately (module docstring)
+    exact_max_names: int = 500_000  # search "auto": larger indexes search with maxscore (module docstring)
     candidate_df: float = 0.05  # approximate search: n-grams in more names than this share select no candidates
+    search: str = "auto"  # one of SEARCHES; the manifest also records the one `auto` resolved to
 
     def __post_init__(self) -> None:
         if self.analyzer not in ANALYZERS:
             raise UnknownNameError("tf-idf analyzer", self.analyzer, ANALYZERS)
+        if self.search not in SEARCHES:
+            raise UnknownNameError("tf-idf search", self.search, SEARCHES)
         if self.normalization not in MODES:
             raise UnknownNameError("normalisation mode", self.normalization, MODES)
         if not 1 <= self.ngram_min <= self.ngram_max <= 10:
@@ -209,6 +221,15 @@ def _normalize_rows(data: np.ndarray, indptr: np.ndarray, block: int = 8_192) ->
         values /= np.where(norms > 0, norms, 1.0)[rows].astype(np.float32)
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
 @dataclass(frozen=True)
 class SharedNgram:
     """One n-gram a mention shares with a name; `contribution` = mention weight x name weight."""
@@ -246,6 +267,7 @@ class TfidfNameIndex:
         self._shards: list[tuple[int, sp.csr_matrix]] | None = None  # (first row, (features, names) CSR)
         self._df: np.ndarray | None = None
         self._terms: list[str] | None = None
+        self._maxscore: maxscore.MaxScoreSearcher | None = None
 
     @property
     def shards(self) -> list[tuple[int, sp.csr_matrix]]:
@@ -300,17 +322,48 @@ class TfidfNameIndex:
         vectorizer = _vectorizer(config, vocabulary)
         vectorizer.idf_ = idf
         index = cls(config, vectorizer, matrix.astype(np.float32))
-        index.shards  # transpose now, so that the first query of a service is not the slow one
+        index.warm_up()
         return index
+
+    def warm_up(self) -> None:
+        """Build the search's structures now (and compile maxscore's kernel), so that the first query
+        of a service is not the slow one."""
+        if self.search_method == "maxscore":
+            self.maxscore_searcher.search(self.vectors(["warm up"]), 1)
+        else:
+            self.shards
 
     def vectors(self, queries: Sequence[str]) -> sp.csr_matrix:
         """(queries, features) L2-normalised tf-idf rows; all-zero for a mention with no known n-gram."""
         return self.vectorizer.transform([normalize(q, self.config.normalization) for q in queries]).tocsr()
 
     @property
+    def search_method(self) -> str:
+        """The search `search` runs: `config.search`, with ``auto`` resolved by size (module docstring)."""
+        method = self.config.search
+        if method == "auto":
+            method = "exact" if self.size <= self.config.exact_max_names else "maxscore"
+        if method == "maxscore" and not maxscore.available():
+            _warn_once("tf-idf search maxscore needs numba, which is not installed: searching exactly (same "
+                        "results, slower)")
+            method = "exact"
+        return method
+
+    @property
     def exact(self) -> bool:
-        """Whether `search` is exact for this index's size (TfidfConfig.exact_max_names)."""
-        return self.size <= self.config.exact_max_names
+        """Whether `search` returns the exact top-k (every method but ``approximate``)."""
+        return self.search_method != "approximate"
+
+    @property
+    def maxscore_searcher(self) -> maxscore.MaxScoreSearcher:
+        """Postings and bounds of the maxscore search; built lazily."""
+        if self._maxscore is None:
+            self._maxscore = maxscore.MaxScoreSearcher(self.matrix, self.vectorizer.idf_)
+        return self._maxscore
+
+    def first_fetch(self, k: int) -> int | None:
+        """Names `linker.retrieve` asks for first to find k concepts (None of its own: its default)."""
+        return k * MAXSCORE_FETCH_PER_CONCEPT if self.search_method == "maxscore" else None
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k names per query: (scores (q, k) float32, rows (q, k) int64), -1 / 0.0 where fewer match.
@@ -325,9 +378,13 @@ class TfidfNameIndex:
         k = max(1, min(k, self.size))
         scores = np.zeros((n, k), dtype=np.float32)
         rows = np.full((n, k), -1, dtype=np.int64)
+        method = self.search_method
         for start in range(0, n, self.config.query_chunk):
             chunk = vectors[start : start + self.config.query_chunk]
-            found = self._top(chunk, k) if self.exact else self._approximate(chunk, k)
+            if method == "maxscore":
+                found = self.maxscore_searcher.search(chunk, k, self.config.threads)
+            else:
+                found = self._top(chunk, k) if method == "exact" else self._approximate(chunk, k)
             scores[start : start + chunk.shape[0]], rows[start : start + chunk.shape[0]] = found
         return scores, rows
 

@@ -1,0 +1,256 @@
+"""Exact top-k cosine search over tf-idf postings with certified early termination (MaxScore).
+
+The sparse product (`sparse_dot_topn`) visits every posting of every n-gram of a query: over a
+million names a mention's common n-grams ("ion", " ch") hold hundreds of thousands of names, and
+most of the work adds small amounts to names that will never reach the top k. This search
+processes a query's n-grams from the rarest to the most common into a score accumulator and
+keeps an upper bound on what the n-grams not yet processed can add to any name:
+
+    bound(rest) = min(sum_t q_t * max_weight_t, ||q_rest||)
+
+(the second term is Cauchy-Schwarz: names are unit vectors). Before each long postings list it
+takes the names with the k best partial scores, scores them exactly through their rows, and once
+the k-th of those exact scores exceeds bound(rest), no name the search has not seen can enter the
+top k: it stops reading postings. Every name it has seen whose partial score plus bound(rest)
+can still reach the k-th score is then scored exactly from its row. The result is the exact
+top-k (score desc, row asc), the same as the full product's up to float rounding: the bounds keep
+a margin `EPS` above the rounding of float32 sums, so no name within rounding of the k-th score
+is skipped unseen. eval/bench_link.md measures it against the full product.
+
+The kernel is compiled with numba (`nogil`: `search` runs query blocks in threads). Without
+numba, `available()` is False and tfidf.py searches with the full product instead.
+"""
+
+from __future__ import annotations
+
+import queue
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import scipy.sparse as sp
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install usable
+    numba = None
+
+EPS = 1e-5
+# Names per block: the search runs block by block with a score accumulator of this many floats
+# (512 KiB, within a core's cache), and each block starts from the k-th score of those before.
+BLOCK_NAMES = 131_072  # float32 sums of <= a few hundred terms in [0, 1] differ by far less than this
+
+
+def available() -> bool:
+    return numba is not None
+
+
+def _kernel(q_indptr, q_indices, q_data, k, block_ptr, block_size, p_indices, p_data, max_weight, idf, r_indptr,
+            r_indices, r_data, name_scale, row_cost, acc, touched, query_dense, out_scores, out_rows, work
+            ):  # pragma: no cover - compiled
+    """Top-k rows per query into out_scores/out_rows (preset to 0 / -1), sorted (score desc, row asc);
+    work[i] = (postings read, names seen, names scored from their rows)."""
+    n_blocks = block_ptr.shape[1] - 1
+    for i in range(len(q_indptr) - 1):
+        start, end = q_indptr[i], q_indptr[i + 1]
+        n_terms = end - start
+        if n_terms == 0:
+            continue
+        terms = q_indices[start:end]
+        weights = q_data[start:end]
+        lengths = np.empty(n_terms, np.int64)
+        for j in range(n_terms):
+            lengths[j] = block_ptr[terms[j], n_blocks] - block_ptr[terms[j], 0]
+            query_dense[terms[j]] = weights[j]
+        order = np.argsort(lengths, kind="mergesort")  # rarest first
+        # rest[j]: what terms order[j:] can add to any name; rest_idf[j] * name_scale[name]: to that name
+        rest = np.zeros(n_terms + 1, np.float64)
+        rest_idf = np.zeros(n_terms + 1, np.float64)
+        by_max, squares = 0.0, 0.0
+        for j in range(n_terms - 1, -1, -1):
+            t = order[j]
+            by_max += weights[t] * max_weight[terms[t]]
+            squares += weights[t] * weights[t]
+            rest[j] = min(by_max, np.sqrt(squares))
+            rest_idf[j] = rest_idf[j + 1] + weights[t] * idf[terms[t]]
+        best_s = out_scores[i]
+        best_r = out_rows[i]
+        filled = 0
+        theta = 0.0  # the k-th best exact score among names scored so far (0: fewer than k scored)
+        for block in range(n_blocks):
+            first = block * block_size  # names of this block are first + local row
+            n_seen = 0
+            j = 0
+            # Phase 1: every name of a list is a candidate, until no unseen name can reach theta.
+            while j < n_terms:
+                t = order[j]
+                lo, hi = block_ptr[terms[t], block], block_ptr[terms[t], block + 1]
+                # Before a list at least as long as the names seen so far (so that this costs at
+                # most what reading the list does): raise theta from the names of best partial score.
+                if n_seen >= k and hi - lo >= n_seen:
+                    theta = max(theta, _kth_exact(acc, touched, n_seen, k, first, r_indptr, r_indices, r_data,
+                                                  query_dense))
+                if theta > 0 and rest[j] < theta - EPS:
+                    break
+                w = weights[t]
+                for p in range(lo, hi):
+                    name = p_indices[p] - first
+                    touched[n_seen] = name
+                    n_seen += acc[name] == 0
+                    acc[name] += w * p_data[p]
+                work[i, 0] += hi - lo
+                j += 1
+            work[i, 1] += n_seen
+            # Phase 2: only seen names can make the top k. Drop those that cannot reach theta any more
+            # (partial score plus their own bound), then score the rest from their rows or, while that
+            # costs more than the next list, read that list for them only.
+            alive = n_seen
+            while True:
+                # (cheap next to the list that follows, or when every list is read: then it leaves
+                # about k names to score from their rows)
+                if alive > k and (j == n_terms or block_ptr[terms[order[j]], block + 1]
+                                  - block_ptr[terms[order[j]], block] >= 4 * alive):
+                    theta = max(theta, _kth_exact(acc, touched, alive, k, first, r_indptr, r_indices, r_data,
+                                                  query_dense))
+                kept = 0
+                for c in range(alive):
+                    name = touched[c]
+                    if acc[name] + min(rest[j], rest_idf[j] * name_scale[first + name]) >= theta - EPS:
+                        touched[kept] = name
+                        kept += 1
+                    else:
+                        acc[name] = 0.0  # dropped: the scratch is left zeroed, and reading skips it
+                alive = kept
+                if j == n_terms:
+                    break
+                t = order[j]
+                lo, hi = block_ptr[terms[t], block], block_ptr[terms[t], block + 1]
+                if alive * row_cost <= hi - lo:
+                    break
+                w = weights[t]
+                for p in range(lo, hi):
+                    name = p_indices[p] - first
+                    if acc[name] != 0:
+                        acc[name] += w * p_data[p]
+                work[i, 0] += hi - lo
+                j += 1
+            # The k best so far, sorted (score desc, row asc); theta follows the k-th. Scores come
+            # from the rows, summed in column order as the full product sums them: equal names tie
+            # exactly, whatever order their partial scores were accumulated in.
+            for c in range(alive):
+                name = touched[c]
+                acc[name] = 0.0
+                score = _exact(first + name, r_indptr, r_indices, r_data, query_dense)
+                work[i, 2] += 1
+                row = first + name
+                if filled == k and (score < best_s[k - 1] or (score == best_s[k - 1] and row > best_r[k - 1])):
+                    continue
+                pos = filled if filled < k else k - 1
+                while pos > 0 and (best_s[pos - 1] < score or (best_s[pos - 1] == score and best_r[pos - 1] > row)):
+                    if pos < k:
+                        best_s[pos] = best_s[pos - 1]
+                        best_r[pos] = best_r[pos - 1]
+                    pos -= 1
+                best_s[pos] = score
+                best_r[pos] = row
+                if filled < k:
+                    filled += 1
+            if filled == k:
+                theta = max(theta, np.float64(best_s[k - 1]))
+        for j in range(n_terms):
+            query_dense[terms[j]] = 0.0
+
+
+def _exact(name, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover - compiled
+    score = np.float32(0.0)
+    for p in range(r_indptr[name], r_indptr[name + 1]):
+        score += query_dense[r_indices[p]] * r_data[p]
+    return score
+
+
+def _kth_exact(acc, touched, n_touched, k, first, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover
+    """A lower bound of the query's k-th best score: the k-th best exact score of the names with
+    the k best partial scores (partial <= exact: weights are non-negative)."""
+    partial = np.empty(n_touched, np.float32)
+    for c in range(n_touched):
+        partial[c] = acc[touched[c]]
+    cut = np.partition(partial, n_touched - k)[n_touched - k]  # k-th largest partial score
+    exact = np.empty(k, np.float32)
+    found = 0
+    for c in range(n_touched):
+        name = touched[c]
+        if acc[name] >= cut and found < k:
+            exact[found] = _exact(first + name, r_indptr, r_indices, r_data, query_dense)
+            found += 1
+    return np.float64(np.min(exact[:found])) if found == k else 0.0
+
+
+if numba is not None:
+    _exact = numba.njit(nogil=True, cache=True)(_exact)
+    _kth_exact = numba.njit(nogil=True, cache=True)(_kth_exact)
+    _kernel = numba.njit(nogil=True, cache=True)(_kernel)
+
+
+class MaxScoreSearcher:
+    """Postings (n-gram -> names), each n-gram's largest name weight, and per-thread scratch."""
+
+    def __init__(self, matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLOCK_NAMES) -> None:
+        self.rows = matrix  # (names, features) CSR, L2-normalised rows: the exact scores
+        self.postings = matrix.T.tocsr()  # (features, names), names ascending within an n-gram
+        self.postings.sort_indices()
+        # block_ptr[t, b]: where n-gram t's postings of names >= b * block_size begin
+        self.block_size = max(1, min(block_size, matrix.shape[0]))
+        starts = range(0, matrix.shape[0], self.block_size)
+        self.block_ptr = np.empty((matrix.shape[1], len(starts) + 1), dtype=np.int64)
+        self.block_ptr[:, 0] = self.postings.indptr[:-1]
+        for b, first in enumerate(starts):
+            block = matrix.indices[matrix.indptr[first] : matrix.indptr[min(first + self.block_size, matrix.shape[0])]]
+            self.block_ptr[:, b + 1] = self.block_ptr[:, b] + np.bincount(block, minlength=matrix.shape[1])
+        lengths = np.diff(self.postings.indptr)
+        self.max_weight = np.zeros(matrix.shape[1], dtype=np.float32)
+        filled = lengths > 0
+        self.max_weight[filled] = np.maximum.reduceat(self.postings.data, self.postings.indptr[:-1][filled])
+        self.idf = idf.astype(np.float32)
+        # A name's weight for any n-gram t is at most idf_t * name_scale (= its largest tf / raw norm)
+        self.name_scale = np.zeros(matrix.shape[0], dtype=np.float32)
+        filled = np.diff(matrix.indptr) > 0
+        self.name_scale[filled] = np.maximum.reduceat(matrix.data / self.idf[matrix.indices], matrix.indptr[:-1][filled])
+        self.row_cost = float(np.diff(matrix.indptr).mean()) if matrix.shape[0] else 1.0
+        self._scratch: queue.SimpleQueue = queue.SimpleQueue()  # (acc, touched, query_dense), reused
+
+    def _take_scratch(self):
+        try:
+            return self._scratch.get_nowait()
+        except queue.Empty:
+            return (np.zeros(self.block_size, np.float32), np.empty(self.block_size, np.int32),
+                    np.zeros(self.rows.shape[1], np.float32))
+
+    def _search_block(self, vectors: sp.csr_matrix, k: int):
+        scores = np.zeros((vectors.shape[0], k), np.float32)
+        rows = np.full((vectors.shape[0], k), -1, np.int64)
+        work = np.zeros((vectors.shape[0], 3), np.int64)
+        scratch = self._take_scratch()
+        try:
+            _kernel(vectors.indptr, vectors.indices, vectors.data, k, self.block_ptr, self.block_size, self.postings.indices,
+                    self.postings.data, self.max_weight, self.idf, self.rows.indptr, self.rows.indices,
+                    self.rows.data, self.name_scale, self.row_cost, *scratch, scores, rows, work)
+        finally:
+            self._scratch.put(scratch)  # the kernel leaves it zeroed
+        return scores, rows, work
+
+    def search(self, vectors: sp.csr_matrix, k: int, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k (scores (q, k) float32, rows (q, k) int64; -1 / 0.0 where fewer names match)."""
+        scores, rows, _visited = self.search_counted(vectors, k, threads)
+        return scores, rows
+
+    def search_counted(self, vectors: sp.csr_matrix, k: int, threads: int = 1):
+        """`search` and the postings read per query (the work the early termination saved is the rest)."""
+        vectors = vectors.astype(np.float32)
+        vectors.sort_indices()
+        n = vectors.shape[0]
+        k = max(1, min(k, self.rows.shape[0]))
+        if threads <= 1 or n < 2 * threads:
+            return self._search_block(vectors, k)
+        bounds = np.linspace(0, n, threads + 1).astype(int)
+        with ThreadPoolExecutor(threads) as pool:
+            parts = list(pool.map(lambda ab: self._search_block(vectors[ab[0] : ab[1]], k), zip(bounds, bounds[1:])))
+        return tuple(np.concatenate(part) for part in zip(*parts))
