@@ -2,20 +2,28 @@
 
 The sparse product (`sparse_dot_topn`) visits every posting of every n-gram of a query: over a
 million names a mention's common n-grams ("ion", " ch") hold hundreds of thousands of names, and
-most of the work adds small amounts to names that will never reach the top k. This search
-processes a query's n-grams from the rarest to the most common into a score accumulator and
-keeps an upper bound on what the n-grams not yet processed can add to any name:
+most of that work adds small amounts to names that never reach the top k. This search reads a
+query's n-grams from the rarest to the most common into a score accumulator, and keeps a bound on
+what the n-grams not read yet can add to a name's score:
 
-    bound(rest) = min(sum_t q_t * max_weight_t, ||q_rest||)
+    any name:  rest(j) = min(sum_t q_t * max_weight_t, ||q_rest||)    (Cauchy-Schwarz: unit names)
+    one name:  sum_t q_t * idf_t * name_scale                         (its weights are idf x tf / norm)
 
-(the second term is Cauchy-Schwarz: names are unit vectors). Before each long postings list it
-takes the names with the k best partial scores, scores them exactly through their rows, and once
-the k-th of those exact scores exceeds bound(rest), no name the search has not seen can enter the
-top k: it stops reading postings. Every name it has seen whose partial score plus bound(rest)
-can still reach the k-th score is then scored exactly from its row. The result is the exact
-top-k (score desc, row asc), the same as the full product's up to float rounding: the bounds keep
-a margin `EPS` above the rounding of float32 sums, so no name within rounding of the k-th score
-is skipped unseen. eval/bench_link.md measures it against the full product.
+and theta, the k-th best exact score of names scored so far (a lower bound of the final one).
+
+1. Every name of a list is a candidate while rest(j) >= theta. Before a list at least as long as
+   the names seen so far, theta is raised by scoring exactly the names of the k best partial scores.
+2. Once rest(j) < theta, no unseen name can reach the top k. A seen name whose partial score plus
+   its own bound is below theta is dropped; the next list is then read for the others only, until
+   scoring the others from their rows costs less than reading it.
+3. The names left are scored from their rows and merged into the top k (score desc, row asc).
+
+The names are searched in blocks of `BLOCK_NAMES` (an accumulator that stays in cache), each
+block starting from the theta of the blocks before: later blocks stop after their rarest lists.
+Scores come from the rows, summed in column order as the full product sums them, so they are
+bit-identical to its scores and equal names tie exactly; the bounds keep a margin `EPS` for the
+rounding of partial sums. The top k is therefore the exact one (tests/test_index_tfidf.py checks
+it against the full product; eval/bench_link.md measures speed and agreement).
 
 The kernel is compiled with numba (`nogil`: `search` runs query blocks in threads). Without
 numba, `available()` is False and tfidf.py searches with the full product instead.
@@ -34,10 +42,10 @@ try:
 except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install usable
     numba = None
 
-EPS = 1e-5
+EPS = 1e-5  # float32 sums of <= a few hundred terms in [0, 1] differ by far less than this
 # Names per block: the search runs block by block with a score accumulator of this many floats
 # (512 KiB, within a core's cache), and each block starts from the k-th score of those before.
-BLOCK_NAMES = 131_072  # float32 sums of <= a few hundred terms in [0, 1] differ by far less than this
+BLOCK_NAMES = 131_072
 
 
 def available() -> bool:
@@ -221,7 +229,9 @@ class MaxScoreSearcher:
         try:
             return self._scratch.get_nowait()
         except queue.Empty:
-            return (np.zeros(self.block_size, np.float32), np.empty(self.block_size, np.int32),
+            # touched: one slot more than a block's names (the kernel writes a slot before it knows
+            # whether the name is new)
+            return (np.zeros(self.block_size, np.float32), np.empty(self.block_size + 1, np.int32),
                     np.zeros(self.rows.shape[1], np.float32))
 
     def _search_block(self, vectors: sp.csr_matrix, k: int):
