@@ -55,6 +55,7 @@ class Calibration:
     accuracy: float = float("nan")  # Acc@1 on the held-in set
     fitted_at: str = ""
     retriever_weight: float = 0.0  # re-ranker scorers: final = logit + retriever_weight * retriever score
+    retriever_accuracy: float | None = None  # re-ranker scorers: held-in Acc@1 of the retriever's own order
 
     def __call__(self, scores: np.ndarray | Sequence[float]) -> np.ndarray:
         """P(correct) of each score; flat beyond the fitted range (isotonic's "clip")."""
@@ -73,7 +74,7 @@ class Calibration:
 
 
 def fit_isotonic(scores: Sequence[float], correct: Sequence[bool], *, scorer: str, fitted_on: str = "",
-                 retriever_weight: float = 0.0) -> Calibration:
+                 retriever_weight: float = 0.0, retriever_accuracy: float | None = None) -> Calibration:
     """Isotonic regression of `correct` on `scores` (one pair per held-in mention)."""
     from sklearn.isotonic import IsotonicRegression
 
@@ -93,6 +94,7 @@ def fit_isotonic(scores: Sequence[float], correct: Sequence[bool], *, scorer: st
         accuracy=float(correct.mean()),
         fitted_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         retriever_weight=float(retriever_weight),
+        retriever_accuracy=retriever_accuracy,
     )
 
 
@@ -173,7 +175,8 @@ def write_calibration(folder: str | Path, calibration: Calibration) -> dict:
     summary = {"scorer": calibration.scorer, "method": calibration.method, "fitted_on": calibration.fitted_on,
                "mentions": calibration.mentions, "fitted_at": calibration.fitted_at}
     if calibration.scorer != RETRIEVER_SCORER:
-        summary["retriever_weight"] = calibration.retriever_weight
+        summary.update(retriever_weight=calibration.retriever_weight, accuracy=calibration.accuracy,
+                       retriever_accuracy=calibration.retriever_accuracy)
     manifest = {key: value for key, value in manifest.items() if key != "files"}
     return write_manifest(folder, {**manifest, "calibration": summary})
 

@@ -147,6 +147,12 @@ class Linker:
                         "candidates get no confidence (run `linker calibrate` with this re-ranker)",
                         index.folder, self.calibration.scorer[:20], self.scorer[:20])
             self.calibration = None
+        cal = self.calibration
+        if reranker is not None and cal is not None and cal.retriever_accuracy is not None \
+                and not cal.accuracy > cal.retriever_accuracy:
+            log.warning("%s: on its held-in set (%s) the re-ranker did not beat the retriever's own order (Acc@1 "
+                        "%.4f vs %.4f); it only costs time here (--rerank none turns it off)", index.folder,
+                        cal.fitted_on, cal.accuracy, cal.retriever_accuracy)
         if min_confidence is not None and self.calibration is None:
             raise ConfigError(f"--min-confidence needs a calibration of {index.folder} for this scorer; "
                               f"run `linker calibrate --index {index.folder} --dataset SPEC` first")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from linker.cli.main import main
+from linker.confidence import read_calibration, write_calibration
 from linker.errors import ConfigError, MissingInputError
 from linker.eval.calibrate import RETRIEVER_WEIGHTS, calibrate, mix
 from linker.eval.report import Ranked, evaluate
@@ -162,7 +164,8 @@ def test_bound_reranker_calibration_and_eval_gain(tmp_path, indexes, reranker):
     mixing = summary["mixing"]  # the weight with the best held-in Acc@1, the smallest on a tie
     weight, by_weight = mixing["retriever_weight"], mixing["accuracy_at_1_by_weight"]
     assert weight == min(w for w in RETRIEVER_WEIGHTS if by_weight[w] == max(by_weight.values()))
-    assert read_manifest(out)["calibration"]["retriever_weight"] == weight
+    entry = read_manifest(out)["calibration"]
+    assert entry["retriever_weight"] == weight and 0 <= entry["retriever_accuracy"] <= 1
     mixed = Linker.load(out, rerank_k=4)
     assert mixed.retriever_weight == weight
     candidates = mixed.link(["head pain"], k=4)[0].candidates
@@ -176,6 +179,18 @@ def test_bound_reranker_calibration_and_eval_gain(tmp_path, indexes, reranker):
     assert row["n"] == 14 and 0 <= row["retriever_acc1"] <= 1 and 0 <= row["reranked_acc1"] <= 1
     assert report.rerank["pairs_scored"] > 0 and report.rerank["rerank_ms_per_mention"] > 0
     assert "re-ranked Acc@1" in (tmp_path / "rep.md").read_text()
+
+
+def test_a_reranker_that_loses_on_held_in_data_is_reported_at_load(tmp_path, indexes, reranker, caplog):
+    out = tmp_path / "bound"
+    build_index(indexes["meddra"] / "concepts.parquet", kind="tfidf", out=out, reranker=reranker)
+    calibrate(out, HELDIN, rerank_k=4)
+    fitted = read_calibration(out, read_manifest(out))
+    for retriever_accuracy, warned in ((fitted.accuracy, True), (fitted.accuracy - 0.01, False)):
+        write_calibration(out, dataclasses.replace(fitted, retriever_accuracy=retriever_accuracy))  # a tie: no gain
+        caplog.clear()
+        Linker.load(out)
+        assert ("did not beat the retriever" in caplog.text) == warned
 
 
 def test_bad_reranker_paths(tmp_path, indexes):

@@ -75,11 +75,11 @@ def calibrate(
         return mention_hits(gold, [tuple(getattr(r, field) for r in q) for q in ranked_], 1, composite=composite,
                             expand=expand)
 
-    weight, mixing = 0.0, None
+    weight, mixing, retriever_hits = 0.0, None, hits_at_1(ranked, "retriever_ids")
     if linker_.reranker is not None:
         accuracy = {w: float(hits_at_1([tuple(mix(r, w) for r in q) for q in ranked]).mean()) for w in RETRIEVER_WEIGHTS}
         weight = max(RETRIEVER_WEIGHTS, key=lambda w: (accuracy[w], -w))
-        retriever_order = float(hits_at_1(ranked, "retriever_ids").mean())
+        retriever_order = float(retriever_hits.mean())
         mixing = {"retriever_weight": weight, "accuracy_at_1_by_weight": accuracy,
                   "accuracy_at_1_retriever_order": retriever_order, "reranker_helps": accuracy[weight] > retriever_order}
         if not mixing["reranker_helps"]:
@@ -90,7 +90,8 @@ def calibrate(
     scores = top_of(ranked, "top_score")
     keep = np.isfinite(scores)
     calibration = fit_isotonic(scores[keep], correct[keep], scorer=linker_.scorer, fitted_on=dataset_spec,
-                               retriever_weight=weight)
+                               retriever_weight=weight,  # the retriever's accuracy on the same mentions as `accuracy`:
+                               retriever_accuracy=float(retriever_hits[keep].mean()) if mixing and keep.any() else None)
     manifest = write_calibration(index_dir, calibration)
     summary = {
         "index": str(index_dir),
