@@ -56,7 +56,7 @@ eval-multilingual: setup
 	$(PY) scripts/train_multilingual.py codiesp --threads 2
 
 eval-rerank: setup
-	$(PY) scripts/rerank_confidence.py --datasets ncbi --rerank-k 8
+	$(PY) scripts/rerank_confidence.py --datasets ncbi --rerank-k 16
 	$(PY) scripts/rerank_confidence.py --datasets cantemist,codiesp --systems retriever
 
 # Capability suites (eval/capabilities_*.md): the indexes once, then the reports and the suite-driven fix.

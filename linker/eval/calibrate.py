@@ -29,7 +29,7 @@ from linker.eval.report import Ranked, gold_matcher, predict, top_of
 
 log = logging.getLogger(__name__)
 
-RETRIEVER_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 1000.0)
+RETRIEVER_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1000.0)
 
 
 def mix(ranked: Ranked, weight: float) -> Ranked:
