@@ -48,7 +48,7 @@ eval-accuracy: setup
 	$(PY) scripts/eval_all.py --dense minilm
 
 eval-ncbi-biosyn: setup
-	$(PY) scripts/ncbi_biosyn.py --epochs 4
+	$(PY) scripts/ncbi_biosyn.py --sap-pairs 0 --epochs 10 --report-name ncbi_biosyn_full
 
 eval-multilingual: setup
 	$(PY) scripts/train_multilingual.py cantemist --with-train-names --threads 2
