@@ -160,6 +160,47 @@ def capacity(per_cpu_s: float) -> float:
     return 1e8 / per_cpu_s / 3600
 
 
+# Inputs of the capacity plan that this script does not measure, with where they were measured.
+RERANK_FACTOR = 74.3  # eval/bench_rerank_ncbi.md: re-ranking the top 8 costs 74.3x the retriever alone (per mention)
+TFIDF_MATRIX_MIB_PER_M_NAMES = 397  # eval/bench_link.md: the char_wb 3-3 matrix of 1,000,000 generated names
+DENSE_DIM = 384  # minilm and e5-small vectors
+
+
+def capacity_plan(result: dict) -> list[str]:
+    """The paper plan for 1e8 spans from the measured per-CPU-second figures (ray-2 workers, else local)."""
+    lines = ["## Capacity plan for 10⁸ spans (on paper, from the figures above)", "",
+             "Core-hours = 10⁸ / (spans per linking CPU-second) / 3600, from the 2-worker Ray rows (what a worker "
+             "sustains on a dedicated core); index loading (once per worker) and Ray's start are extra, minutes per "
+             "worker. The re-ranked row divides by the re-ranker's cost, 74.3× the retriever per mention at top 8 "
+             "(eval/bench_rerank_ncbi.md: not measured here).", "",
+             "| index | spans / linking CPU-s | core-hours for 10⁸ | on 64 cores | with the re-ranker (×74.3): core-hours | on 64 cores |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for kind, rows in result["indexes"].items():
+        per = rows.get("ray-2", rows["local"])["spans_per_link_cpu_s"]
+        hours = capacity(per)
+        lines.append(f"| {kind} | {per:,.0f} | {hours:,.1f} | {hours / 64:,.2f} h | {hours * RERANK_FACTOR:,.0f} "
+                     f"| {hours * RERANK_FACTOR / 64:,.1f} h |")
+    tfidf = next(rows for kind, rows in result["indexes"].items() if kind.startswith("tf-idf"))
+    worker = max(tfidf.get("ray-2", tfidf["local"]).get("worker_peak_rss_mib", [tfidf["local"]["peak_rss_mib"]]))
+    dense_gib = 10e6 * DENSE_DIM * 4 / 2**30
+    lines += [
+        "", "**A 10M-name dictionary (UMLS-sized), estimated, not measured.** Each worker loads its own index. Measured "
+        f"above: a tf-idf worker over the 150,749-name default index peaks at {worker:,.0f} MiB, most of it the Python "
+        f"process and its libraries. At 10M names the tf-idf matrix alone is about {TFIDF_MATRIX_MIB_PER_M_NAMES * 10 / 1024:.1f} "
+        f"GiB ({TFIDF_MATRIX_MIB_PER_M_NAMES} MiB per million names, eval/bench_link.md); the concept table (Arrow) and "
+        "the Linker's per-name Python lists (names, term ids) add roughly 150–250 B per name, 1.5–2.5 GiB: about 6–7 GiB "
+        "per worker, so a 64 GiB node runs about 8 tf-idf workers, not 64, unless the matrix is shared (below). "
+        f"A flat dense index holds 10M × {DENSE_DIM} × 4 B = {dense_gib:.1f} GiB of fp32 vectors, but it loads them as a "
+        "memory-mapped `.npy` (`linker.index.dense`), read-only pages that every worker of a node shares through the "
+        "page cache: the node holds them once, and each worker adds its encoder (~100–500 MiB) and the concept table. "
+        "A FAISS HNSW/IVF file could be read with `faiss.IO_FLAG_MMAP` the same way (today it is read into each "
+        "worker). The tf-idf matrix and the concept table could be shared through Ray's object store (zero-copy "
+        "numpy/Arrow buffers for the workers of a node); that is not implemented. None of this sharing was measured "
+        "with several workers here.",
+    ]
+    return lines
+
+
 def write_report(result: dict, out: Path, command: str) -> None:
     from linker.fileio import portable_paths
 
@@ -167,7 +208,8 @@ def write_report(result: dict, out: Path, command: str) -> None:
         "# Scale-out: `linker normalize` in one process vs `--engine ray`", "",
         f"Produced by `{command}`.", "",
         f"Machine: {os.cpu_count()} CPU cores shared with other jobs (no GPU); every contender ran in a fresh process, "
-        f"alternated within each of {result['runs']} rounds; medians over the rounds. Load average (1/5/15 min) before "
+        f"alternated within each round ({result['runs']} rounds for tf-idf, {result['dense_runs']} for dense); "
+        "medians over the rounds. Load average (1/5/15 min) before "
         "and after each run is in the JSON; over the whole run it was "
         f"{result['load_min']:.1f}–{result['load_max']:.1f} (1-minute). Spans: half NCBI-disease test mentions, half names "
         "of the index's own dictionary (seed 0, with replacement), k = 5.", "",
@@ -186,9 +228,52 @@ def write_report(result: dict, out: Path, command: str) -> None:
                          f"| {phase:,.0f} | {r['spans_per_link_cpu_s']:,.0f} | {r['load_s']:.1f} | {rss} |")
     lines += ["", "The Ray linking phase is the job from the first actor's start to `_SUCCESS` (actor start and index "
               "load included); the local one is `normalize_jsonl` after `Linker.load`.", ""]
-    lines += result.get("plan", [])
+    for kind, rows in result["indexes"].items():
+        local = rows["local"]["spans_per_link_cpu_s"]
+        shares = [f"{rows[n]['spans_per_link_cpu_s'] / local:.2f}× ({n})" for n in ("ray-1", "ray-2") if n in rows]
+        parts = [f"Ray workers link {' and '.join(shares)} the spans per CPU-second of the local process"]
+        raw = result["raw"].get(kind) or result["raw"].get("tfidf" if kind.startswith("tf-idf") else "dense", {})
+        if raw.get("ray-1") and raw.get("ray-2"):
+            ratios = [two["job_s"] / one["job_s"] for one, two in zip(raw["ray-1"], raw["ray-2"])]
+            parts.append(f"the 2-worker job took {', '.join(f'{r:.2f}' for r in ratios)}× the 1-worker job's wall time "
+                         "(per round): on 2 cores shared at this load the second worker seldom had a core to itself, so "
+                         "wall-clock scaling is not established here, only the per-CPU cost")
+        lines.append(f"- {kind}: " + "; ".join(parts) + ".")
+    lines += ["", "A Ray actor with 1 CPU runs its libraries with one thread (Ray sets OMP_NUM_THREADS=1); the local "
+              "process lets torch use both cores. Under this load a two-thread encoder spends far more CPU per span "
+              "(waiting threads spin), which is the likely cause of the dense gap; it was not isolated here. The "
+              "one-thread figure is the one to plan with.", ""]
+    lines += capacity_plan(result)
     out.with_suffix(".md").write_text(portable_paths("\n".join(lines) + "\n"), encoding="utf-8")
     out.with_suffix(".json").write_text(portable_paths(json.dumps(result, indent=2)) + "\n", encoding="utf-8")
+
+
+def result_from_log(log: Path, args) -> dict:
+    """The result of a run from its stderr lines, the rounds that finished (tf-idf first, then dense)."""
+    import re
+
+    sections: list[dict[str, list[dict]]] = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^run (\d+) (local|ray-1|ray-2): (\{.*\})$", line)
+        if not match:
+            continue
+        if match.group(1) == "0" and match.group(2) == "local":
+            sections.append({"local": [], "ray-1": [], "ray-2": []})
+        sections[-1][match.group(2)].append(json.loads(match.group(3)))
+    kinds = ["tf-idf (default, 150,749 names)", f"dense (minilm flat, {args.dense_names:,} MEDIC names)"]
+    result = {"command": args.log_command, "runs": len(sections[0]["local"]),
+              "dense_runs": len(sections[1]["local"]) if len(sections) > 1 else 0, "k": args.k, "indexes": {},
+              "raw": {}}
+    for kind, raw in zip(kinds, sections):
+        complete = {name: rows for name, rows in raw.items() if rows}
+        result["raw"][kind] = complete
+        result["indexes"][kind] = {name: summarise(rows) for name, rows in complete.items()}
+    loads = [r["load_average"][i] for runs in result["raw"].values() for rows in runs.values() for r in rows
+             for i in (0, 3)]
+    result["load_min"], result["load_max"] = min(loads), max(loads)
+    result["capacity_core_hours_1e8"] = {kind: {name: capacity(r["spans_per_link_cpu_s"]) for name, r in rows.items()}
+                                         for kind, rows in result["indexes"].items()}
+    return result
 
 
 def main() -> None:
@@ -204,10 +289,23 @@ def main() -> None:
     parser.add_argument("--dense-names", type=int, default=10_000)
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dense-runs", type=int, default=3)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--skip-dense", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_scaleout")
+    parser.add_argument("--from-json", type=Path, help="Only rewrite the report from an earlier run's JSON.")
+    parser.add_argument("--from-log", type=Path,
+                        help="Only write the report from an earlier run's stderr (its `run N NAME: {...}` lines), e.g. "
+                             "of a run stopped before its last rounds; the report says so.")
+    parser.add_argument("--log-command", default="", help="With --from-log: the command that wrote the log.")
     args = parser.parse_args()
+    if args.from_json:
+        result = json.loads(args.from_json.read_text(encoding="utf-8"))
+        write_report(result, args.out, result["command"])
+        return
+    if args.from_log:
+        write_report(result_from_log(args.from_log, args), args.out, args.log_command)
+        return
     if args.child:
         print(json.dumps(child_local(args) if args.child == "local" else child_ray(args)))
         return
@@ -216,7 +314,7 @@ def main() -> None:
     command = "python " + " ".join([Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute()
                                     else sys.argv[0], *sys.argv[1:]])
     mentions = ncbi_mentions(args.data)
-    result = {"command": command, "runs": args.runs, "k": args.k, "indexes": {}, "raw": {}}
+    result = {"command": command, "runs": args.runs, "dense_runs": args.dense_runs, "k": args.k, "indexes": {}, "raw": {}}
     with tempfile.TemporaryDirectory(prefix="linker-scaleout-") as tmp:
         scratch = Path(tmp)
         names = pq.read_table(args.index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
@@ -227,7 +325,7 @@ def main() -> None:
         if not args.skip_dense:
             dense, dense_names = build_dense(args.data, scratch, args.dense_names)
             shards, whole = write_spans(scratch / "dense_spans", mentions, dense_names, args.dense_spans, args.shards)
-            raw = contenders(dense, shards, whole, scratch / "dense_spans", args.runs, args.k)
+            raw = contenders(dense, shards, whole, scratch / "dense_spans", args.dense_runs, args.k)
             result["raw"]["dense"] = raw
             result["indexes"][f"dense (minilm flat, {args.dense_names:,} MEDIC names)"] = {
                 n: summarise(r) for n, r in raw.items()}

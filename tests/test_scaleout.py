@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from linker.cli.main import main
 from linker.engine.arrow import OUTPUT_SCHEMA, SPARK_SCHEMA, link_arrow, map_in_arrow
 from linker.engine.shards import JOB, SUCCESS, job_document, list_shards, normalize_shard, prepare_output, write_success
 from linker.errors import ConfigError, InputFormatError, LinkerError, MissingInputError
@@ -30,6 +29,7 @@ from linker.link import Linker
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
 from normalize_tables import build_indexes  # noqa: E402
+from test_normalize import run_cli  # noqa: E402  (exit code of `linker ARGS` run in-process)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures"
@@ -72,14 +72,6 @@ def write_shards(folder: Path, shards: int, spans: int, *, seed: int = 0) -> Pat
 def outputs(folder: Path) -> dict[str, bytes]:
     """Every file of an output folder by relative path, with its bytes."""
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def run_cli(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return exc.code or 0
-    return 0
 
 
 def local_normalize(index: Path, shard: Path, out: Path, k: int) -> list[dict]:
