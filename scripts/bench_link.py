@@ -2,6 +2,8 @@
 
     .venv/bin/python scripts/bench_link.py                 # full run, writes eval/bench_link.{md,json}
     .venv/bin/python scripts/bench_link.py --quick         # small sizes, a smoke test of the script
+    .venv/bin/python scripts/bench_link.py --focus --report eval/bench_link_maxscore
+                                 # the new default's searches only (exact, approximate, maxscore): a short run
 
 Dictionaries: (a) the embedded default dictionary (`linker dict build --source default`:
 ICD-10-CM + English HPO), (b) a generated dictionary of ~1M names (every default name with
@@ -48,6 +50,8 @@ TFIDF_VARIANTS = [
     ("maxscore, first fetch 8 names/concept", {"search": "maxscore", "fetch_per_concept": 8}),
     ("maxscore, first fetch 2 names/concept", {"search": "maxscore"}),
 ]
+FOCUS_VARIANTS = ("exact", "approximate, candidate_df 0.05", "maxscore, first fetch 8 names/concept",
+                  "maxscore, first fetch 2 names/concept")
 MAXSCORE_DEFAULT = "maxscore, first fetch 2 names/concept"  # what `search auto` runs above exact_max_names
 # Qualifiers that turn one dictionary name into new, plausible names ("acute chest pain").
 PREFIXES = ("acute", "chronic", "recurrent", "severe", "mild", "congenital", "bilateral")
@@ -311,6 +315,9 @@ def main() -> None:
     parser.add_argument("--medic-dense", action="store_true", help="also dense/hybrid over MEDIC (slow on CPU)")
     parser.add_argument("--no-dense", action="store_true", help="skip the dense and hybrid kinds")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check that the script runs")
+    parser.add_argument("--focus", action="store_true",
+                        help="only the new default's exact, approximate 0.05 and maxscore searches; no baselines, "
+                             "no other indexes (a short run on a loaded machine)")
     parser.add_argument("--render", type=Path, help="only rewrite the Markdown from this JSON report")
     args = parser.parse_args()
     if args.render:
@@ -337,6 +344,7 @@ def main() -> None:
                     "load_at_start": load()},
         "k": K,
         "dense_names": args.dense_names,
+        "focus": args.focus,
     }
     dictionaries = make_dictionaries(work, args.quick, args.big_names, args.dense_names)
     mentions = load_dataset(f"pubtator:{NCBI_TEST}")
@@ -349,11 +357,13 @@ def main() -> None:
     # each searched with every speed lever, in one run; agreement is with the same index's exact search.
     report["tfidf_variants"] = {name: variant for name, variant in TFIDF_VARIANTS}
     for dict_name in ("default", "generated"):
-        for setting, preset in TFIDF_SETTINGS:
+        for setting, preset in TFIDF_SETTINGS[1:] if args.focus else TFIDF_SETTINGS:
             out = work / f"{dict_name}-tfidf-{preset or 'default'}"
             build = run_stage("build", dict=dictionaries[dict_name], kind="tfidf", out=out, preset=preset)
             exact_top = None
             for variant_name, variant in TFIDF_VARIANTS:
+                if args.focus and variant_name not in FOCUS_VARIANTS:
+                    continue
                 link = run_stage("link", index=out, queries=queries_path, latency_queries=args.latency_queries,
                                  variant=json.dumps(variant))
                 if variant_name == "exact":
@@ -363,14 +373,15 @@ def main() -> None:
                        "same_top1_as_exact": agreement(link["top"], exact_top),
                        "same_top5_as_exact": round(float(np.mean([a == b for a, b in zip(link["top"], exact_top)])), 4)}
                 runs.append(row)
-            if preset == "":
+            if preset == "" and not args.focus:
                 runs[-1]["baselines"] = run_stage("baselines", index=out, queries=queries_path,
                                                   baseline_queries=args.baseline_queries,
                                                   wratio_budget=args.wratio_budget)
-    plan = [("default_subset", "tfidf")]
-    if not args.no_dense:
+    plan = [] if args.focus else [("default_subset", "tfidf")]
+    if not args.no_dense and not args.focus:
         plan += [("default_subset", "dense"), ("default_subset", "hybrid")]
-    plan += [("medic", "tfidf")] + ([("medic", "dense"), ("medic", "hybrid")] if args.medic_dense else [])
+    plan += [] if args.focus else [("medic", "tfidf")]
+    plan += ([("medic", "dense"), ("medic", "hybrid")] if args.medic_dense else [])
     for dict_name, kind in plan:
         out = work / f"{dict_name}-{kind}"
         build = run_stage("build", dict=dictionaries[dict_name], kind=kind, out=out, encoder=args.encoder)
@@ -443,6 +454,10 @@ def markdown(report: dict, args) -> str:
         "with it, so the library asks maxscore for 2). The library (`search auto`) searches exactly up to "
         "500,000 names and with maxscore above.",
         "",
+    ]
+    if report.get("focus"):  # `--focus`: the tf-idf table only
+        return "\n".join(lines)
+    lines += [
         "## Other indexes",
         "",
         "| dictionary | kind | names | concepts | build s | build peak MiB | mentions/s (batch) | p50 ms | p99 ms | link peak MiB | Acc@1 |",
