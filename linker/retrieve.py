@@ -88,6 +88,10 @@ def top_concepts(
     # An index may ask for a first fetch of its own (tf-idf maxscore: its cost grows with k).
     first = getattr(index, "first_fetch", lambda k: None)(k)
     fetch = min(size, max(MIN_FETCH, k * OVERFETCH) if first is None else max(k, first))
+    # A dense index encodes its queries (an encoder pass, the costly part): encoded once here,
+    # every widening round searches with the same vectors instead of encoding its queries again.
+    encode = getattr(index, "encode_queries", None)
+    vectors = encode(list(queries)) if encode is not None and pending else None
     while pending:
         # At most SCORE_BUDGET (query, name) hits per search call, so that widening many queries
         # towards the whole index (a rare language in a large index) keeps memory bounded.
@@ -95,7 +99,7 @@ def top_concepts(
         still: list[int] = []
         for start in range(0, len(pending), group):
             still += _search_group(index, concept_index, queries, pending[start : start + group], fetch, k,
-                                   allowed, results)
+                                   allowed, results, vectors)
         if still:
             log.debug("widening %d of %d queries from %d to %d names", len(still), len(pending), fetch,
                       min(size, fetch * WIDEN))
@@ -105,10 +109,14 @@ def top_concepts(
 
 
 def _search_group(index, concept_index: ConceptIndex, queries: Sequence[str], pending: list[int], fetch: int,
-                  k: int, allowed: np.ndarray | None, results: list) -> list[int]:
-    """Search `pending` queries with `fetch` names each; fill `results`, return those that need more."""
+                  k: int, allowed: np.ndarray | None, results: list, vectors: np.ndarray | None = None) -> list[int]:
+    """Search `pending` queries with `fetch` names each (with their `vectors` when encoded already);
+    fill `results`, return those that need more."""
     size = index.size
-    scores, rows = index.search([queries[i] for i in pending], fetch)
+    if vectors is not None:
+        scores, rows = index.search_vectors(vectors[pending], fetch)
+    else:
+        scores, rows = index.search([queries[i] for i in pending], fetch)
     still: list[int] = []
     for j, qi in enumerate(pending):
         hits = collapse(scores[j], rows[j], concept_index.codes, allowed)

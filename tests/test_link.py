@@ -190,6 +190,28 @@ def test_widening_searches_in_groups_within_the_score_budget(monkeypatch):
     assert all(h.rows.tolist() == [39, 38] for h in hits)
 
 
+def test_widening_encodes_the_queries_of_an_encoding_index_once():
+    calls = []
+
+    class Encoding(TiedIndex):  # like a dense index: queries -> vectors, then search by vector
+        def search(self, queries, k):
+            raise AssertionError("an encoding index is searched by vector")
+
+        def encode_queries(self, queries):
+            calls.append(("encode", len(queries)))
+            return np.arange(len(queries), dtype=np.float32)[:, None]
+
+        def search_vectors(self, vectors, k):
+            calls.append(("search", vectors[:, 0].tolist(), k))
+            return super().search(list(vectors), k)
+
+    concept_ids = pa.array([f"C{i:02d}" for i in range(39, -1, -1)])
+    hits = top_concepts(Encoding(), ConceptIndex(concept_ids), ["a", "b"], 2)
+    # one encoder pass; the widening round (a tie at the cut) searches with the same rows' vectors
+    assert calls == [("encode", 2), ("search", [0.0, 1.0], 32), ("search", [0.0, 1.0], 40)]
+    assert all(h.rows.tolist() == [39, 38] for h in hits)
+
+
 def test_collapse_keeps_best_name_per_concept():
     codes = np.array([0, 0, 1, 2])
     hits = collapse(np.array([0.5, 0.9, 0.9, 0.1], dtype=np.float32), np.array([0, 1, 2, -1]), codes, None)

@@ -78,8 +78,13 @@ def test_token_batches_respect_the_budget_and_the_count():
     batches = _token_batches(lengths, token_budget=9, max_batch=10)
     assert batches == [(0, 3), (3, 5), (5, 6), (6, 7)]  # 3 x 3 tokens fit 9; 20 > 9 goes alone
     # a large budget: batches still break where padding would exceed 1.25 x the shortest + 2
-    assert _token_batches(np.array([2, 3, 4, 5, 8, 9, 12, 30]), token_budget=10_000, max_batch=10) == [
+    spread = np.array([2, 3, 4, 5, 8, 9, 12, 30])
+    assert _token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=0) == [
         (0, 3), (3, 5), (5, 7), (7, 8)]
+    # ...unless the batch stays small (a few mentions of a service call): one forward pass, 8 x 30 tokens
+    assert _token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=240) == [(0, 8)]
+    assert _token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=100) == [
+        (0, 7), (7, 8)]  # 7 x 12 = 84 fit, 8 x 30 = 240 does not
     assert _token_batches(np.array([1] * 5), token_budget=100, max_batch=2) == [(0, 2), (2, 4), (4, 5)]
 
 

@@ -376,3 +376,65 @@ def test_batcher_sizes_its_calls_by_the_measured_cost_per_mention():
     assert done.wait(30) and box["job"].results == [str(i) for i in range(300)]
     assert slow.calls[0] == int(MentionBatcher.CALL_SECONDS / 0.003)  # the first guess: tf-idf's cost
     assert 10 <= slow.calls[-2] <= 30  # then about CALL_SECONDS / 10 ms
+
+
+@pytest.mark.slow
+def test_real_server_on_a_dense_index_answers_concurrent_requests_like_the_linker(indexes, tiny_encoder_dir, tmp_path):
+    # The dense path of the service: encoder + FAISS on the batcher's thread, concurrent mixed-size
+    # requests; every answer is 200 and equals the in-process Linker's (no 5xx, no mixed-up results).
+    from linker.index import build_index
+    from linker.index.dense import DenseConfig
+
+    folder = tmp_path / "dense"
+    build_index(indexes["meddra"] / "concepts.parquet", kind="dense", out=folder,
+                config=DenseConfig(encoder=str(tiny_encoder_dir), precision="bf16"))
+    texts = ["hair loss", "head pain", "nausea", "Itching", "dizziness", "alopecia", "náuseas", "headache", "fever"]
+    expected = Linker.load(folder).link(texts, k=3)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "linker", "serve", "--index", str(folder), "--host", "127.0.0.1",
+                             "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300  # torch's import alone takes minutes on a loaded CPU
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"server did not start: {proc.stdout.read().decode(errors='replace')}")
+            time.sleep(0.2)
+        # sizes 1..9 from rotating offsets: every request shares the batcher's calls with others
+        requests = [[(i + j) % len(texts) for j in range(1 + i % len(texts))] for i in range(36)]
+        with httpx.Client(base_url=base, timeout=60) as http, ThreadPoolExecutor(max_workers=12) as pool:
+            responses = list(pool.map(lambda rows: http.post(
+                "/link", json={"mentions": [{"text": texts[r], "id": r} for r in rows], "k": 3}), requests))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert [r.status_code for r in responses] == [200] * len(requests)
+    for rows, response in zip(requests, responses, strict=True):
+        results = response.json()["results"]
+        assert [r["id"] for r in results] == rows
+        for row, result in zip(rows, results, strict=True):
+            want = expected[row].candidates
+            assert [c["concept_id"] for c in result["candidates"]] == [c.concept_id for c in want]
+            assert [c["score"] for c in result["candidates"]] == pytest.approx([c.score for c in want], abs=1e-5)
+
+
+@pytest.mark.parametrize(("given", "seen"), [
+    ({}, "PASSIVE"),  # OpenMP threads sleep instead of spinning: a shared CPU (see linker/__init__.py)
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),  # the user's choice wins
+    ({"GOMP_SPINCOUNT": "10000"}, None),  # so does a spin count of their own
+])
+def test_importing_linker_sets_passive_openmp_threads_unless_told(given, seen):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    code = "import os, linker, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, **given}, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == str(seen)
