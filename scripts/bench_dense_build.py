@@ -2,6 +2,9 @@
 
     python scripts/bench_dense_build.py [--sample 1000] [--repeats 3] [--no-full]
 
+Parts left out (`--sample 0`, `--no-full`) keep their results from an earlier run in the JSON, so the
+sample and the full build can run as two processes.
+
 1. The names: ICD-10-CM from simple-icd-10-cm (`linker dict build --source icd10`, no data folder
    needed): how many, how many are exact duplicates (what encoding each distinct text once could
    save at most), and their e5 token lengths (with the "passage: " prefix) against the model's
@@ -151,7 +154,8 @@ def write_report(out: Path, data: dict) -> None:
     t = n["tokens"]
     lines = [
         "# Dense index build: ICD-10-CM with multilingual-e5-small", "",
-        f"`{data['command']}` on {data['date']}; {data['machine']}. The 2 CPUs are shared with other jobs: "
+        f"`python scripts/bench_dense_build.py` (commands per part below), last run {data['date']}; {data['machine']}. "
+        "The 2 CPUs are shared with other jobs: "
         "compare rows of one table; names per CPU-second is the cost of the work whatever the load.", "",
         "## The names", "",
         f"{n['names']:,} names (ICD-10-CM descriptions and inclusion terms), {n['distinct']:,} distinct: encoding each "
@@ -166,7 +170,7 @@ def write_report(out: Path, data: dict) -> None:
         first = next(iter(s["contenders"].values()))
         lines += [
             "## Encoding a sample, contenders alternating", "",
-            f"{s['names']:,} names (seeded sample), median of {s['repeats']} repeats; load {s['load_before']} before, "
+            f"`{s['command']}`: {s['names']:,} names (seeded sample), median of {s['repeats']} repeats; load {s['load_before']} before, "
             f"{s['load_after']} after. Length-sorted token-budget batches pad {s['padding']['padded_tokens']:,} tokens for "
             f"{s['padding']['tokens']:,} ({s['padding']['batches']} batches).", "",
             "| contender | names/s (median) | runs | names per CPU-s (median) | vs before (per CPU-s) | min cosine to fp32 |",
@@ -182,7 +186,7 @@ def write_report(out: Path, data: dict) -> None:
         e = f["encoding"]
         lines += [
             "## Full build", "",
-            f"All {f['names']:,} names, flat FAISS, precision {f['precision']['requested']} -> {f['precision']['chosen']}: "
+            f"`{f['command']}`: all {f['names']:,} names, flat FAISS, precision {f['precision']['requested']} -> {f['precision']['chosen']}: "
             f"**{f['seconds']:,.0f} s ({f['seconds'] / 60:.1f} min)** wall, {f['cpu_seconds']:,.0f} CPU-seconds; "
             f"{f['names_per_s']:,.1f} names/s, {f['names_per_cpu_s']:,.1f} names per CPU-second; encoding "
             f"{f['encode_seconds']:,.0f} s; {e['padded_tokens']:,} padded tokens for {e['tokens']:,}, {e['truncated']} truncated. "
@@ -212,18 +216,22 @@ def main() -> None:
     table = icd10cm_table(work)
     names = read_concept_table(table).table.column("name").to_pylist()
     encoder = load_encoder("e5-small")
+    command = " ".join(["python", "scripts/bench_dense_build.py", *sys.argv[1:]])
     data = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "scripts/bench_dense_build.py", *sys.argv[1:]]),
         "machine": f"{available_cpus()} CPUs available, {torch.get_num_threads()} torch threads, native precisions "
                    f"{', '.join(native_precisions())}",
         "names": names_part(names, encoder),
     }
     log.info("names: %s", data["names"])
-    data["sample"] = sample_part(names, encoder, args.sample, args.repeats) if args.sample else None
+    sample = sample_part(names, encoder, args.sample, args.repeats) if args.sample else None
     del encoder
-    data["full"] = None if args.no_full else full_part(table, work)
-    with atomic_file(args.out.with_suffix(".json")) as tmp:
+    full = None if args.no_full else full_part(table, work)
+    path = args.out.with_suffix(".json")
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    for key, value in (("sample", sample), ("full", full)):
+        data[key] = {**value, "command": command} if value else earlier.get(key)
+    with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2))
     write_report(args.out, data)
     print(args.out.with_suffix(".md").read_text())
