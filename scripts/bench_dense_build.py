@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+import linker  # noqa: F401  (first: it sets OpenMP's wait policy, which torch's libgomp reads when it loads)
+
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("bench_dense_build")
 

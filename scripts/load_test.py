@@ -292,7 +292,7 @@ def compare_phase(contenders: list[tuple[str, Path, Path]], texts: list[str], cl
                 "failed_requests": sum(r["failed_requests"] for r in mine),
             })
     return {"clients": clients, "k": 5, "seconds": seconds, "repeats": repeats,
-            "contenders": {label: {"index": index.name, "code": str(root.resolve()) if root != ROOT else "this checkout"}
+            "contenders": {label: {"index": index.name, "code": "this checkout" if root == ROOT else "<baseline>"}
                            for label, index, root in contenders},
             "rounds": rounds, "summary": summary}
 
@@ -307,7 +307,9 @@ def write_compare_report(result: dict, out: Path) -> None:
         f"{c['clients']} concurrent clients on loopback, k={c['k']}, {c['seconds']:g} s per request size; the contenders "
         f"alternate (one server at a time) for {c['repeats']} rounds and each figure is the median of the rounds. "
         "Load average (1/5/15 min) at the start of each round: "
-        + "; ".join(str(r["loadavg_before"]) for r in c["rounds"]) + f"; after: {result['loadavg_after']}.",
+        + "; ".join(str(r["loadavg_before"]) for r in c["rounds"]) + f"; after: {result['loadavg_after']}. "
+        "Code `<baseline>`: the linker checkout given as --baseline; failed = requests without a 200 answer within "
+        "the client's 30 s timeout.",
         "",
         "| contender | index | code | mentions/request | mentions/s (median) | rounds | vs " + first
         + " | p50 ms | p99 ms | failed |",
@@ -409,6 +411,13 @@ def main() -> None:
     print(args.out.with_suffix(".md").read_text())
 
 
+def portable(text: str, baseline: Path | None) -> str:
+    """A command line without this machine's paths: the repository root dropped, the baseline checkout named <baseline>."""
+    if baseline is not None:
+        text = text.replace(str(baseline.resolve()), "<baseline>").replace(str(baseline), "<baseline>")
+    return text.replace(str(ROOT) + "/", "")
+
+
 def compare(args, indexes: list[Path]) -> None:
     contenders = []
     for i, index in enumerate(indexes):
@@ -417,7 +426,7 @@ def compare(args, indexes: list[Path]) -> None:
             contenders.append((f"{index.name} (baseline)", index, args.baseline))
     result = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "scripts/load_test.py", *sys.argv[1:]]),
+        "command": portable(" ".join(["python", "scripts/load_test.py", *sys.argv[1:]]), args.baseline),
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
     }
