@@ -30,7 +30,7 @@ test: setup
 
 # One target per benchmark or accuracy table of the README: each reruns the script that wrote the table's
 # report under eval/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).
-.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-multilingual eval-rerank eval-capabilities
+.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-multilingual eval-rerank eval-capabilities eval-hybrid-tuning
 
 bench-link: setup
 	$(PY) scripts/bench_link.py --medic-dense
@@ -58,6 +58,10 @@ eval-multilingual: setup
 	$(PY) scripts/train_multilingual.py cantemist --with-train-names --threads 2
 	$(PY) scripts/train_multilingual.py mantra --threads 2
 	$(PY) scripts/train_multilingual.py codiesp --threads 2
+
+eval-hybrid-tuning: setup
+	$(PY) scripts/hybrid_tuning.py ncbi
+	$(PY) scripts/hybrid_tuning.py cantemist
 
 eval-rerank: setup
 	$(PY) scripts/rerank_confidence.py --datasets ncbi --rerank-k 16

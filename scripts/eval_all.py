@@ -14,6 +14,10 @@ git-ignored), then runs `linker.eval.report.evaluate` on:
 - Mantra GSC per language against HPO (with its es/fr/nl/de translations) + Disease Ontology,
   predictions mapped to UMLS CUIs through the terms' xrefs.
 
+Cantemist and Mantra are scored twice: as annotated, and with the abbreviations each document
+defines expanded in its mentions (dataset option ``abbrev``, Schwartz & Hearst as for NCBI-disease).
+``--only cantemist,mantra`` runs those groups alone (summary.md is then left as it is).
+
 Writes one report per evaluation (``eval/<name>.md|json|png``) and ``eval/summary.md|json`` with
 the paper-style table, the published reference rows, the seconds per evaluation and the load
 of the (shared) machine while it ran.
@@ -97,12 +101,19 @@ def main() -> None:
     parser.add_argument("--indexes", type=Path, default=ROOT / "indexes" / "eval")
     parser.add_argument("--dense", default=None, help="also evaluate NCBI with a dense index of this encoder (e.g. minilm)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild dictionaries and indexes that exist")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated groups to run (ncbi, cantemist, codiesp_d, mantra); summary.md is "
+                             "written only by a run of every group")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     data, out, idx, rebuild = args.data, args.out, args.indexes, args.rebuild
     load_before = os.getloadavg()
     started = time.perf_counter()
     results: list[tuple[str, str, EvalReport]] = []  # (group, label, report)
+    only = None if args.only is None else set(args.only.split(","))
+
+    def want(group: str) -> bool:
+        return only is None or group in only
 
     def run(group: str, label: str, name: str, index_dir: Path, dataset: str, **kw) -> None:
         report = evaluate(index_dir, dataset, ks=(1, 5), report_dir=out, name=name, overwrite=True, **kw)  # regenerates its reports
@@ -112,70 +123,85 @@ def main() -> None:
                  100 * full.acc(5).value, full.n, report.seconds["total"])
 
     # --- NCBI-disease ---------------------------------------------------------------------
-    ncbi = data / "ncbi_disease"
-    medic = table(idx / "medic.parquet", [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt",))], rebuild=rebuild)
-    extra = ncbi_names(data, idx / "ncbi_train_dev_names.tsv")
-    medic_td = table(idx / "medic_train_dev.parquet",
-                     [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt", extra))], rebuild=rebuild)
-    test = f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}"
-    # MEDIC lines join a MeSH id and its OMIM alternatives (the concept table's xrefs); the corpus uses
-    # either, and evaluation counts a predicted id as its xrefs (BioSyn's "D…|OMIM:…" labels do the same).
-    train = [f"pubtator:{ncbi / 'NCBItrainset_corpus.txt'}", f"pubtator:{ncbi / 'NCBIdevelopset_corpus.txt'}"]
-    i_medic = index(medic, idx / "medic_tfidf", rebuild=rebuild)
-    i_medic_td = index(medic_td, idx / "medic_train_dev_tfidf", rebuild=rebuild)
-    run("ncbi", "tf-idf, MEDIC, composite=all", "ncbi_tfidf_medic", i_medic, test, train_spec=train, filters=("all",))
-    run("ncbi", "tf-idf, MEDIC+train+dev, composite=all", "ncbi_tfidf_medic_train_dev", i_medic_td, test,
-        train_spec=train, filters=("all",))
-    run("ncbi", "tf-idf, MEDIC+train+dev, composite=any (BioSyn's rule)", "ncbi_tfidf_medic_train_dev_any", i_medic_td,
-        test, train_spec=train, filters=("all",), composite="any")
-    if args.dense:
-        from linker.encoders import load_encoder
-        from linker.index.dense import DenseConfig
+    if want("ncbi"):
+        ncbi = data / "ncbi_disease"
+        medic = table(idx / "medic.parquet", [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt",))], rebuild=rebuild)
+        extra = ncbi_names(data, idx / "ncbi_train_dev_names.tsv")
+        medic_td = table(idx / "medic_train_dev.parquet",
+                         [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt", extra))], rebuild=rebuild)
+        test = f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}"
+        # MEDIC lines join a MeSH id and its OMIM alternatives (the concept table's xrefs); the corpus uses
+        # either, and evaluation counts a predicted id as its xrefs (BioSyn's "D…|OMIM:…" labels do the same).
+        train = [f"pubtator:{ncbi / 'NCBItrainset_corpus.txt'}", f"pubtator:{ncbi / 'NCBIdevelopset_corpus.txt'}"]
+        i_medic = index(medic, idx / "medic_tfidf", rebuild=rebuild)
+        i_medic_td = index(medic_td, idx / "medic_train_dev_tfidf", rebuild=rebuild)
+        run("ncbi", "tf-idf, MEDIC, composite=all", "ncbi_tfidf_medic", i_medic, test, train_spec=train, filters=("all",))
+        run("ncbi", "tf-idf, MEDIC+train+dev, composite=all", "ncbi_tfidf_medic_train_dev", i_medic_td, test,
+            train_spec=train, filters=("all",))
+        run("ncbi", "tf-idf, MEDIC+train+dev, composite=any (BioSyn's rule)", "ncbi_tfidf_medic_train_dev_any", i_medic_td,
+            test, train_spec=train, filters=("all",), composite="any")
+        if args.dense:
+            from linker.encoders import load_encoder
+            from linker.index.dense import DenseConfig
 
-        encoder_name = args.dense
-        load_encoder(encoder_name)  # fail early if it is not available offline
-        i_dense = index(medic_td, idx / f"medic_train_dev_{encoder_name}", rebuild=rebuild, kind="dense",
-                        config=DenseConfig(encoder=encoder_name))
-        run("ncbi", f"dense {encoder_name}, MEDIC+train+dev, composite=all", f"ncbi_{encoder_name}_medic_train_dev",
-            i_dense, test, train_spec=train, filters=("all",))
+            encoder_name = args.dense
+            load_encoder(encoder_name)  # fail early if it is not available offline
+            i_dense = index(medic_td, idx / f"medic_train_dev_{encoder_name}", rebuild=rebuild, kind="dense",
+                            config=DenseConfig(encoder=encoder_name))
+            run("ncbi", f"dense {encoder_name}, MEDIC+train+dev, composite=all", f"ncbi_{encoder_name}_medic_train_dev",
+                i_dense, test, train_spec=train, filters=("all",))
 
     # --- Cantemist ------------------------------------------------------------------------
-    cantemist = data / "cantemist"
-    icdo = table(idx / "icdo.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",))], rebuild=rebuild)
-    c_test, c_train = f"brat:{cantemist / 'test.zip'}#lang=es", f"brat:{cantemist / 'train.zip'}"
-    run("cantemist", "tf-idf, ICD-O names (es)", "cantemist_tfidf", index(icdo, idx / "icdo_tfidf", rebuild=rebuild),
-        c_test, train_spec=c_train, filters=("all",))
-    c_names = mention_names([c_train], idx / "cantemist_train_names.tsv", lang="es")
-    icdo_train = table(idx / "icdo_train.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",)),
-                                                    SourceSpec("tsv", (c_names,))], rebuild=rebuild)
-    run("cantemist", "tf-idf, ICD-O names + train mentions", "cantemist_tfidf_train",
-        index(icdo_train, idx / "icdo_train_tfidf", rebuild=rebuild), c_test, train_spec=c_train, filters=("all",))
+    if want("cantemist"):
+        cantemist = data / "cantemist"
+        icdo = table(idx / "icdo.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",))], rebuild=rebuild)
+        c_test, c_train = f"brat:{cantemist / 'test.zip'}#lang=es", f"brat:{cantemist / 'train.zip'}"
+        run("cantemist", "tf-idf, ICD-O names (es)", "cantemist_tfidf", index(icdo, idx / "icdo_tfidf", rebuild=rebuild),
+            c_test, train_spec=c_train, filters=("all",))
+        c_names = mention_names([c_train], idx / "cantemist_train_names.tsv", lang="es")
+        icdo_train = table(idx / "icdo_train.parquet", [SourceSpec("icdo", (cantemist / "valid-codes.tsv",)),
+                                                        SourceSpec("tsv", (c_names,))], rebuild=rebuild)
+        run("cantemist", "tf-idf, ICD-O names + train mentions", "cantemist_tfidf_train",
+            index(icdo_train, idx / "icdo_train_tfidf", rebuild=rebuild), c_test, train_spec=c_train, filters=("all",))
+        # Abbreviations defined in the same clinical case expanded in test and train mentions (dataset option abbrev).
+        run("cantemist", "tf-idf, ICD-O names (es), abbreviations expanded", "cantemist_tfidf_abbrev",
+            idx / "icdo_tfidf", c_test + "&abbrev", train_spec=c_train + "#abbrev", filters=("all",))
+        run("cantemist", "tf-idf, ICD-O names + train mentions, abbreviations expanded", "cantemist_tfidf_train_abbrev",
+            idx / "icdo_train_tfidf", c_test + "&abbrev", train_spec=c_train + "#abbrev", filters=("all",))
 
     # --- CodiEsp-D ------------------------------------------------------------------------
-    codiesp = data / "codiesp"
-    icd10 = table(idx / "icd10cm.parquet", [SourceSpec("icd10", ())], rebuild=rebuild)
-    x_test, x_train = f"codiesp:{codiesp / 'testX.tsv'}#D", f"codiesp:{codiesp / 'trainX.tsv'}#D"
-    run("codiesp_d", "tf-idf, ICD-10-CM names (en), es mentions", "codiesp_d_tfidf",
-        index(icd10, idx / "icd10cm_tfidf", rebuild=rebuild), x_test, train_spec=x_train, filters=("all",))
-    x_names = mention_names([x_train], idx / "codiesp_d_train_names.tsv", lang="es", canonical=icd10cm_code)
-    icd10_train = table(idx / "icd10cm_train.parquet", [SourceSpec("icd10", ()), SourceSpec("tsv", (x_names,))],
-                        rebuild=rebuild)
-    run("codiesp_d", "tf-idf, ICD-10-CM names (en) + train mentions (es)", "codiesp_d_tfidf_train",
-        index(icd10_train, idx / "icd10cm_train_tfidf", rebuild=rebuild), x_test, train_spec=x_train, filters=("all",))
+    if want("codiesp_d"):
+        codiesp = data / "codiesp"
+        icd10 = table(idx / "icd10cm.parquet", [SourceSpec("icd10", ())], rebuild=rebuild)
+        x_test, x_train = f"codiesp:{codiesp / 'testX.tsv'}#D", f"codiesp:{codiesp / 'trainX.tsv'}#D"
+        run("codiesp_d", "tf-idf, ICD-10-CM names (en), es mentions", "codiesp_d_tfidf",
+            index(icd10, idx / "icd10cm_tfidf", rebuild=rebuild), x_test, train_spec=x_train, filters=("all",))
+        x_names = mention_names([x_train], idx / "codiesp_d_train_names.tsv", lang="es", canonical=icd10cm_code)
+        icd10_train = table(idx / "icd10cm_train.parquet", [SourceSpec("icd10", ()), SourceSpec("tsv", (x_names,))],
+                            rebuild=rebuild)
+        run("codiesp_d", "tf-idf, ICD-10-CM names (en) + train mentions (es)", "codiesp_d_tfidf_train",
+            index(icd10_train, idx / "icd10cm_train_tfidf", rebuild=rebuild), x_test, train_spec=x_train, filters=("all",))
 
     # --- Mantra GSC -----------------------------------------------------------------------
-    hpo = data / "hpo"
-    hp_files = (sorted(hpo.glob("hp.obo*")) + sorted(hpo.glob("hp-*.babelon.tsv")) + sorted(hpo.glob("hp-*.synonyms.tsv")))
-    hp = table(idx / "hpo_translations.parquet", [SourceSpec("obo", tuple(hp_files))], rebuild=rebuild)
-    doid = table(idx / "doid.parquet", [SourceSpec("obo", tuple(sorted((data / "doid").glob("*.obo*"))))], rebuild=rebuild)
-    merged = idx / "hpo_doid.parquet"
-    if rebuild or not merged.exists():
-        merge_tables([hp, doid], merged, overwrite=rebuild)
-    run("mantra", "tf-idf, HPO (+translations) + DOID, gold via UMLS xrefs", "mantra_tfidf",
-        index(merged, idx / "hpo_doid_tfidf", rebuild=rebuild), f"brat:{data / 'mantra_gsc' / 'Mantra-GSC-brat.zip'}",
-        filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
+    if want("mantra"):
+        hpo = data / "hpo"
+        hp_files = (sorted(hpo.glob("hp.obo*")) + sorted(hpo.glob("hp-*.babelon.tsv")) + sorted(hpo.glob("hp-*.synonyms.tsv")))
+        hp = table(idx / "hpo_translations.parquet", [SourceSpec("obo", tuple(hp_files))], rebuild=rebuild)
+        doid = table(idx / "doid.parquet", [SourceSpec("obo", tuple(sorted((data / "doid").glob("*.obo*"))))], rebuild=rebuild)
+        merged = idx / "hpo_doid.parquet"
+        if rebuild or not merged.exists():
+            merge_tables([hp, doid], merged, overwrite=rebuild)
+        mantra = f"brat:{data / 'mantra_gsc' / 'Mantra-GSC-brat.zip'}"
+        run("mantra", "tf-idf, HPO (+translations) + DOID, gold via UMLS xrefs", "mantra_tfidf",
+            index(merged, idx / "hpo_doid_tfidf", rebuild=rebuild), mantra,
+            filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
+        run("mantra", "tf-idf, HPO (+translations) + DOID, abbreviations expanded", "mantra_tfidf_abbrev",
+            idx / "hpo_doid_tfidf", mantra + "#abbrev", filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
 
-    write_summary(out, results, load_before, time.perf_counter() - started, data=data)
+    if only is None:
+        write_summary(out, results, load_before, time.perf_counter() - started, data=data)
+    else:
+        log.info("--only %s: summary.md not rewritten (a run of every group writes it)", args.only)
 
 
 def write_summary(out: Path, results, load_before, seconds: float, *, data: Path) -> None:

@@ -28,6 +28,45 @@ def test_brat_zip_discontinuous_notes_and_macosx(fixtures):
     ]
 
 
+def _brat_doc(folder, name, text, spans, note="8500/3"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+    lines = []
+    for i, span in enumerate(spans, 1):
+        start = text.index(span[0], span[1])
+        lines += [f"T{i}\tMORFOLOGIA_NEOPLASIA {start} {start + len(span[0])}\t{span[0]}",
+                  f"#{i}\tAnnotatorNotes T{i}\t{note}"]
+    (folder / f"{name}.ann").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_brat_abbrev_expands_short_forms_defined_in_the_same_document(tmp_path, caplog):
+    text = "Mujer con carcinoma ductal infiltrante (CDI) de mama. El CDI mide 2 cm."
+    _brat_doc(tmp_path / "Spanish", "cc1", text, [("carcinoma ductal infiltrante", 0), ("CDI", 50)])
+    # Same file name in another language folder, without the definition: its "CDI" stays as written.
+    _brat_doc(tmp_path / "English", "cc1", "The CDI grew.", [("CDI", 0)])
+    plain = load_dataset(f"brat:{tmp_path}")
+    with caplog.at_level("INFO"):
+        expanded = load_dataset(f"brat:{tmp_path}#abbrev")
+    assert [(m.lang, m.text) for m in plain] == [("en", "CDI"), ("es", "carcinoma ductal infiltrante"), ("es", "CDI")]
+    assert [(m.lang, m.text) for m in expanded] == [("en", "CDI"), ("es", "carcinoma ductal infiltrante"),
+                                                    ("es", "carcinoma ductal infiltrante")]
+    assert [(m.start, m.end, m.gold) for m in expanded] == [(m.start, m.end, m.gold) for m in plain]  # spans kept
+    assert "abbreviations expanded 1" in caplog.text
+
+
+def test_brat_abbrev_without_txt_warns_and_typos_apply(tmp_path, caplog):
+    _brat_doc(tmp_path, "a", "El tumr (TM) crece. TM", [("TM", 20)])
+    (tmp_path / "a.txt").unlink()
+    typos = tmp_path / "typos.txt"
+    typos.write_text("TM||tumor\n", encoding="utf-8")
+    with caplog.at_level("INFO"):
+        assert [m.text for m in load_dataset(f"brat:{tmp_path}#abbrev")] == ["TM"]
+    assert "1 documents have no .txt beside their .ann" in caplog.text
+    assert [m.text for m in load_dataset(f"brat:{tmp_path}#typos={typos}")] == ["tumor"]
+    with pytest.raises(UnknownNameError, match="unknown brat option 'split'"):
+        load_dataset(f"brat:{tmp_path}#split")
+
+
 def test_brat_without_lang_is_und(fixtures):
     assert {m.lang for m in load_dataset(f"brat:{fixtures / 'eval/cantemist_slice.zip'}")} == {"und"}
 

@@ -1,7 +1,8 @@
-"""`linker index build|info|kinds`: index folders over concept tables."""
+"""`linker index build|info|kinds|tune`: index folders over concept tables."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -70,7 +71,8 @@ def build_cli(
     faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type (flat, hnsw, ivf-sq8, ivf-pq)."),
     batch_size: int = typer.Option(None, "--batch-size", help="dense/hybrid: most names per encoding batch (batches are filled by tokens)."),
     precision: str = typer.Option("auto", "--precision", help="dense/hybrid: auto, fp32, bf16 or int8; auto = the fastest this CPU runs natively that passes a check against fp32."),
-    sparse_weight: float = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score."),
+    sparse_weight: str = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score: a number (default 1), learned (BioSyn's, from the encoder folder's biosyn.json) or tuned (on --dev by `linker index tune`'s grid)."),
+    dev: str = typer.Option(None, "--dev", help="hybrid with --sparse-weight tuned: dev mentions FORMAT:PATH[#OPTIONS] to tune on."),
     reranker: Path = typer.Option(None, "--reranker", help="Re-ranker folder (`linker train rerank`) to bind: copied in, used by default."),
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
@@ -81,7 +83,9 @@ def build_cli(
     elif kind == "hybrid":
         from linker.index.hybrid import HybridConfig
 
-        extra = {} if sparse_weight is None else {"sparse_weight": sparse_weight}
+        extra = {} if sparse_weight in (None, "tuned") else {"sparse_weight": _sparse_weight(sparse_weight, encoder)}
+        if (sparse_weight == "tuned") != (dev is not None):
+            raise ConfigError("--sparse-weight tuned needs --dev SPEC (the dev mentions to tune on), and --dev needs it")
         config = HybridConfig(tfidf=_tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search),
                               dense=_dense_config(encoder, faiss_index, batch_size, threads, precision), **extra)
     else:
@@ -90,6 +94,47 @@ def build_cli(
     counts = manifest["counts"]
     typer.echo(f"wrote {out}: {kind} index of {counts['names']:,} names of {counts['concepts']:,} concepts "
                f"in {manifest['build_seconds']:.1f}s")
+    if kind == "hybrid" and sparse_weight == "tuned":
+        from linker.eval.tune import tune_sparse_weight
+
+        chosen = tune_sparse_weight(out, dev)["chosen"]
+        typer.echo(f"tuned on {dev}: sparse_weight {chosen['sparse_weight']:g}, dense_weight "
+                   f"{chosen['dense_weight']:g} (dev Acc@1 {100 * chosen['acc1']:.2f})")
+
+
+def _sparse_weight(value: str, encoder: str | None) -> float:
+    """--sparse-weight FLOAT, or ``learned``: the weight BioSyn training stored beside the encoder."""
+    if value == "learned":
+        from linker.train.biosyn import SPARSE_WEIGHT_FILE
+
+        path = Path(encoder or "") / SPARSE_WEIGHT_FILE
+        if encoder is None or not path.is_file():
+            raise ConfigError(f"--sparse-weight learned reads {SPARSE_WEIGHT_FILE} from the --encoder folder that "
+                              f"`linker train biosyn` wrote; found none at {path}")
+        try:
+            return max(float(json.loads(path.read_text(encoding="utf-8"))["sparse_weight"]), 0.0)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}: expected JSON with a number 'sparse_weight' ({exc})") from None
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"--sparse-weight takes learned, tuned or a number, found {value!r}") from None
+
+
+@index_app.command("tune")
+def tune_cli(
+    index: Path = typer.Option(..., "--index", "-i", help="Hybrid index folder (its manifest gets the chosen weights)."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dev mentions FORMAT:PATH[#OPTIONS] as for `linker eval` (not the test set)."),
+    grid: str = typer.Option(None, "--grid", help="tf-idf shares a to try (sparse_weight a, dense_weight 1 - a); default 0,0.1,...,1."),
+    composite: str = typer.Option("all", "--composite", help="Composite mentions right when all parts (all) or any part (any) is found."),
+    gold_via_xref: str = typer.Option(None, "--gold-via-xref", help="Map predicted ids through this xref prefix (UMLS) before comparing with gold."),
+    query_lang: bool = typer.Option(False, "--query-lang", help="Restrict candidates to names in each mention's language."),
+) -> None:
+    """Choose a hybrid index's sparse/dense weights on dev mentions by a grid; store them and the dev scores in its manifest."""
+    from linker.eval.tune import DEFAULT_GRID, parse_grid, tune_sparse_weight
+
+    echo_json(tune_sparse_weight(index, dataset, grid=DEFAULT_GRID if grid is None else parse_grid(grid),
+                                 composite=composite, gold_via_xref=gold_via_xref, query_lang=query_lang))
 
 
 @index_app.command("info")

@@ -31,6 +31,9 @@ any one of which is right. How each format spells them, read from the data itsel
   (``"C0030705", "Patients", …``). Discontinuous spans ``10 20;30 40`` give start 10, end 40.
   The language comes from a folder named after it (``Mantra-GSC/Spanish/…`` -> ``es``);
   option ``lang=xx`` keeps that language only, and gives it to files whose folders name none.
+  Options ``abbrev`` and ``typos=FILE`` rewrite mention texts as for ``pubtator``, the abbreviations
+  found in the document's ``.txt`` ("carcinoma ductal infiltrante (CDI)" -> "CDI" in a mention is
+  expanded).
 - ``codiesp`` (``*X.tsv``): option ``D`` (diagnoses, the default) or ``P`` (procedures);
   language ``es``; codes as written (``s22.49xa``); metrics compare them through
   `linker.text.code_key`.
@@ -259,10 +262,12 @@ def _note_id(note: str) -> str:
 
 @_loader("brat")
 def _load_brat(spec: DatasetSpec) -> list[Mention]:
-    _check_options(spec, {"lang"})
+    _check_options(spec, {"lang", "abbrev", "typos"})
     wanted = spec.options.get("lang")
+    rewrite = _MentionRewriter(abbrev="abbrev" in spec.options, split=False, typos=spec.options.get("typos"),
+                               biosyn_text=False)
     mentions: list[Mention] = []
-    unnoted = skipped = 0
+    unnoted = skipped = untexted = 0
     for source in brat_sources(spec.path, limits=spec.limits):
         lang = _language_of(source.name) or wanted or "und"
         if wanted and lang != wanted:
@@ -271,17 +276,26 @@ def _load_brat(spec: DatasetSpec) -> list[Mention]:
         for message in doc.skipped:
             log.warning("skipped %s", message)
         skipped += len(doc.skipped)
+        if rewrite.abbrev and doc.text is None and doc.entities:
+            untexted += 1
         for entity in doc.entities:
             code = _note_id(doc.notes.get(entity.tid, ""))
             if not code:
                 unnoted += 1
                 continue
-            mentions.append(Mention(entity.text, ((code,),), lang, Path(source.name.split("!")[-1]).stem,
+            # The source name (archive!member) keys the document: Mantra's languages reuse file names.
+            text, _parts = rewrite(source.name, (doc.text or "",), entity.text, 1)
+            mentions.append(Mention(text, ((code,),), lang, Path(source.name.split("!")[-1]).stem,
                                     entity.start, entity.end))
     if unnoted:
         log.info("%s: left out %d annotations without an AnnotatorNotes id", spec.path, unnoted)
     if skipped:
         log.warning("%s: skipped %d annotations whose spans do not fit their .txt (--lenient)", spec.path, skipped)
+    if untexted:
+        log.warning("%s: %d documents have no .txt beside their .ann: no abbreviations found in them", spec.path,
+                    untexted)
+    if rewrite.counts:
+        log.info("%s: %s", spec.path, ", ".join(f"{k} {v}" for k, v in sorted(rewrite.counts.items())))
     return mentions
 
 

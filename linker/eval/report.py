@@ -76,7 +76,7 @@ class EvalReport:
 
     def row(self, filter_name: str, lang: str = "all", composite: str | None = None) -> EvalRow:
         """One row; `composite` None: the first rule evaluated."""
-        composite = composite or self.rows[0].composite
+        composite = composite or (self.rows[0].composite if self.rows else "all")
         return next(r for r in self.rows if r.filter == filter_name and r.lang == lang and r.composite == composite)
 
     def to_dict(self) -> dict:

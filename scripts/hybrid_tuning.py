@@ -1,0 +1,250 @@
+"""The hybrid's sparse weight tuned on a dev split: dense / tf-idf / hybrid (default, learned) / hybrid (tuned).
+
+    .venv/bin/python scripts/hybrid_tuning.py ncbi [--encoder minilm] [--grid 0,0.1,...,1] [--threads 2]
+    .venv/bin/python scripts/hybrid_tuning.py cantemist [--encoder e5-small]
+    .venv/bin/python scripts/hybrid_tuning.py ncbi --encoder models/ncbi_biosyn/MODEL   # a trained encoder
+
+ncbi: dictionary = MEDIC plus the *train* mentions as names of their gold concept (BioSyn's
+  preprocessing, as scripts/ncbi_biosyn.py), dev = the NCBI-disease dev split, test = the test split,
+  both rewritten as BioSyn's query preprocessing does (``#biosyn&typos=...``). The dev mentions are not
+  names of this dictionary (they would be exact hits and pull the weight towards tf-idf), so the test
+  figures here are on MEDIC + train, not on scripts/ncbi_biosyn.py's MEDIC + train + dev.
+  tf-idf: BioSyn's char 1-2-grams. Composite rule: BioSyn's ("any").
+cantemist: dictionary = the ICD-O names of valid-codes.tsv plus the train mentions (scripts/eval_all.py's
+  "ICD-O names + train mentions"), dev = dev1, test = test (Spanish only). tf-idf: the library default.
+
+One hybrid index per (dataset, encoder), built once; `linker.eval.tune.tune_sparse_weight` picks the
+weight on dev over the grid (score = a * tf-idf + (1 - a) * dense) and stores it, with the dev score
+that picked it, in the index's manifest. Every system is then scored on dev and test from that one
+index with `weight_scores`: a = 0 ranks by the dense cosine alone and a = 1 by the tf-idf cosine alone
+(over the union of both top lists, which holds each side's own top-k, so the top-k equals that of the
+dense or tf-idf index), "default" is the library's equal weight, "learned" BioSyn's learned weight
+when the encoder folder has one (biosyn.json). The tuned index is also scored by `linker eval`
+(Full / Filtered / Filtered0.2 against the training mentions) into eval/<name>_test.md|json|png.
+
+Stages are skipped when their output exists (the index, its tuning record, the reports), so a run
+resumes; --rebuild redoes them. Writes eval/<name>.md|json, name = hybrid_tuning_<part>_<encoder>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from linker.dictionary import SourceSpec, build_dictionary
+from linker.eval.datasets import load_dataset
+from linker.fileio import atomic_file, portable_paths
+from linker.index import build_index
+from linker.index.dense import DenseConfig
+from linker.index.hybrid import DEFAULT_SPARSE_WEIGHT, HybridConfig
+from linker.index.manifest import read_manifest
+from linker.index.tfidf import TfidfConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("hybrid_tuning")
+DEFAULT_ENCODER = {"ncbi": "minilm", "cantemist": "e5-small"}
+
+
+def setup(part: str, data: Path, work: Path) -> dict:
+    """Dataset specs, the dictionary to build (sources) and the tf-idf config of one part."""
+    if part == "ncbi":
+        ncbi = data / "ncbi_disease"
+        prep = f"#biosyn&typos={ncbi / 'ncbi-spell-check.txt'}"
+        spec = lambda name: f"pubtator:{ncbi / name}{prep}"  # noqa: E731
+        return {"dev": spec("NCBIdevelopset_corpus.txt"), "test": spec("NCBItestset_corpus.txt"),
+                "train": [spec("NCBItrainset_corpus.txt")], "composite": "any", "lang": "en",
+                "sources": [ncbi / "medic_06Jul2012.txt"], "source_kind": "tsv",
+                "tfidf": TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="biosyn")}
+    cantemist = data / "cantemist"
+    return {"dev": f"brat:{cantemist / 'dev1.zip'}#lang=es", "test": f"brat:{cantemist / 'test.zip'}#lang=es",
+            "train": [f"brat:{cantemist / 'train.zip'}"], "composite": "all", "lang": "es",
+            "sources": [cantemist / "valid-codes.tsv"], "source_kind": "icdo", "tfidf": TfidfConfig()}
+
+
+def build_dictionary_with_train_names(cfg: dict, out: Path) -> None:
+    """The part's vocabulary plus its training mentions as extra names of their gold concept."""
+    names = out.with_suffix(".train_names.tsv")
+    rows = [f"{cid}\t{m.text}\t{cfg['lang']}" for spec in cfg["train"] for m in load_dataset(spec)
+            if len(m.gold) == 1 for cid in m.gold[0]]
+    with atomic_file(names) as tmp:
+        tmp.write_text("\n".join(dict.fromkeys(rows)) + "\n", encoding="utf-8")
+    build_dictionary([SourceSpec(cfg["source_kind"], tuple(cfg["sources"])), SourceSpec("tsv", (names,))], out)
+
+
+def learned_weight(encoder: str) -> float | None:
+    from linker.train.biosyn import SPARSE_WEIGHT_FILE
+
+    path = Path(encoder) / SPARSE_WEIGHT_FILE
+    return float(json.loads(path.read_text())["sparse_weight"]) if path.is_file() else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["ncbi", "cantemist"])
+    parser.add_argument("--encoder", default=None, help="encoder alias or model folder (default: minilm / e5-small)")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "hybrid_tuning")
+    parser.add_argument("--grid", default=None, help="comma-separated a values in [0, 1] (default 0, 0.1, ..., 1)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--report-name", default=None)
+    parser.add_argument("--build-only", action="store_true", help="build the dictionary and the index, then stop")
+    parser.add_argument("--rebuild", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    encoder = args.encoder or DEFAULT_ENCODER[args.part]
+    slug = Path(encoder).name
+    name = args.report_name or f"hybrid_tuning_{args.part}_{slug}"
+    cfg = setup(args.part, args.data, args.work)
+    work = args.work / args.part
+    work.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+
+    def stage(label: str, done: bool, fn) -> None:
+        if done and not args.rebuild:
+            log.info("stage %s: output exists, skipped", label)
+            return
+        started = time.perf_counter()
+        fn()
+        timings[label] = round(time.perf_counter() - started, 1)
+        log.info("stage %s: %.0fs (load %s)", label, timings[label], os.getloadavg())
+
+    dictionary = work / "dictionary_train.parquet"
+    stage("dictionary", dictionary.exists(), lambda: build_dictionary_with_train_names(cfg, dictionary))
+    index_dir = work / f"hybrid_{slug}"
+    config = HybridConfig(tfidf=cfg["tfidf"], dense=DenseConfig(encoder=encoder, threads=args.threads))
+    stage("index", (index_dir / "manifest.json").exists(),
+          lambda: build_index(dictionary, kind="hybrid", out=index_dir, config=config, overwrite=args.rebuild))
+    if args.build_only:
+        return
+    from linker.eval.tune import DEFAULT_GRID, parse_grid
+
+    run(args, cfg, encoder, name, index_dir, dictionary, timings, stage,
+        DEFAULT_GRID if args.grid is None else parse_grid(args.grid))
+
+
+def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: Path, timings: dict, stage,
+        grid) -> None:
+    from linker.eval.datasets import load_dataset as load
+    from linker.eval.report import evaluate
+    from linker.eval.tune import tune_sparse_weight, weight_scores
+    from linker.link import Linker
+
+    tuned = read_manifest(index_dir).get("sparse_weight_tuning")
+    stage("tune", tuned is not None and tuned["dataset"] == cfg["dev"] and tuned["grid"] == list(grid),
+          lambda: tune_sparse_weight(index_dir, cfg["dev"], grid=grid, composite=cfg["composite"]))
+    manifest = read_manifest(index_dir)
+    tuning = manifest["sparse_weight_tuning"]
+    chosen = (manifest["parameters"]["sparse_weight"], manifest["parameters"]["dense_weight"])
+    systems = [("dense", (0.0, 1.0)), ("tf-idf", (1.0, 0.0)),
+               (f"hybrid, default weight {DEFAULT_SPARSE_WEIGHT:g}", (DEFAULT_SPARSE_WEIGHT, 1.0))]
+    learned = learned_weight(encoder)
+    if learned is not None:
+        systems.append((f"hybrid, BioSyn's learned weight {learned:.4f}", (max(learned, 0.0), 1.0)))
+    systems.append((f"hybrid, tuned on dev: a = {tuning['chosen']['a']:g}", chosen))
+
+    scores_path = index_dir.parent / f"{name}.scores.json"  # per-split scores, kept to resume (not in the index)
+    scores = json.loads(scores_path.read_text()) if scores_path.exists() and not args.rebuild else {}
+    if scores.get("systems") != [list(w) for _, w in systems]:
+        scores = {"systems": [list(w) for _, w in systems]}
+    linker_ = None
+    for split in ("dev", "test"):
+        if split in scores:
+            log.info("scores %s: exist, skipped", split)
+            continue
+        started = time.perf_counter()
+        linker_ = linker_ or Linker.load(index_dir)
+        scores[split] = weight_scores(linker_, load(cfg[split]), [w for _, w in systems], ks=(1, 5),
+                                      composite=cfg["composite"])
+        timings[f"score_{split}"] = round(time.perf_counter() - started, 1)
+        with atomic_file(scores_path) as tmp:
+            tmp.write_text(json.dumps(scores, indent=1))
+
+    test_report = args.out / f"{name}_test.json"
+    stage("eval_test", test_report.exists(),
+          lambda: evaluate(index_dir, cfg["test"], train_spec=cfg["train"], filters=("full", "train", "train0.2"),
+                           ks=(1, 5), composite=cfg["composite"], report_dir=args.out, name=f"{name}_test",
+                           overwrite=True))
+    full_eval = json.loads(test_report.read_text())
+    import torch
+
+    result = {
+        "command": " ".join(["python", "scripts/hybrid_tuning.py", *sys.argv[1:]]),
+        "part": args.part, "encoder": encoder, "index": str(index_dir), "dictionary": str(dictionary),
+        "names": manifest["counts"]["names"], "dev": cfg["dev"], "test": cfg["test"],
+        "composite_rule": cfg["composite"], "tuning": tuning,
+        "rows": [{"system": label, "sparse_weight": w[0], "dense_weight": w[1],
+                  "dev": scores["dev"][i], "test": scores["test"][i]} for i, (label, w) in enumerate(systems)],
+        "test_eval": {"report": str(test_report), "rows": [
+            {"filter": r["filter"], "n": r["n"], "acc1": r["accuracies"][0]["value"],
+             "acc5": r["accuracies"][1]["value"]} for r in full_eval["rows"] if r["lang"] == "all"]},
+        "stage_seconds": timings,
+        "hardware": {"cpu_count": os.cpu_count(), "torch_threads": args.threads, "machine": platform.machine(),
+                     "torch": torch.__version__, "gpu": torch.cuda.is_available(),
+                     "load_average_at_end": list(os.getloadavg())},
+    }
+    with atomic_file(args.out / f"{name}.json") as tmp:
+        tmp.write_text(portable_paths(json.dumps(result, indent=2), data=args.data))
+    with atomic_file(args.out / f"{name}.md") as tmp:
+        tmp.write_text(portable_paths(markdown(result), data=args.data))
+    print(markdown(result))
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f}"
+
+
+def markdown(r: dict) -> str:
+    t = r["tuning"]
+    lines = [
+        f"# Hybrid sparse weight tuned on dev: {r['part']}, encoder {r['encoder']}",
+        "",
+        f"Produced by `{r['command']}`. Index: tf-idf + dense over {r['names']:,} names "
+        f"(`{r['dictionary']}`); dev `{r['dev']}`, test `{r['test']}`; composite rule {r['composite_rule']}. "
+        "Hybrid score = sparse_weight * tf-idf cosine + dense_weight * dense cosine over the union of both top lists; "
+        "dense = (0, 1), tf-idf = (1, 0), scored from the same index.",
+        "",
+        "| system | sparse, dense weight | dev n | dev Acc@1 | dev Acc@5 | test n | test Acc@1 | test Acc@5 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        d, s = row["dev"], row["test"]
+        lines.append(f"| {row['system']} | {row['sparse_weight']:.4g}, {row['dense_weight']:.4g} | {d['n']} "
+                     f"| {_pct(d['acc1'])} | {_pct(d['acc5'])} | {s['n']} | {_pct(s['acc1'])} | {_pct(s['acc5'])} |")
+    lines += [
+        "",
+        f"## Dev grid (Acc@1 on {t['mentions']} dev mentions, a = share of tf-idf)",
+        "",
+        "| a | " + " | ".join(f"{g['a']:g}" for g in t["scores"]) + " |",
+        "|---|" + "---|" * len(t["scores"]),
+        "| dev Acc@1 | " + " | ".join(_pct(g["acc1"]) for g in t["scores"]) + " |",
+        "",
+        f"Chosen: a = {t['chosen']['a']:g} (dev Acc@1 {_pct(t['chosen']['acc1'])}; dense alone "
+        f"{_pct(t['dense_acc1'])}, tf-idf alone {_pct(t['tfidf_acc1'])}); ties go to the a closest to 0.5. "
+        "Stored in the index manifest as `parameters.sparse_weight` / `dense_weight` and `sparse_weight_tuning`.",
+        "",
+        f"## Tuned hybrid on test, `linker eval` (`{r['test_eval']['report']}`)",
+        "",
+        "| filter | n | Acc@1 | Acc@5 |",
+        "|---|---|---|---|",
+        *[f"| {x['filter']} | {x['n']:,} | {_pct(x['acc1'])} | {_pct(x['acc5'])} |" for x in r["test_eval"]["rows"]],
+        "",
+    ]
+    hw = r["hardware"]
+    lines += [f"Hardware: {hw['cpu_count']} CPU cores shared with other jobs, torch {hw['torch']} with "
+              f"{hw['torch_threads']} threads, GPU: {hw['gpu']}; load average at the end {hw['load_average_at_end']}. "
+              f"Wall seconds per stage (this run): {r['stage_seconds']}.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
