@@ -180,7 +180,8 @@ def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: P
     result = {
         "command": " ".join(["python", "scripts/hybrid_tuning.py", *sys.argv[1:]]),
         "part": args.part, "encoder": encoder, "index": str(index_dir), "dictionary": str(dictionary),
-        "names": manifest["counts"]["names"], "dev": cfg["dev"], "test": cfg["test"],
+        "names": manifest["counts"]["names"], "index_build_seconds": manifest["build_seconds"],
+        "index_precision": manifest.get("dense", {}).get("precision", {}).get("chosen"), "dev": cfg["dev"], "test": cfg["test"],
         "composite_rule": cfg["composite"], "tuning": tuning,
         "rows": [{"system": label, "sparse_weight": w[0], "dense_weight": w[1],
                   "dev": scores["dev"][i], "test": scores["test"][i]} for i, (label, w) in enumerate(systems)],
@@ -242,7 +243,8 @@ def markdown(r: dict) -> str:
     hw = r["hardware"]
     lines += [f"Hardware: {hw['cpu_count']} CPU cores shared with other jobs, torch {hw['torch']} with "
               f"{hw['torch_threads']} threads, GPU: {hw['gpu']}; load average at the end {hw['load_average_at_end']}. "
-              f"Wall seconds per stage (this run): {r['stage_seconds']}.", ""]
+              f"Index build (both parts, names encoded in {r['index_precision']}): {r['index_build_seconds']:.0f} s; "
+              f"wall seconds per stage of this run: {r['stage_seconds']}.", ""]
     return "\n".join(lines)
 
 
