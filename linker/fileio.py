@@ -286,11 +286,15 @@ def portable_paths(text: str, *, root: str | Path | None = None, data: str | Pat
     """`text` (a report's JSON or markdown) with this machine's paths made portable: paths inside the
     repository root become relative to it (the root itself ``.``), paths inside its sibling ``shared``
     folder (or under `data`, the shared data folder a script was given) become ``../shared/...``, and
-    paths under `scratch` (a temporary folder gone once the run ends) ``<scratch>/...``, and installed
+    paths under `scratch` (a temporary folder gone once the run ends) ``<scratch>/...``, the encoder
+    cache (`linker.encoders.cache_root`, e5-small converted there) ``<linker-cache>/...``, and installed
     packages (an encoder shipped on PyPI) ``<site-packages>/...``, wherever the environment lives.
     Other absolute paths are left as they are."""
+    from linker.encoders import cache_root  # lazily: encoders imports this module
+
     root = Path(root).resolve() if root is not None else repo_root()
     pairs: list[tuple[str, str]] = [(str(Path(scratch)), "<scratch>")] if scratch is not None else []
+    pairs += [(str(cache_root()), "<linker-cache>")]
     if data is not None:
         pairs += [(str(Path(data).resolve()), "../shared/data"), (str(Path(data).absolute()), "../shared/data")]
     pairs += [(str(root.parent / "shared"), "../shared")]

