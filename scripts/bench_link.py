@@ -47,12 +47,12 @@ TFIDF_VARIANTS = [
     ("exact + sparse-dot-topn lower bound 0.2", {"search": "exact", "threshold": 0.2}),
     ("approximate, candidate_df 0.05", {"search": "approximate", "candidate_df": 0.05}),
     ("approximate, candidate_df 0.02", {"search": "approximate", "candidate_df": 0.02}),
-    ("maxscore, first fetch 8 names/concept", {"search": "maxscore", "fetch_per_concept": 8}),
-    ("maxscore, first fetch 2 names/concept", {"search": "maxscore"}),
+    ("maxscore, names (first fetch 2/concept, widening)", {"search": "maxscore", "concept_search": False}),
+    ("maxscore, top-k concepts in one search", {"search": "maxscore"}),
 ]
-FOCUS_VARIANTS = ("exact", "approximate, candidate_df 0.05", "maxscore, first fetch 8 names/concept",
-                  "maxscore, first fetch 2 names/concept")
-MAXSCORE_DEFAULT = "maxscore, first fetch 2 names/concept"  # what `search auto` runs above exact_max_names
+FOCUS_VARIANTS = ("exact", "approximate, candidate_df 0.05", "maxscore, names (first fetch 2/concept, widening)",
+                  "maxscore, top-k concepts in one search")
+MAXSCORE_DEFAULT = "maxscore, top-k concepts in one search"  # what `search auto` runs above exact_max_names
 # Qualifiers that turn one dictionary name into new, plausible names ("acute chest pain").
 PREFIXES = ("acute", "chronic", "recurrent", "severe", "mild", "congenital", "bilateral")
 SUFFIXES = ("left", "right", "unspecified", "in remission", "with complication", "of childhood")
@@ -98,7 +98,7 @@ def stage_build(args) -> dict:
 
 
 def apply_variant(linker, variant: dict) -> None:
-    """Set a tf-idf speed lever on a loaded index: config fields, maxscore's first fetch, shard size,
+    """Set a tf-idf speed lever on a loaded index: config fields, maxscore's concept search, shard size,
     sparse-dot-topn's lower bound."""
     import functools
 
@@ -107,8 +107,8 @@ def apply_variant(linker, variant: dict) -> None:
     names = linker.index.names
     fields = {k: v for k, v in variant.items() if k in {f.name for f in dataclasses.fields(tfidf.TfidfConfig)}}
     names.config = dataclasses.replace(names.config, **fields)
-    if "fetch_per_concept" in variant:
-        tfidf.MAXSCORE_FETCH_PER_CONCEPT = variant["fetch_per_concept"]
+    if variant.get("concept_search") is False:  # maxscore fetches names and `linker.retrieve` widens
+        tfidf.TfidfNameIndex.searches_concepts = False
     names.warm_up()  # the structures of the search chosen (maxscore: postings, compiled kernel)
     if "shard_names" in variant:
         tfidf.SHARD_NAMES = variant["shard_names"]
@@ -449,9 +449,11 @@ def markdown(report: dict, args) -> str:
         "collected; *approximate*: a query's n-grams held by more than `candidate_df` of the names select no "
         "candidates, the best 4k (>= 64) names of the rest are rescored exactly (`linker/index/tfidf.py`); "
         "*maxscore*: exact top-k with certified early termination (`linker/index/maxscore.py`: n-grams rarest "
-        "first, reading stops once no unseen name can reach the k-th score); *first fetch*: names asked for per "
-        "wanted concept before `linker.retrieve` widens (8 is its default for every index; maxscore's cost grows "
-        "with it, so the library asks maxscore for 2). The library (`search auto`) searches exactly up to "
+        "first, reading stops once no unseen name can reach the k-th score); *names (first fetch 2/concept, "
+        "widening)*: it returns the top 2k names and `linker.retrieve` collapses them to concepts, searching again "
+        "with 4x as many for the queries left with fewer than k concepts (the previous default); *top-k concepts "
+        "in one search*: given each name's concept, it certifies the k-th best concept directly (the library's "
+        "default when no language mask applies). The library (`search auto`) searches exactly up to "
         "500,000 names and with maxscore above.",
         "",
     ]

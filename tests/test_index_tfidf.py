@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from index_tables import write_concepts
@@ -243,6 +244,48 @@ def test_maxscore_search_equals_exact_search(seed):
     index = TfidfNameIndex.build(names, TfidfConfig(search="maxscore"))
     assert index.search_method == "maxscore" and index.exact and index.first_fetch(5) == 10
     np.testing.assert_array_equal(index.search(queries, 7)[1], all_rows[:, :7])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_maxscore_concept_search_equals_retrieve_over_exact_search(seed):
+    """maxscore's top-k concepts (each concept's best name, ties by row; concepts by score, then
+    code) are `top_concepts` over the full product, with 1 thread and with 2 taking query blocks."""
+    from linker.index.maxscore import QUERY_BLOCK, MaxScoreSearcher
+    from linker.retrieve import ConceptIndex, top_concepts
+
+    rng = np.random.default_rng(seed)
+    names = _random_names(rng, 2_000)
+    # several names per concept (synonyms), and repeated names under other concepts (ties between concepts)
+    concept_ids = pa.array([f"C{rng.integers(0, 400):04d}" for _ in names])
+    concepts = ConceptIndex(concept_ids)
+    exact = TfidfNameIndex.build(names, TfidfConfig(search="exact"))
+    queries = [names[i] for i in rng.integers(0, len(names), 40)] + \
+        [" ".join(rng.choice(names, size=2)) for _ in range(40)] + ["ЖЖЖ", "ca", "x"]
+    assert len(queries) > 4 * QUERY_BLOCK  # several blocks per thread
+    vectors = exact.vectors(queries)
+    for k in (1, 5, 12):
+        want = top_concepts(exact, concepts, queries, k)
+        results = {}
+        for block_size, threads in ((500, 1), (500, 2), (4_096, 2)):
+            searcher = MaxScoreSearcher(exact.matrix, exact.vectorizer.idf_, block_size=block_size)
+            scores, rows = searcher.search(vectors, k, threads, concepts.codes)
+            results[block_size, threads] = rows
+            for hits, s, r in zip(want, scores, rows):
+                found = r >= 0
+                np.testing.assert_array_equal(r[found], hits.rows)
+                np.testing.assert_array_equal(concepts.codes[r[found]], hits.concepts)
+                np.testing.assert_array_equal(s[found], hits.scores)
+        np.testing.assert_array_equal(results[500, 1], results[500, 2])  # threads: the same rows as one
+    # the index answers retrieve's concept search itself (no mask), and retrieve widens with a mask
+    index = TfidfNameIndex.build(names, TfidfConfig(search="maxscore"))
+    assert index.searches_concepts and not exact.searches_concepts
+    allowed = np.arange(len(names)) % 3 > 0
+    for mask in (None, allowed):
+        got = top_concepts(index, concepts, queries, 5, allowed=mask)
+        want = top_concepts(exact, concepts, queries, 5, allowed=mask)
+        for a, b in zip(got, want):
+            for field in ("concepts", "rows", "scores"):
+                np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
 
 
 def test_search_method_is_chosen_by_size_and_recorded(tmp_path):

@@ -18,6 +18,12 @@ and theta, the k-th best exact score of names scored so far (a lower bound of th
    scoring the others from their rows costs less than reading it.
 3. The names left are scored from their rows and merged into the top k (score desc, row asc).
 
+Given each name's concept code, the same search returns the top-k *concepts* instead (each as its
+best name; what `linker.retrieve` computes from names by fetching more and widening): theta is
+then the k-th best concept's score, which prunes names just as soundly, and the top k keeps one
+name per concept. A concept usually has several names that share n-grams, so fetching k names
+per concept (or widening) would certify a lower k-th score and read more lists.
+
 The names are searched in blocks of `BLOCK_NAMES` (an accumulator that stays in cache), each
 block starting from the theta of the blocks before: later blocks stop after their rarest lists.
 Scores come from the rows, summed in column order as the full product sums them, so they are
@@ -25,12 +31,14 @@ bit-identical to its scores and equal names tie exactly; the bounds keep a margi
 rounding of partial sums. The top k is therefore the exact one (tests/test_index_tfidf.py checks
 it against the full product; eval/bench_link.md measures speed and agreement).
 
-The kernel is compiled with numba (`nogil`: `search` runs query blocks in threads). Without
+The kernel is compiled with numba (`nogil`: `search` runs blocks of queries in threads, each thread
+taking the next block when done). Without
 numba, `available()` is False and tfidf.py searches with the full product instead.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 from concurrent.futures import ThreadPoolExecutor
 
@@ -46,19 +54,25 @@ EPS = 1e-5  # float32 sums of <= a few hundred terms in [0, 1] differ by far les
 # Names per block: the search runs block by block with a score accumulator of this many floats
 # (512 KiB, within a core's cache), and each block starts from the k-th score of those before.
 BLOCK_NAMES = 131_072
+# Queries a thread takes at a time (`search` with threads > 1): small enough to balance the threads,
+# large enough that taking one costs nothing next to searching it.
+QUERY_BLOCK = 16
 
 
 def available() -> bool:
     return numba is not None
 
 
-def _kernel(q_indptr, q_indices, q_data, k, block_ptr, block_size, p_indices, p_data, max_weight, idf, r_indptr,
+def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, block_ptr, block_size, p_indices, p_data, max_weight, idf, r_indptr,
             r_indices, r_data, name_scale, row_cost, acc, touched, query_dense, out_scores, out_rows, work
             ):  # pragma: no cover - compiled
-    """Top-k rows per query into out_scores/out_rows (preset to 0 / -1), sorted (score desc, row asc);
-    work[i] = (postings read, names seen, names scored from their rows)."""
+    """The top k of queries q_first..q_last-1 into out_scores/out_rows (preset to 0 / -1): names
+    sorted (score desc, row asc), or with `codes` (each name's concept code) the k best concepts,
+    each as its best name (score desc, row asc), sorted (score desc, concept code asc); work[i] =
+    (postings read, names seen, names scored from their rows)."""
     n_blocks = block_ptr.shape[1] - 1
-    for i in range(len(q_indptr) - 1):
+    by_concept = len(codes) > 0
+    for i in range(q_first, q_last):
         start, end = q_indptr[i], q_indptr[i + 1]
         n_terms = end - start
         if n_terms == 0:
@@ -95,7 +109,7 @@ def _kernel(q_indptr, q_indices, q_data, k, block_ptr, block_size, p_indices, p_
                 # Before a list at least as long as the names seen so far (so that this costs at
                 # most what reading the list does): raise theta from the names of best partial score.
                 if n_seen >= k and hi - lo >= n_seen:
-                    theta = max(theta, _kth_exact(acc, touched, n_seen, k, first, r_indptr, r_indices, r_data,
+                    theta = max(theta, _kth_exact(acc, touched, n_seen, k, first, codes, r_indptr, r_indices, r_data,
                                                   query_dense))
                 if theta > 0 and rest[j] < theta - EPS:
                     break
@@ -117,7 +131,7 @@ def _kernel(q_indptr, q_indices, q_data, k, block_ptr, block_size, p_indices, p_
                 # about k names to score from their rows)
                 if alive > k and (j == n_terms or block_ptr[terms[order[j]], block + 1]
                                   - block_ptr[terms[order[j]], block] >= 4 * alive):
-                    theta = max(theta, _kth_exact(acc, touched, alive, k, first, r_indptr, r_indices, r_data,
+                    theta = max(theta, _kth_exact(acc, touched, alive, k, first, codes, r_indptr, r_indices, r_data,
                                                   query_dense))
                 kept = 0
                 for c in range(alive):
@@ -141,19 +155,36 @@ def _kernel(q_indptr, q_indices, q_data, k, block_ptr, block_size, p_indices, p_
                         acc[name] += w * p_data[p]
                 work[i, 0] += hi - lo
                 j += 1
-            # The k best so far, sorted (score desc, row asc); theta follows the k-th. Scores come
-            # from the rows, summed in column order as the full product sums them: equal names tie
-            # exactly, whatever order their partial scores were accumulated in.
+            # The k best concepts so far, each with its best name (score desc, row asc), sorted
+            # (score desc, concept asc); theta follows the k-th. Scores come from the rows, summed
+            # in column order as the full product sums them: equal names tie exactly, whatever order
+            # their partial scores were accumulated in.
             for c in range(alive):
                 name = touched[c]
                 acc[name] = 0.0
                 score = _exact(first + name, r_indptr, r_indices, r_data, query_dense)
                 work[i, 2] += 1
                 row = first + name
-                if filled == k and (score < best_s[k - 1] or (score == best_s[k - 1] and row > best_r[k - 1])):
+                concept = codes[row] if by_concept else row
+                held = -1  # this concept's place in the top k, if it has one
+                if by_concept:
+                    for q in range(filled):
+                        if codes[best_r[q]] == concept:
+                            held = q
+                            break
+                if held >= 0:
+                    if score < best_s[held] or (score == best_s[held] and row > best_r[held]):
+                        continue  # not the concept's best name
+                    for q in range(held, filled - 1):  # remove its worse name; inserted again below
+                        best_s[q] = best_s[q + 1]
+                        best_r[q] = best_r[q + 1]
+                    filled -= 1
+                if filled == k and _before(best_s[k - 1], codes[best_r[k - 1]] if by_concept else best_r[k - 1],
+                                           score, concept):
                     continue
                 pos = filled if filled < k else k - 1
-                while pos > 0 and (best_s[pos - 1] < score or (best_s[pos - 1] == score and best_r[pos - 1] > row)):
+                while pos > 0 and _before(score, concept, best_s[pos - 1],
+                                          codes[best_r[pos - 1]] if by_concept else best_r[pos - 1]):
                     if pos < k:
                         best_s[pos] = best_s[pos - 1]
                         best_r[pos] = best_r[pos - 1]
@@ -168,6 +199,11 @@ def _kernel(q_indptr, q_indices, q_data, k, block_ptr, block_size, p_indices, p_
             query_dense[terms[j]] = 0.0
 
 
+def _before(score_a, concept_a, score_b, concept_b):  # pragma: no cover - compiled
+    """Whether a ranks before b: higher score, then lower concept code (or row)."""
+    return score_a > score_b or (score_a == score_b and concept_a < concept_b)
+
+
 def _exact(name, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover - compiled
     score = np.float32(0.0)
     for p in range(r_indptr[name], r_indptr[name + 1]):
@@ -175,24 +211,50 @@ def _exact(name, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover 
     return score
 
 
-def _kth_exact(acc, touched, n_touched, k, first, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover
+def _kth_exact(acc, touched, n_touched, k, first, codes, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover
     """A lower bound of the query's k-th best score: the k-th best exact score of the names with
-    the k best partial scores (partial <= exact: weights are non-negative)."""
+    the k best partial scores (partial <= exact: weights are non-negative). With `codes`, of the
+    k-th best concept: names are scored by partial score, best first, until k concepts are found
+    (synonyms share n-grams, so the best partial scores often hold fewer), among the 16k best; else 0."""
+    by_concept = len(codes) > 0
+    m = min(16 * k, n_touched) if by_concept else k
     partial = np.empty(n_touched, np.float32)
     for c in range(n_touched):
         partial[c] = acc[touched[c]]
-    cut = np.partition(partial, n_touched - k)[n_touched - k]  # k-th largest partial score
-    exact = np.empty(k, np.float32)
+    cut = np.partition(partial, n_touched - m)[n_touched - m]  # m-th largest partial score
+    names = np.empty(m, np.int64)
     found = 0
     for c in range(n_touched):
-        name = touched[c]
-        if acc[name] >= cut and found < k:
-            exact[found] = _exact(first + name, r_indptr, r_indices, r_data, query_dense)
+        if acc[touched[c]] >= cut and found < m:
+            names[found] = touched[c]
+            partial[found] = acc[touched[c]]
             found += 1
-    return np.float64(np.min(exact[:found])) if found == k else 0.0
+    order = np.argsort(-partial[:found])
+    best = np.empty(k, np.float32)  # the best score of each concept found so far
+    concepts = np.empty(k, np.int64)
+    n_concepts = 0
+    for c in range(found):
+        row = first + names[order[c]]
+        score = _exact(row, r_indptr, r_indices, r_data, query_dense)
+        concept = codes[row] if by_concept else row
+        held = -1
+        for q in range(n_concepts):
+            if concepts[q] == concept:
+                held = q
+                break
+        if held >= 0:
+            best[held] = max(best[held], score)
+        else:
+            best[n_concepts] = score
+            concepts[n_concepts] = concept
+            n_concepts += 1
+            if n_concepts == k:
+                return np.float64(np.min(best))
+    return 0.0
 
 
 if numba is not None:
+    _before = numba.njit(nogil=True, cache=True)(_before)
     _exact = numba.njit(nogil=True, cache=True)(_exact)
     _kth_exact = numba.njit(nogil=True, cache=True)(_kth_exact)
     _kernel = numba.njit(nogil=True, cache=True)(_kernel)
@@ -234,33 +296,52 @@ class MaxScoreSearcher:
             return (np.zeros(self.block_size, np.float32), np.empty(self.block_size + 1, np.int32),
                     np.zeros(self.rows.shape[1], np.float32))
 
-    def _search_block(self, vectors: sp.csr_matrix, k: int):
-        scores = np.zeros((vectors.shape[0], k), np.float32)
-        rows = np.full((vectors.shape[0], k), -1, np.int64)
-        work = np.zeros((vectors.shape[0], 3), np.int64)
+    def _search_queries(self, vectors: sp.csr_matrix, k: int, codes: np.ndarray, first: int, last: int, scores, rows,
+                        work) -> None:
+        """Queries first..last-1 of `vectors` into rows first..last-1 of scores/rows/work."""
         scratch = self._take_scratch()
         try:
-            _kernel(vectors.indptr, vectors.indices, vectors.data, k, self.block_ptr, self.block_size, self.postings.indices,
-                    self.postings.data, self.max_weight, self.idf, self.rows.indptr, self.rows.indices,
-                    self.rows.data, self.name_scale, self.row_cost, *scratch, scores, rows, work)
+            _kernel(first, last, vectors.indptr, vectors.indices, vectors.data, k, codes, self.block_ptr, self.block_size,
+                    self.postings.indices, self.postings.data, self.max_weight, self.idf, self.rows.indptr,
+                    self.rows.indices, self.rows.data, self.name_scale, self.row_cost, *scratch, scores, rows, work)
         finally:
             self._scratch.put(scratch)  # the kernel leaves it zeroed
-        return scores, rows, work
 
-    def search(self, vectors: sp.csr_matrix, k: int, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k (scores (q, k) float32, rows (q, k) int64; -1 / 0.0 where fewer names match)."""
-        scores, rows, _visited = self.search_counted(vectors, k, threads)
+    def search(self, vectors: sp.csr_matrix, k: int, threads: int = 1,
+               codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k names (scores (q, k) float32, rows (q, k) int64; -1 / 0.0 where fewer names match),
+        sorted (score desc, row asc). With `codes` (each name's concept code, int64): the k best
+        concepts, each as its best name (the lowest row among its best-scoring names), sorted
+        (score desc, concept code asc), i.e. `linker.retrieve.top_concepts` without its widening."""
+        scores, rows, _visited = self.search_counted(vectors, k, threads, codes)
         return scores, rows
 
-    def search_counted(self, vectors: sp.csr_matrix, k: int, threads: int = 1):
-        """`search` and the postings read per query (the work the early termination saved is the rest)."""
+    def search_counted(self, vectors: sp.csr_matrix, k: int, threads: int = 1, codes: np.ndarray | None = None):
+        """`search` and the work per query: (postings read, names seen, names scored from their rows)."""
+        codes = np.empty(0, np.int64) if codes is None else np.asarray(codes, np.int64)
         vectors = vectors.astype(np.float32)
         vectors.sort_indices()
         n = vectors.shape[0]
         k = max(1, min(k, self.rows.shape[0]))
-        if threads <= 1 or n < 2 * threads:
-            return self._search_block(vectors, k)
-        bounds = np.linspace(0, n, threads + 1).astype(int)
+        scores = np.zeros((n, k), np.float32)
+        rows = np.full((n, k), -1, np.int64)
+        work = np.zeros((n, 3), np.int64)
+        threads = min(threads, -(-n // QUERY_BLOCK))  # no thread without a block to search
+        if threads <= 1:
+            self._search_queries(vectors, k, codes, 0, n, scores, rows, work)
+            return scores, rows, work
+        # Threads take the next QUERY_BLOCK queries until none are left: queries differ by orders of
+        # magnitude in cost, so equal halves would leave one thread waiting for the other. The kernel
+        # releases the GIL; every thread writes its own rows of the shared outputs.
+        blocks = itertools.count(0, QUERY_BLOCK)  # next() on it is atomic under the GIL
+
+        def worker() -> None:
+            for first in blocks:
+                if first >= n:
+                    return
+                self._search_queries(vectors, k, codes, first, min(first + QUERY_BLOCK, n), scores, rows, work)
+
         with ThreadPoolExecutor(threads) as pool:
-            parts = list(pool.map(lambda ab: self._search_block(vectors[ab[0] : ab[1]], k), zip(bounds, bounds[1:])))
-        return tuple(np.concatenate(part) for part in zip(*parts))
+            for done in [pool.submit(worker) for _ in range(threads)]:
+                done.result()
+        return scores, rows, work

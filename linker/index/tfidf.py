@@ -28,7 +28,8 @@ the shared 2-core machine (eval/bench_link.md compares it with one product over 
 `TfidfConfig.search` picks the search: ``exact`` is that product; ``maxscore``
 (`linker.index.maxscore`) gives the same top-k with certified early termination: it reads a
 query's n-grams rarest first and stops reading when no name it has not seen can reach the k-th
-score; ``auto`` (the default) is exact up to `exact_max_names` names and maxscore above;
+score (given concept codes, the k-th concept's: `linker.retrieve` asks it for the top-k concepts
+directly); ``auto`` (the default) is exact up to `exact_max_names` names and maxscore above;
 ``approximate`` (a lever kept for comparison): a query's n-grams found in more than
 `candidate_df` of the names do not select candidates, the best-scoring names of the rest are
 rescored exactly with the whole query. eval/bench_link.md compares them.
@@ -69,9 +70,10 @@ SHARD_NAMES = 131_072  # names per product: a 512 KiB score accumulator (see the
 MIN_CANDIDATES = 64  # approximate search: names rescored per query, at least, and 4x the names asked for
 MIN_RARE_NGRAMS = 3  # approximate search: a query's rarest n-grams that select candidates however common
 SEARCHES = ("auto", "exact", "maxscore", "approximate")  # TfidfConfig.search (module docstring)
-# maxscore: names fetched per wanted concept before `linker.retrieve` widens. Its cost grows with
-# the k it certifies (a lower k-th score prunes less), while widening repeats the search only for
-# the queries whose names cover too few concepts (eval/bench_link.md measures both).
+# maxscore under a language mask (otherwise it searches concepts itself, `search_concepts`): names
+# fetched per wanted concept before `linker.retrieve` widens. Its cost grows with the k it
+# certifies (a lower k-th score prunes less), while widening repeats the search only for the
+# queries whose names cover too few concepts.
 MAXSCORE_FETCH_PER_CONCEPT = 2
 
 
@@ -365,6 +367,17 @@ class TfidfNameIndex:
         """Names `linker.retrieve` asks for first to find k concepts (None of its own: its default)."""
         return k * MAXSCORE_FETCH_PER_CONCEPT if self.search_method == "maxscore" else None
 
+    @property
+    def searches_concepts(self) -> bool:
+        """Whether `search_concepts` runs: maxscore finds the top-k concepts itself, in one search
+        (fetching names for `linker.retrieve` certifies a lower k-th score, and widening searches again)."""
+        return self.search_method == "maxscore"
+
+    def search_concepts(self, queries: Sequence[str], codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best concepts per query (`codes`: each name's concept code), each as its best name:
+        (scores, rows) as `search` returns them, sorted (score desc, concept code asc); maxscore only."""
+        return self.search_vectors(self.vectors(queries), k, codes)
+
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k names per query: (scores (q, k) float32, rows (q, k) int64), -1 / 0.0 where fewer match.
 
@@ -373,16 +386,20 @@ class TfidfNameIndex:
         """
         return self.search_vectors(self.vectors(queries), k)
 
-    def search_vectors(self, vectors: sp.csr_matrix, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search_vectors(self, vectors: sp.csr_matrix, k: int,
+                       codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`search` of tf-idf rows; with `codes`, `search_concepts` (maxscore only)."""
         n = vectors.shape[0]
         k = max(1, min(k, self.size))
         scores = np.zeros((n, k), dtype=np.float32)
         rows = np.full((n, k), -1, dtype=np.int64)
         method = self.search_method
+        if codes is not None and method != "maxscore":
+            raise ValueError(f"a concept search needs the maxscore search, this index searches {method}")
         for start in range(0, n, self.config.query_chunk):
             chunk = vectors[start : start + self.config.query_chunk]
             if method == "maxscore":
-                found = self.maxscore_searcher.search(chunk, k, self.config.threads)
+                found = self.maxscore_searcher.search(chunk, k, self.config.threads, codes)
             else:
                 found = self._top(chunk, k) if method == "exact" else self._approximate(chunk, k)
             scores[start : start + chunk.shape[0]], rows[start : start + chunk.shape[0]] = found
