@@ -25,15 +25,20 @@ name per concept. A concept usually has several names that share n-grams, so fet
 per concept (or widening) would certify a lower k-th score and read more lists.
 
 The names are searched in blocks of `BLOCK_NAMES` (an accumulator that stays in cache), each
-block starting from the theta of the blocks before: later blocks stop after their rarest lists.
+block starting from the theta of the blocks before. Within the search, names are numbered by
+length (number of n-grams), so that a block holds names of similar length, and `max_weight_t` is
+the block's own: short names carry large weights, long names small ones, and a short query that
+matched a short name well stops reading a block of long names after its rarest lists, or before
+(on the 1M-name benchmark dictionary this halves the postings read).
 Scores come from the rows, summed in column order as the full product sums them, so they are
-bit-identical to its scores and equal names tie exactly; the bounds keep a margin `EPS` for the
-rounding of partial sums. The top k is therefore the exact one (tests/test_index_tfidf.py checks
-it against the full product; eval/bench_link.md measures speed and agreement).
+bit-identical to its scores and equal names tie exactly (ties are ordered by table row, not by
+the length order); the bounds keep a margin `EPS` for the rounding of partial sums. The top k is
+therefore the exact one (tests/test_index_tfidf.py checks it against the full product;
+eval/bench_link.md measures speed and agreement).
 
 The kernel is compiled with numba (`nogil`: `search` runs blocks of queries in threads, each thread
-taking the next block when done). Without
-numba, `available()` is False and tfidf.py searches with the full product instead.
+taking the next block when done). Without numba, `available()` is False and tfidf.py searches with
+the full product instead.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ def available() -> bool:
     return numba is not None
 
 
-def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, block_ptr, block_size, p_indices, p_data, max_weight, idf, r_indptr,
+def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, original, block_ptr, block_size, p_indices, p_data, max_weight, idf, r_indptr,
             r_indices, r_data, name_scale, row_cost, acc, touched, query_dense, out_scores, out_rows, work
             ):  # pragma: no cover - compiled
     """The top k of queries q_first..q_last-1 into out_scores/out_rows (preset to 0 / -1): names
@@ -85,21 +90,26 @@ def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, block_ptr, b
             query_dense[terms[j]] = weights[j]
         order = np.argsort(lengths, kind="mergesort")  # rarest first
         # rest[j]: what terms order[j:] can add to any name; rest_idf[j] * name_scale[name]: to that name
-        rest = np.zeros(n_terms + 1, np.float64)
+        rest = np.zeros(n_terms + 1, np.float64)  # per block (its own largest weights)
         rest_idf = np.zeros(n_terms + 1, np.float64)
-        by_max, squares = 0.0, 0.0
+        norms = np.zeros(n_terms + 1, np.float64)
+        squares = 0.0
         for j in range(n_terms - 1, -1, -1):
             t = order[j]
-            by_max += weights[t] * max_weight[terms[t]]
             squares += weights[t] * weights[t]
-            rest[j] = min(by_max, np.sqrt(squares))
+            norms[j] = np.sqrt(squares)
             rest_idf[j] = rest_idf[j + 1] + weights[t] * idf[terms[t]]
         best_s = out_scores[i]
         best_r = out_rows[i]
         filled = 0
         theta = 0.0  # the k-th best exact score among names scored so far (0: fewer than k scored)
         for block in range(n_blocks):
-            first = block * block_size  # names of this block are first + local row
+            first = block * block_size  # names of this block are first + local id
+            by_max = 0.0
+            for j in range(n_terms - 1, -1, -1):
+                t = order[j]
+                by_max += weights[t] * max_weight[terms[t], block]
+                rest[j] = min(by_max, norms[j])
             n_seen = 0
             j = 0
             # Phase 1: every name of a list is a candidate, until no unseen name can reach theta.
@@ -109,7 +119,7 @@ def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, block_ptr, b
                 # Before a list at least as long as the names seen so far (so that this costs at
                 # most what reading the list does): raise theta from the names of best partial score.
                 if n_seen >= k and hi - lo >= n_seen:
-                    theta = max(theta, _kth_exact(acc, touched, n_seen, k, first, codes, r_indptr, r_indices, r_data,
+                    theta = max(theta, _kth_exact(acc, touched, n_seen, k, first, codes, original, r_indptr, r_indices, r_data,
                                                   query_dense))
                 if theta > 0 and rest[j] < theta - EPS:
                     break
@@ -131,7 +141,7 @@ def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, block_ptr, b
                 # about k names to score from their rows)
                 if alive > k and (j == n_terms or block_ptr[terms[order[j]], block + 1]
                                   - block_ptr[terms[order[j]], block] >= 4 * alive):
-                    theta = max(theta, _kth_exact(acc, touched, alive, k, first, codes, r_indptr, r_indices, r_data,
+                    theta = max(theta, _kth_exact(acc, touched, alive, k, first, codes, original, r_indptr, r_indices, r_data,
                                                   query_dense))
                 kept = 0
                 for c in range(alive):
@@ -162,9 +172,9 @@ def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, block_ptr, b
             for c in range(alive):
                 name = touched[c]
                 acc[name] = 0.0
-                score = _exact(first + name, r_indptr, r_indices, r_data, query_dense)
+                row = original[first + name]
+                score = _exact(row, r_indptr, r_indices, r_data, query_dense)
                 work[i, 2] += 1
-                row = first + name
                 concept = codes[row] if by_concept else row
                 held = -1  # this concept's place in the top k, if it has one
                 if by_concept:
@@ -211,7 +221,7 @@ def _exact(name, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover 
     return score
 
 
-def _kth_exact(acc, touched, n_touched, k, first, codes, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover
+def _kth_exact(acc, touched, n_touched, k, first, codes, original, r_indptr, r_indices, r_data, query_dense):  # pragma: no cover
     """A lower bound of the query's k-th best score: the k-th best exact score of the names with
     the k best partial scores (partial <= exact: weights are non-negative). With `codes`, of the
     k-th best concept: names are scored by partial score, best first, until k concepts are found
@@ -234,7 +244,7 @@ def _kth_exact(acc, touched, n_touched, k, first, codes, r_indptr, r_indices, r_
     concepts = np.empty(k, np.int64)
     n_concepts = 0
     for c in range(found):
-        row = first + names[order[c]]
+        row = original[first + names[order[c]]]
         score = _exact(row, r_indptr, r_indices, r_data, query_dense)
         concept = codes[row] if by_concept else row
         held = -1
@@ -265,7 +275,12 @@ class MaxScoreSearcher:
 
     def __init__(self, matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLOCK_NAMES) -> None:
         self.rows = matrix  # (names, features) CSR, L2-normalised rows: the exact scores
-        self.postings = matrix.T.tocsr()  # (features, names), names ascending within an n-gram
+        # The search numbers names shortest first (`original`: that order's table rows), so that a
+        # block holds names of similar length and its largest weights bound it tightly: a short
+        # query cannot score high against a block of long names, and stops there after few lists.
+        self.original = np.argsort(np.diff(matrix.indptr), kind="stable").astype(np.int64)
+        by_length = matrix[self.original]
+        self.postings = by_length.T.tocsr()  # (features, names by length), ascending within an n-gram
         self.postings.sort_indices()
         # block_ptr[t, b]: where n-gram t's postings of names >= b * block_size begin
         self.block_size = max(1, min(block_size, matrix.shape[0]))
@@ -273,17 +288,19 @@ class MaxScoreSearcher:
         self.block_ptr = np.empty((matrix.shape[1], len(starts) + 1), dtype=np.int64)
         self.block_ptr[:, 0] = self.postings.indptr[:-1]
         for b, first in enumerate(starts):
-            block = matrix.indices[matrix.indptr[first] : matrix.indptr[min(first + self.block_size, matrix.shape[0])]]
+            block = by_length.indices[by_length.indptr[first] : by_length.indptr[min(first + self.block_size,
+                                                                                      matrix.shape[0])]]
             self.block_ptr[:, b + 1] = self.block_ptr[:, b] + np.bincount(block, minlength=matrix.shape[1])
-        lengths = np.diff(self.postings.indptr)
-        self.max_weight = np.zeros(matrix.shape[1], dtype=np.float32)
-        filled = lengths > 0
-        self.max_weight[filled] = np.maximum.reduceat(self.postings.data, self.postings.indptr[:-1][filled])
+        # max_weight[t, b]: n-gram t's largest weight in block b
+        self.max_weight = np.zeros(self.block_ptr[:, :-1].shape, dtype=np.float32)
+        filled = self.block_ptr[:, 1:] > self.block_ptr[:, :-1]
+        self.max_weight[filled] = np.maximum.reduceat(self.postings.data, self.block_ptr[:, :-1][filled])
         self.idf = idf.astype(np.float32)
         # A name's weight for any n-gram t is at most idf_t * name_scale (= its largest tf / raw norm)
         self.name_scale = np.zeros(matrix.shape[0], dtype=np.float32)
-        filled = np.diff(matrix.indptr) > 0
-        self.name_scale[filled] = np.maximum.reduceat(matrix.data / self.idf[matrix.indices], matrix.indptr[:-1][filled])
+        filled = np.diff(by_length.indptr) > 0
+        self.name_scale[filled] = np.maximum.reduceat(by_length.data / self.idf[by_length.indices],
+                                                      by_length.indptr[:-1][filled])
         self.row_cost = float(np.diff(matrix.indptr).mean()) if matrix.shape[0] else 1.0
         self._scratch: queue.SimpleQueue = queue.SimpleQueue()  # (acc, touched, query_dense), reused
 
@@ -301,9 +318,10 @@ class MaxScoreSearcher:
         """Queries first..last-1 of `vectors` into rows first..last-1 of scores/rows/work."""
         scratch = self._take_scratch()
         try:
-            _kernel(first, last, vectors.indptr, vectors.indices, vectors.data, k, codes, self.block_ptr, self.block_size,
-                    self.postings.indices, self.postings.data, self.max_weight, self.idf, self.rows.indptr,
-                    self.rows.indices, self.rows.data, self.name_scale, self.row_cost, *scratch, scores, rows, work)
+            _kernel(first, last, vectors.indptr, vectors.indices, vectors.data, k, codes, self.original, self.block_ptr,
+                    self.block_size, self.postings.indices, self.postings.data, self.max_weight, self.idf,
+                    self.rows.indptr, self.rows.indices, self.rows.data, self.name_scale, self.row_cost, *scratch,
+                    scores, rows, work)
         finally:
             self._scratch.put(scratch)  # the kernel leaves it zeroed
 
