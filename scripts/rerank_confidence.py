@@ -1,8 +1,9 @@
 """Re-ranking, calibrated confidence and "no link" on real data, CPU only: NCBI-disease, Cantemist, CodiEsp-D.
 
     .venv/bin/python scripts/rerank_confidence.py [--data ../shared/data] [--out eval] [--work indexes/rr]
-        [--models models] [--datasets ncbi,cantemist,codiesp] [--rerank-k 16] [--train-seconds 5100]
+        [--models models] [--datasets ncbi,cantemist,codiesp,ncbi-biosyn] [--rerank-k 16] [--train-seconds 5100]
         [--max-queries 1500] [--negatives 5] [--epochs 3] [--lr 3e-5] [--threads 1] [--rebuild]
+        [--biosyn-model models/ncbi-biosyn-minilm-biosyn]
 
 For each dataset: a tf-idf retriever over the dictionary plus the training mentions (as in
 eval/ncbi_biosyn.md and eval/cantemist_tfidf_train.md; character uni+bigrams, the parameters these
@@ -30,6 +31,10 @@ step took ~6 s with one thread and ~40 s with two (threads wait for each other's
 NCBI follows BioSyn's query preprocessing (``#biosyn&typos=…``) and scores with BioSyn's rule
 for composites (``any``), but its dictionary is MEDIC + *train* mentions only: the dev
 mentions are the held-in calibration set and must not be dictionary names.
+``ncbi-biosyn`` is "ncbi" with the BioSyn-trained dense retriever (``--biosyn-model``, from
+scripts/ncbi_biosyn.py) instead of tf-idf and the "ncbi" re-ranker (trained first by ``--datasets ncbi``):
+the issue's full system. Its encoder was trained on train+dev, so the held-in choices may be biased;
+the test Acc@1 of every mix weight is reported beside them as a diagnostic.
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
 and one report per (dataset, system) (eval/rr_*.md/json/png, *.coverage.png).
 """
@@ -56,6 +61,7 @@ from linker.eval.calibrate import calibrate  # noqa: E402
 from linker.eval.report import evaluate  # noqa: E402
 from linker.fileio import atomic_file, portable_paths  # noqa: E402
 from linker.index import build_index  # noqa: E402
+from linker.index.dense import DenseConfig  # noqa: E402
 from linker.index.tfidf import TfidfConfig, get_preset  # noqa: E402
 from linker.text import icd10cm_code  # noqa: E402
 from linker.train.rerank import RerankConfig, train_rerank  # noqa: E402
@@ -80,12 +86,22 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         return medic, medic_train
 
     out["ncbi"] = {
-        "title": "NCBI-disease test (BioSyn preprocessing)", "dicts": ncbi_dicts, "encoder": "minilm",
-        "tfidf": TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="biosyn"),
+        "title": "NCBI-disease test (BioSyn preprocessing)", "dicts": ncbi_dicts, "encoder": "minilm", "kind": "tfidf",
+        "index_config": lambda args: TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="biosyn"),
         "train": [n_train],
         "heldin": f"pubtator:{ncbi / 'NCBIdevelopset_corpus.txt'}{prep}",
         "test": f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}{prep}",
         "eval": {"composite": "any"}, "nil": 0.2,
+    }
+    # The full system of the issue's aim: the BioSyn-trained dense retriever (scripts/ncbi_biosyn.py) with the
+    # NCBI re-ranker above, same dictionary, held-in and test sets as "ncbi". That encoder was trained on the
+    # train+dev mentions, so the dev split is not unseen by the retriever: its held-in scores are optimistic and
+    # the dev-chosen mix may lean to the retriever. The script therefore also reports, as a diagnostic only, the
+    # test Acc@1 of every weight (`weight_sensitivity`), so the cost of that bias is visible.
+    out["ncbi-biosyn"] = {
+        **out["ncbi"], "title": "NCBI-disease test (BioSyn preprocessing), BioSyn dense retriever",
+        "kind": "dense", "index_config": lambda args: DenseConfig(encoder=str(args.biosyn_model)),
+        "reranker_of": "ncbi", "heldin_seen_by_retriever": True,
     }
     c_train = f"brat:{cantemist / 'train.zip'}"
 
@@ -98,10 +114,16 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
                                                          SourceSpec("tsv", (names,))], rebuild=rebuild)
 
     out["cantemist"] = {
-        "title": "Cantemist test", "dicts": cantemist_dicts, "encoder": "e5-small", "tfidf": get_preset("medical-crossing"),
+        "title": "Cantemist test", "dicts": cantemist_dicts, "encoder": "e5-small", "kind": "tfidf",
+        "index_config": lambda args: get_preset("medical-crossing"),
         "train": [c_train], "heldin": f"brat:{cantemist / 'dev1.zip'}#lang=es",
         "test": f"brat:{cantemist / 'test.zip'}#lang=es", "eval": {}, "nil": 0.0,
     }
+    # One cheaper-recipe change, compared on the held-in set (`--heldin-only`): the re-ranker's hard negatives
+    # mined with the retriever's own tf-idf parameters (the confusions it is shown at link time) instead of the
+    # library's default tf-idf.
+    out["cantemist-mined"] = {**out["cantemist"], "title": "Cantemist test, negatives mined by the retriever's tf-idf",
+                              "mine_with_retriever": True}
     x_train = f"codiesp:{codiesp / 'trainX.tsv'}#D"
 
     def codiesp_dicts() -> tuple[Path, Path]:
@@ -113,7 +135,8 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
                             rebuild=rebuild)
 
     out["codiesp"] = {
-        "title": "CodiEsp-D test", "dicts": codiesp_dicts, "encoder": "e5-small", "tfidf": get_preset("medical-crossing"),
+        "title": "CodiEsp-D test", "dicts": codiesp_dicts, "encoder": "e5-small", "kind": "tfidf",
+        "index_config": lambda args: get_preset("medical-crossing"),
         "train": [x_train], "heldin": f"codiesp:{codiesp / 'devX.tsv'}#D",
         "test": f"codiesp:{codiesp / 'testX.tsv'}#D", "eval": {}, "nil": 0.0,
     }
@@ -134,8 +157,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--biosyn-model", type=Path, default=ROOT / "models" / "ncbi-biosyn-minilm-biosyn",
+                        help="ncbi-biosyn's dense encoder (scripts/ncbi_biosyn.py --epochs 10 writes it)")
     parser.add_argument("--systems", default="retriever,reranked",
                         help="retriever: tf-idf + calibration only (no re-ranker trained); reranked: also the re-ranker")
+    parser.add_argument("--heldin-only", action="store_true",
+                        help="stop after the held-in calibration (to compare recipes on dev, never on test)")
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -149,20 +176,23 @@ def main() -> None:
         started = time.perf_counter()
         train_dict, index_dict = spec["dicts"]()
         systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-        model = args.models / f"rr-{name}-{spec['encoder']}"
+        model = args.models / f"rr-{spec.get('reranker_of', name)}-{spec['encoder']}"
+        if "reranked" in systems and spec.get("reranker_of") and not (model / "train_metrics.json").exists():
+            raise SystemExit(f"{name}: re-ranker {model} missing; run --datasets {spec['reranker_of']} first")
         if "reranked" in systems and (args.rebuild or not (model / "train_metrics.json").exists()):
             config = RerankConfig(max_queries=args.max_queries, negatives=args.negatives, epochs=args.epochs, lr=args.lr,
-                                  threads=args.threads, max_seconds=args.train_seconds, checkpoint_every=50)
+                                  threads=args.threads, max_seconds=args.train_seconds, checkpoint_every=50,
+                                  mining=spec["index_config"](args) if spec.get("mine_with_retriever") else None)
             resume = model.with_name(model.name + ".checkpoint").exists()
             train_rerank(train_dict, encoder=spec["encoder"], out=model, train_specs=spec["train"], config=config,
                          resume=resume, overwrite=args.rebuild)
-        retriever = args.work / f"{name}_tfidf"
-        reranked = args.work / f"{name}_tfidf_rerank"
+        retriever = args.work / f"{name}_{spec['kind']}"
+        reranked = args.work / f"{name}_{spec['kind']}_rerank"
         folders = {"retriever": (retriever, None), "reranked": (reranked, model)}
         for folder, bound in (folders[s] for s in systems):
             if args.rebuild or not (folder / "manifest.json").exists():
-                build_index(index_dict, kind="tfidf", out=folder, config=spec["tfidf"], reranker=bound,
-                            overwrite=args.rebuild)
+                build_index(index_dict, kind=spec["kind"], out=folder, config=spec["index_config"](args),
+                            reranker=bound, overwrite=args.rebuild)
         entry = {"title": spec["title"], "command": " ".join(["python", "scripts/rerank_confidence.py", *sys.argv[1:]]),
                  "test": spec["test"], "heldin": spec["heldin"], "train": spec["train"],
                  "dictionary": str(index_dict.relative_to(ROOT) if index_dict.is_relative_to(ROOT) else index_dict),
@@ -172,8 +202,11 @@ def main() -> None:
             entry["training"] = training_summary(model)
         for system in systems:
             folder = folders[system][0]
-            cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k,
-                            composite=spec["eval"].get("composite", "all"))
+            cal = heldin_calibration(folder, spec, args)
+            if args.heldin_only:
+                entry["systems"][system] = {"calibration_fit": {k: cal[k] for k in ("mentions", "with_candidate",
+                                                                                   "accuracy_at_1", "mixing") if k in cal}}
+                continue
             threshold, heldin_nil = 0.5, None
             if spec["nil"]:  # the "no link" threshold: the best F1 on the held-in set with its own concepts removed
                 heldin_nil = evaluate(folder, spec["heldin"], ks=(1,), rerank_k=args.rerank_k, nil_fraction=spec["nil"],
@@ -193,10 +226,13 @@ def main() -> None:
                 "nil": report.nil, "seconds": report.seconds, "load_average": report.config["load_average"],
                 "report": f"eval/rr_{name}_{system}.md",
             }
+        if spec.get("heldin_seen_by_retriever") and "reranked" in systems:
+            entry["weight_sensitivity"] = test_weight_sensitivity(reranked, spec, args)
         entry["seconds"] = round(time.perf_counter() - started, 1)
         # Re-read: several datasets may run in parallel processes, each adding its own entry.
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"datasets": {}}
-        summary["datasets"][name] = entry
+        summary.setdefault("heldin_only", {})
+        summary["heldin_only" if args.heldin_only else "datasets"][name] = entry
         summary.update({
             "command": " ".join(["python", "scripts/rerank_confidence.py", *sys.argv[1:]]),
             "hardware": {"cpu_count": os.cpu_count(), "torch_threads": args.threads, "machine": platform.machine(),
@@ -212,6 +248,38 @@ def main() -> None:
             relative_paths(path, args.data)
         log.info("%s done in %.0fs", name, entry["seconds"])
     print(markdown(summary))
+
+
+def heldin_calibration(folder: Path, spec: dict, args) -> dict:
+    """`calibrate` on the held-in set, kept beside the index (`<index>.heldin.json`) so that a `--heldin-only`
+    comparison run is not repeated by the full run (the index keeps the calibration it wrote)."""
+    cached = folder.with_name(folder.name + ".heldin.json")
+    if cached.exists() and not args.rebuild:
+        saved = json.loads(cached.read_text())
+        if saved["rerank_k"] == args.rerank_k and saved["dataset"] == spec["heldin"]:
+            return saved["summary"]
+    cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k, composite=spec["eval"].get("composite", "all"))
+    with atomic_file(cached) as tmp:
+        tmp.write_text(json.dumps({"rerank_k": args.rerank_k, "dataset": spec["heldin"], "summary": cal}, indent=1))
+    return cal
+
+
+def test_weight_sensitivity(index: Path, spec: dict, args) -> dict:
+    """Diagnostic, never a choice: Acc@1 (Full) of every mix weight on the *test* set, read from `calibrate` run on a
+    scratch copy of the index (the real index keeps its held-in calibration)."""
+    import shutil
+
+    scratch = args.work / f"{index.name}.test-mix-scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(index, scratch)
+    try:
+        mixing = calibrate(scratch, spec["test"], rerank_k=args.rerank_k,
+                           composite=spec["eval"].get("composite", "all"))["mixing"]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"accuracy_at_1_by_weight": mixing["accuracy_at_1_by_weight"],
+            "accuracy_at_1_retriever_order": mixing["accuracy_at_1_retriever_order"],
+            "best_weight_on_test": mixing["retriever_weight"]}
 
 
 def training_summary(model: Path) -> dict:
@@ -248,7 +316,8 @@ def markdown(summary: dict) -> str:
         f"{summary['hardware']['torch']}, {summary['hardware']['torch_threads']} threads, GPU: "
         f"{summary['hardware']['gpu']}; load average at the end {summary['hardware']['load_average_at_end']}.",
         "",
-        "Retriever: character tf-idf over the dictionary plus the training mentions. Re-ranker: a cross-encoder "
+        "Retriever: character tf-idf over the dictionary plus the training mentions (for the row so named, the "
+        "BioSyn-trained dense MiniLM of eval/ncbi_biosyn_full.md over the same dictionary). Re-ranker: a cross-encoder "
         "trained by `linker train rerank` within a CPU time budget, re-scoring the retriever's top *k*. Both columns "
         "come from one linking call (the re-ranked candidates keep the retriever's score). Calibration: isotonic, "
         "fitted on the held-in dev split with `linker calibrate`; ECE on the test set (10 bins); *raw* = the score "
@@ -273,6 +342,14 @@ def markdown(summary: dict) -> str:
                          f"the chosen mix (logit + {mixing['retriever_weight']:g} x retriever score) "
                          f"{_pct(by_weight[float(mixing['retriever_weight'])])}; by weight: "
                          + ", ".join(f"{w:g}: {_pct(a)}" for w, a in by_weight.items()) + ".")
+        sensitivity = entry.get("weight_sensitivity")
+        if sensitivity:
+            on_test = {float(w): a for w, a in sensitivity["accuracy_at_1_by_weight"].items()}
+            notes.append("  - *Diagnostic, not a result*: the retriever saw the held-in mentions in training, so "
+                         "the held-in choice may be biased. Test Acc@1 (Full) by weight: "
+                         + ", ".join(f"{w:g}: {_pct(a)}" for w, a in on_test.items())
+                         + f" (retriever order {_pct(sensitivity['accuracy_at_1_retriever_order'])}); the best test "
+                         f"weight would be {sensitivity['best_weight_on_test']:g}.")
         for row in rr["rows"]:
             lines.append(
                 f"| {entry['title']} | {row['filter']} | {row['n']:,} | {_pct(row['retriever_acc1'])} | "
@@ -312,8 +389,21 @@ def markdown(summary: dict) -> str:
                 f"{n['threshold']:.3f} ({_pct(heldin.get('f1'))}) | "
                 f"{n['predicted_nil']:,} | {_pct(n['precision'])} | {_pct(n['recall'])} | {_pct(n['f1'])} | "
                 f"{_pct(best.get('f1'))} at {best.get('threshold', float('nan')):.3f} | {_pct(n['linked_accuracy_at_1'])} |")
+    compared = summary.get("heldin_only") or {}
+    if compared:
+        lines += ["", "## Recipe comparison on the held-in set (`--heldin-only`, never on test)", "",
+                  "| run | re-ranker | negatives mined with | steps | held-in mentions | retriever order Acc@1 | "
+                  "re-ranker alone Acc@1 | chosen mix Acc@1 (weight) |", "|---|---|---|---|---|---|---|---|"]
+        for key, entry in compared.items():
+            mixing = entry["systems"]["reranked"]["calibration_fit"]["mixing"]
+            by_weight = {float(w): a for w, a in mixing["accuracy_at_1_by_weight"].items()}
+            t = entry["training"]
+            lines.append(f"| {key} | `{entry['reranker']}` | {t['data']['negatives_from']} | {t['steps']:,} | "
+                         f"{entry['systems']['reranked']['calibration_fit']['with_candidate']:,} | "
+                         f"{_pct(mixing['accuracy_at_1_retriever_order'])} | {_pct(by_weight[0.0])} | "
+                         f"{_pct(by_weight[float(mixing['retriever_weight'])])} ({mixing['retriever_weight']:g}) |")
     lines += ["", "## Re-ranker training", ""]
-    for entry in summary["datasets"].values():
+    for entry in [*summary["datasets"].values(), *(e for k, e in compared.items() if k not in summary["datasets"])]:
         t = entry["training"]
         if t is None:
             lines.append(f"- **{entry['title']}**: no re-ranker trained.")

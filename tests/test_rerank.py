@@ -61,6 +61,37 @@ def test_groups_have_a_hard_positive_and_other_concepts_as_negatives(meddra_tabl
     assert next(g for g in labelled if g.mention == "dizziness").positive == "Dizziness"  # exact: a fine positive
 
 
+def test_negatives_are_mined_with_the_given_tfidf_parameters(meddra_table):
+    """`mining` (`--mine-preset`): the negatives are the best names of other concepts under *that* tf-idf."""
+    from linker.dictionary import read_concept_table
+    from linker.index.tfidf import TfidfConfig, TfidfNameIndex, get_preset
+
+    table = read_concept_table(meddra_table).table
+    names, ids = table.column("name").to_pylist(), table.column("concept_id").to_pylist()
+    negatives = {}
+    for mining in (None, get_preset("medical-crossing")):
+        config = dataclasses.replace(TINY, mining=mining)
+        groups, stats = mine_groups(meddra_table, (), config)
+        assert stats["negatives_from"].startswith("tf-idf char_wb 3-3" if mining is None else "tf-idf char 1-2")
+        index = TfidfNameIndex.build(names, mining or TfidfConfig())
+        own = {n: c for n, c in zip(names, ids)}
+        checked = 0
+        for group in groups:
+            _scores, rows = index.search([group.mention], config.fetch)
+            ranked = [r for r in rows[0].tolist() if r >= 0 and ids[r] != own[group.mention]]
+            # the first negative: the best-scoring name of another concept (not the query's very name);
+            # a query sharing no n-gram with any other concept is padded with random names instead
+            first = next((names[r] for r in ranked if names[r].lower() != group.mention.lower()), None)
+            if first is not None:
+                assert group.negatives[0] == first
+                checked += 1
+        assert checked >= 1  # the tiny table: char_wb 3-3 finds a shared trigram for few queries, char 1-2 for all
+        negatives[mining is None] = {g.mention: g.negatives for g in groups}
+    assert negatives[True] != negatives[False]  # the two analyzers confuse different names
+    with pytest.raises(ConfigError, match="TfidfConfig"):
+        RerankConfig(mining="medical-crossing")
+
+
 def test_config_checks():
     with pytest.raises(ConfigError, match="fetch"):
         RerankConfig(negatives=8, fetch=8)

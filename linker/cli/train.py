@@ -97,6 +97,7 @@ def rerank_cli(
     max_queries: int = typer.Option(20000, "--max-queries", help="Synonym queries (seeded sample); labelled mentions are all used."),
     synonyms_per_concept: int = typer.Option(2, "--synonyms-per-concept", help="Names of one concept used as queries."),
     negatives: int = typer.Option(7, "--negatives", help="Hard negatives per query (tf-idf's best names of other concepts)."),
+    mine_preset: str = typer.Option(None, "--mine-preset", help="Mine the negatives with this tf-idf preset (e.g. medical-crossing, as the index the re-ranker will serve); default: the library's tf-idf defaults."),
     lr: float = typer.Option(3e-5, "--lr", help="Peak learning rate (linear warm-up over --warmup of the steps, then linear decay to 0)."),
     warmup: float = typer.Option(0.1, "--warmup", help="Share of the steps with a linear warm-up."),
     batch_size: int = typer.Option(16, "--batch-size", help="Queries per step (each with 1 + negatives pairs)."),
@@ -111,9 +112,11 @@ def rerank_cli(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a re-ranker folder that linker wrote."),
 ) -> None:
     """Train a cross-encoder re-ranker (mention, name) -> score on dictionary synonyms and labelled mentions."""
+    from linker.index.tfidf import get_preset
     from linker.train.rerank import RerankConfig, train_rerank
 
     config = RerankConfig(
+        mining=None if mine_preset is None else get_preset(mine_preset),
         lr=lr, warmup=warmup, batch_size=batch_size, negatives=negatives, epochs=epochs, max_queries=max_queries,
         synonyms_per_concept=synonyms_per_concept, checkpoint_every=checkpoint_every, seed=seed, device=device,
         threads=threads, bf16=bf16, max_seconds=max_seconds,

@@ -9,7 +9,9 @@ Training queries come from two places:
 
 Each query gets one positive and `negatives` hard negatives, mined once before training with a
 character tf-idf index over the dictionary names (the retriever the project ships; the same
-confusions a dense retriever makes are mostly lexical too): the positive is the best-scoring
+confusions a dense retriever makes are mostly lexical too). `mining` sets that index's parameters:
+the library's default, or those of the tf-idf index the re-ranker will serve, so that it trains on
+the confusions it will be shown (the retriever's top-k at link time). The positive is the best-scoring
 name of a gold concept other than the query's own row (BioSyn's "hard positive"), the negatives
 are the best-scoring names of other concepts. The loss is the softmax cross-entropy of the
 positive among its group (1 + negatives logits), the listwise objective cross-encoder
@@ -37,6 +39,7 @@ from tqdm import tqdm
 
 from linker.dictionary import read_concept_table
 from linker.errors import ConfigError
+from linker.index.tfidf import TfidfConfig
 from linker.retrieve import ConceptIndex
 from linker.text import code_key
 from linker.train import common
@@ -56,6 +59,7 @@ class RerankConfig:
     max_queries: int | None = 20000  # synonym queries (seeded sample); labelled mentions are all kept
     synonyms_per_concept: int = 2
     fetch: int = 64  # names retrieved per query to find a positive and the negatives
+    mining: TfidfConfig | None = None  # the tf-idf parameters that mine them; None = TfidfConfig() (char_wb 3-3)
     weight_decay: float = 0.01
     checkpoint_every: int = 200  # steps; 0 = only after each epoch
     max_seconds: float | None = None  # time budget: stop after the step that passes it and save (CPU runs)
@@ -74,6 +78,8 @@ class RerankConfig:
             raise ConfigError(f"lr must be positive, found {self.lr}")
         if not 0.0 <= self.warmup < 1.0:
             raise ConfigError(f"warmup is a share of the steps in [0, 1), found {self.warmup}")
+        if self.mining is not None and not isinstance(self.mining, TfidfConfig):
+            raise ConfigError(f"mining takes a TfidfConfig, found {type(self.mining).__name__}")
 
 
 def learning_rate(config: RerankConfig, step: int, total: int) -> float:
@@ -148,7 +154,7 @@ def _labelled_queries(specs: Sequence[str], concepts: ConceptIndex, xrefs: dict[
 
 def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: RerankConfig) -> tuple[list[Group], dict]:
     """The training groups (query, hard positive, hard negatives) and counts for the metrics file."""
-    from linker.index.tfidf import TfidfConfig, TfidfNameIndex
+    from linker.index.tfidf import TfidfNameIndex
 
     table = read_concept_table(dict_path).table
     names: list[str] = table.column("name").to_pylist()
@@ -163,7 +169,7 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
     if not queries:
         raise ConfigError(f"{dict_path}: no concept has two distinct names and no labelled mention was given; "
                           "nothing to train a re-ranker on")
-    mining = TfidfConfig()
+    mining = config.mining or TfidfConfig()
     index = TfidfNameIndex.build(names, mining)
     rng = random.Random(config.seed + 1)
     by_concept: dict[int, list[int]] = {}
@@ -209,7 +215,8 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
     stats.update({"synonym_queries": sum(not g.labelled for g in groups), "groups": len(groups),
                   "queries_without_positive": no_positive, "random_negatives": padded,
                   "dictionary_names": len(names), "concepts": len(concepts),
-                  "negatives_from": f"tf-idf {mining.analyzer} {mining.ngram_min}-{mining.ngram_max}"})
+                  "negatives_from": f"tf-idf {mining.analyzer} {mining.ngram_min}-{mining.ngram_max}"
+                                    f" ({mining.normalization} normalisation{', preset ' + mining.preset if mining.preset else ''})"})
     log.info("re-ranker training groups: %s", stats)
     return groups, stats
 
