@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError, LinkerError, MissingInputError
-from linker.precision import autocast, resolve_precision
+from linker.precision import autocast, check_precision, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,16 @@ RERANKER_DIR = "reranker"  # an index folder's bound re-ranker (`linker index bu
 DEFAULT_RERANK_K = 32
 MAX_LENGTH = 64  # tokens per (mention, name) pair: NCBI/Cantemist mentions and names fit in ~30
 BATCH_SIZE = 128
+
+
+def reranker_precision(precision: str, device: str) -> str:
+    """fp32 or bf16, decided as for every model (`linker.precision`: auto = bf16 only where the device runs it
+    natively; emulated bf16 is slower than fp32). int8 is not offered: the re-ranker was never checked in it."""
+    check_precision(precision, allow_none=False)
+    chosen = resolve_precision(precision, device=device)
+    if chosen == "int8":
+        raise ConfigError("re-ranker precision int8 is not supported; use auto, bf16 or fp32")
+    return chosen
 
 
 def weights_file(folder: Path) -> Path | None:
@@ -59,21 +69,19 @@ class RerankerInfo:
 class CrossEncoder:
     """Scores (mention, name) pairs; higher = more likely the same concept. Logits, not probabilities."""
 
-    def __init__(self, info: RerankerInfo, model, tokenizer, *, device: str = "cpu", bf16: bool = True) -> None:
+    def __init__(self, info: RerankerInfo, model, tokenizer, *, device: str = "cpu", precision: str = "auto") -> None:
         self.info = info
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
-        # One precision mechanism for every model (linker.precision): bf16 only where the device runs it
-        # natively; emulated bf16 is slower than fp32.
-        self.precision = resolve_precision("auto" if bf16 else "fp32", device=device)
+        self.precision = reranker_precision(precision, device)
 
     @property
     def scorer(self) -> str:
         return self.info.scorer
 
     @classmethod
-    def load(cls, name_or_path: str | Path, *, device: str = "cpu", bf16: bool = True) -> CrossEncoder:
+    def load(cls, name_or_path: str | Path, *, device: str = "cpu", precision: str = "auto") -> CrossEncoder:
         """Load a re-ranker folder (or hub name); refuses a model with more than one output."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -105,7 +113,7 @@ class CrossEncoder:
         info = RerankerInfo(name=path.name if local else str(name_or_path), path=str(name_or_path), sha256=sha)
         model.to(device).eval()
         log.info("loaded re-ranker %s (sha256 %s)", info.name, sha[:12])
-        return cls(info, model, tokenizer, device=device, bf16=bf16)
+        return cls(info, model, tokenizer, device=device, precision=precision)
 
     def score(self, mentions: Sequence[str], names: Sequence[str], *, batch_size: int = BATCH_SIZE) -> np.ndarray:
         """(n,) float32 logits of the pairs (mentions[i], names[i]); pairs batched by length."""
@@ -135,7 +143,7 @@ class CrossEncoder:
         (folder / RERANKER_MARKER).write_text(json.dumps({"kind": "cross-encoder", **(extra or {})}, indent=1))
 
 
-def init_cross_encoder(base: str, *, device: str = "cpu", bf16: bool = True, seed: int = 0) -> CrossEncoder:
+def init_cross_encoder(base: str, *, device: str = "cpu", precision: str = "auto", seed: int = 0) -> CrossEncoder:
     """A new cross-encoder from a base encoder (alias, folder or hub name): its transformer plus a
     freshly initialised one-output head (seeded)."""
     import torch
@@ -159,7 +167,7 @@ def init_cross_encoder(base: str, *, device: str = "cpu", bf16: bool = True, see
     finally:
         hf_logging.set_verbosity(verbosity)
     info = RerankerInfo(name=spec.name, path=spec.path, sha256=f"base:{spec.revision}")
-    return CrossEncoder(info, model.to(device), tokenizer, device=device, bf16=bf16)
+    return CrossEncoder(info, model.to(device), tokenizer, device=device, precision=precision)
 
 
 def bind_reranker(source: str | Path, index_tmp: Path) -> dict:

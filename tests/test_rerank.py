@@ -12,7 +12,7 @@ import pytest
 
 from linker.cli.main import main
 from linker.confidence import read_calibration, write_calibration
-from linker.errors import ConfigError, MissingInputError
+from linker.errors import ConfigError, MissingInputError, UnknownNameError
 from linker.eval.calibrate import RETRIEVER_WEIGHTS, calibrate, mix
 from linker.eval.report import Ranked, evaluate
 from linker.index import build_index
@@ -97,6 +97,33 @@ def test_config_checks():
         RerankConfig(negatives=8, fetch=8)
     with pytest.raises(ConfigError, match="batch_size"):
         RerankConfig(batch_size=0)
+
+
+def test_reranker_precision_is_decided_by_linker_precision(monkeypatch, reranker):
+    """One precision mechanism (`linker.precision`): auto = bf16 only on a processor with native bf16;
+    fp32 scores are the plain forward pass, bf16 ones run under autocast (close, not identical)."""
+    import torch
+
+    from linker import precision as prec
+
+    monkeypatch.setattr(prec, "cpu_flags", lambda: frozenset({"avx512f"}))
+    assert CrossEncoder.load(reranker).precision == "fp32"
+    monkeypatch.setattr(prec, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert CrossEncoder.load(reranker).precision == "bf16"
+    fp32, bf16 = CrossEncoder.load(reranker, precision="fp32"), CrossEncoder.load(reranker, precision="bf16")
+    mentions, names = ["hair loss", "head pain", "itching"], ["Alopecia", "Headache", "Dizziness"]
+    with torch.inference_mode():
+        features = fp32.tokenizer(mentions, names, padding=True, return_tensors="pt")
+        plain = fp32.model(**features).logits[:, 0].numpy()
+    np.testing.assert_allclose(fp32.score(mentions, names), plain, rtol=1e-5, atol=1e-6)
+    low = bf16.score(mentions, names)
+    assert not np.array_equal(low, plain) and np.allclose(low, plain, atol=0.1)
+    with pytest.raises(ConfigError, match="int8"):
+        CrossEncoder.load(reranker, precision="int8")
+    with pytest.raises(ConfigError, match="int8"):
+        RerankConfig(precision="int8")
+    with pytest.raises(UnknownNameError, match="precision"):
+        RerankConfig(precision="fp16")
 
 
 def test_learning_rate_warms_up_then_decays_to_zero():
@@ -235,9 +262,12 @@ def test_bad_reranker_paths(tmp_path, indexes):
 def test_cli_train_rerank_and_link(tmp_path, tiny_encoder_dir, meddra_table, indexes, capsys):
     out = tmp_path / "cli_model"
     main(["train", "rerank", "--dict", str(meddra_table), "--encoder", str(tiny_encoder_dir), "--out", str(out),
-          "--negatives", "2", "--batch-size", "4", "--device", "cpu", "--threads", "1", "--max-queries", "6"])
+          "--negatives", "2", "--batch-size", "4", "--device", "cpu", "--threads", "1", "--max-queries", "6",
+          "--precision", "fp32", "--mine-preset", "medical-crossing"])
     summary = json.loads(capsys.readouterr().out)
     assert summary["data"]["synonym_queries"] == 6 and (out / "model.safetensors").is_file()
+    assert summary["precision"] == "fp32" and "preset medical-crossing" in summary["data"]["negatives_from"]
+    assert json.loads((out / "train_config.json").read_text())["config"]["mining"]["preset"] == "medical-crossing"
     main(["link", "--index", str(indexes["meddra"]), "--rerank", str(out), "--rerank-k", "3", "--k", "2", "--json", "hair loss"])
     [result] = json.loads(capsys.readouterr().out)
     assert len(result["candidates"]) == 2 and all("retriever_score" in c for c in result["candidates"])

@@ -104,7 +104,7 @@ def rerank_cli(
     epochs: int = typer.Option(1, "--epochs", help="Epochs."),
     checkpoint_every: int = typer.Option(200, "--checkpoint-every", help="Steps between checkpoints (0: after each epoch only)."),
     max_seconds: float = typer.Option(None, "--max-seconds", help="Time budget: stop after the step that passes it and save the model."),
-    bf16: bool = typer.Option(True, "--bf16/--fp32", help="bfloat16 autocast where the CPU or GPU supports it."),
+    precision: str = typer.Option("auto", "--precision", help=_PRECISION_HELP),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
@@ -119,7 +119,7 @@ def rerank_cli(
         mining=None if mine_preset is None else get_preset(mine_preset),
         lr=lr, warmup=warmup, batch_size=batch_size, negatives=negatives, epochs=epochs, max_queries=max_queries,
         synonyms_per_concept=synonyms_per_concept, checkpoint_every=checkpoint_every, seed=seed, device=device,
-        threads=threads, bf16=bf16, max_seconds=max_seconds,
+        threads=threads, precision=precision, max_seconds=max_seconds,
     )
     summary = train_rerank(dict_path, encoder=encoder, out=out, train_specs=tuple(train or ()), config=config,
                            resume=resume, show_progress=on_terminal(), overwrite=overwrite)

@@ -40,6 +40,7 @@ from tqdm import tqdm
 from linker.dictionary import read_concept_table
 from linker.errors import ConfigError
 from linker.index.tfidf import TfidfConfig
+from linker.precision import check_precision
 from linker.retrieve import ConceptIndex
 from linker.text import code_key
 from linker.train import common
@@ -66,7 +67,7 @@ class RerankConfig:
     seed: int = 0
     device: str = "auto"
     threads: int | None = None
-    bf16: bool = True  # autocast to bfloat16 where the CPU (AVX512-BF16/AMX) or GPU supports it
+    precision: str = "auto"  # forward passes in fp32 or bf16 (auto: bf16 where native); as train sap/biosyn
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "negatives", "epochs", "synonyms_per_concept", "fetch"):
@@ -78,6 +79,9 @@ class RerankConfig:
             raise ConfigError(f"lr must be positive, found {self.lr}")
         if not 0.0 <= self.warmup < 1.0:
             raise ConfigError(f"warmup is a share of the steps in [0, 1), found {self.warmup}")
+        check_precision(self.precision, allow_none=False)
+        if self.precision == "int8":
+            raise ConfigError("precision int8 is for inference only; train in auto, bf16 or fp32")
         if self.mining is not None and not isinstance(self.mining, TfidfConfig):
             raise ConfigError(f"mining takes a TfidfConfig, found {type(self.mining).__name__}")
 
@@ -246,6 +250,7 @@ def train_rerank(
     if config.threads:
         torch.set_num_threads(config.threads)
     device = common.pick_device(config.device)
+    precision = common.training_precision(config.precision, device)
     groups, group_stats = mine_groups(dict_path, train_specs, config)
 
     state = {"epoch": 0, "step": 0, "step_in_epoch": 0}
@@ -254,9 +259,9 @@ def train_rerank(
         model_dir, saved, tensors, param_groups = common.load_checkpoint(out)
         state = {key: saved.get(key, 0) for key in state}
         metrics = common.Metrics.from_json(saved["metrics"])
-        model = CrossEncoder.load(model_dir, device=device, bf16=config.bf16)
+        model = CrossEncoder.load(model_dir, device=device, precision=precision)
     else:
-        model = init_cross_encoder(encoder, device=device, bf16=config.bf16, seed=config.seed)
+        model = init_cross_encoder(encoder, device=device, precision=precision, seed=config.seed)
     params = [p for p in model.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     if resume:
@@ -325,7 +330,8 @@ def train_rerank(
     metrics.extra.update({
         "train_seconds": timer.seconds,
         "steps": state["step"],
-        "bf16": model.precision == "bf16",
+        "precision": model.precision,
+        "bf16": model.precision == "bf16",  # the key reports read before `precision` existed
         "hardware": common.hardware(device, config.threads),
         "parameters": sum(p.numel() for p in model.model.parameters()),
         "resumed": resume,
