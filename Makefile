@@ -65,7 +65,11 @@ eval-hybrid-tuning: setup
 
 eval-rerank: setup
 	$(PY) scripts/rerank_confidence.py --datasets ncbi --rerank-k 16
-	$(PY) scripts/rerank_confidence.py --datasets cantemist,codiesp --systems retriever
+	# the full system: needs models/ncbi-biosyn-minilm-biosyn (make eval-ncbi-biosyn) and the ncbi re-ranker above
+	$(PY) scripts/rerank_confidence.py --datasets ncbi-biosyn --rerank-k 16
+	$(PY) scripts/rerank_confidence.py --datasets ncbi-biosyn-protocol --systems reranked --rerank-k 16
+	$(PY) scripts/rerank_confidence.py --datasets cantemist --rerank-k 16 --epochs 1 --train-seconds 3600
+	$(PY) scripts/rerank_confidence.py --datasets codiesp --systems retriever
 
 # Capability suites (eval/capabilities_*.md): the indexes once, then the reports and the suite-driven fix.
 eval-capabilities: setup

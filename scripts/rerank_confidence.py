@@ -3,7 +3,7 @@
     .venv/bin/python scripts/rerank_confidence.py [--data ../shared/data] [--out eval] [--work indexes/rr]
         [--models models] [--datasets ncbi,cantemist,codiesp,ncbi-biosyn] [--rerank-k 16] [--train-seconds 5100]
         [--max-queries 1500] [--negatives 5] [--epochs 3] [--lr 3e-5] [--threads 1] [--rebuild]
-        [--biosyn-model models/ncbi-biosyn-minilm-biosyn]
+        [--biosyn-model models/ncbi-biosyn-minilm-biosyn] [--heldin-only]
 
 For each dataset: a tf-idf retriever over the dictionary plus the training mentions (as in
 eval/ncbi_biosyn.md and eval/cantemist_tfidf_train.md; character uni+bigrams, the parameters these
@@ -35,6 +35,9 @@ mentions are the held-in calibration set and must not be dictionary names.
 scripts/ncbi_biosyn.py) instead of tf-idf and the "ncbi" re-ranker (trained first by ``--datasets ncbi``):
 the issue's full system. Its encoder was trained on train+dev, so the held-in choices may be biased;
 the test Acc@1 of every mix weight is reported beside them as a diagnostic.
+``cantemist-mined`` is "cantemist" with the re-ranker's hard negatives mined by the retriever's own tf-idf
+parameters (`RerankConfig.mining`); ``--heldin-only`` stops after the held-in calibration, so that two recipes
+are compared on dev, never on test (the calibration is kept beside the index and reused by the full run).
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
 and one report per (dataset, system) (eval/rr_*.md/json/png, *.coverage.png).
 """
@@ -102,6 +105,24 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         **out["ncbi"], "title": "NCBI-disease test (BioSyn preprocessing), BioSyn dense retriever",
         "kind": "dense", "index_config": lambda args: DenseConfig(encoder=str(args.biosyn_model)),
         "reranker_of": "ncbi", "heldin_seen_by_retriever": True,
+    }
+    n_dev = out["ncbi"]["heldin"]
+
+    def ncbi_protocol_dicts() -> tuple[Path, Path]:
+        medic, _ = ncbi_dicts()
+        names = work / "ncbi_train_dev_names.tsv"
+        if rebuild or not names.exists():
+            mention_names([n_train, n_dev], names, lang="en")
+        return medic, table(work / "medic_train_dev.parquet",
+                            [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt", names))], rebuild=rebuild)
+
+    # The same system under BioSyn's own dictionary (MEDIC + train + dev mentions, as eval/ncbi_biosyn_full.md and
+    # the published 91.1): dev mentions are then dictionary names, so nothing is fitted here; the mix and the
+    # confidence map are those "ncbi-biosyn" chose on dev. Filtered0.2 filters by train+dev mentions, as there.
+    out["ncbi-biosyn-protocol"] = {
+        **out["ncbi-biosyn"], "title": "NCBI-disease test (BioSyn protocol: dictionary + dev mentions), BioSyn dense "
+        "retriever", "dicts": ncbi_protocol_dicts, "calibration_from": "ncbi-biosyn", "nil": 0.0,
+        "filter_train": [n_train, n_dev], "heldin_seen_by_retriever": False,
     }
     c_train = f"brat:{cantemist / 'train.zip'}"
 
@@ -202,7 +223,12 @@ def main() -> None:
             entry["training"] = training_summary(model)
         for system in systems:
             folder = folders[system][0]
-            cal = heldin_calibration(folder, spec, args)
+            if spec.get("calibration_from"):
+                source = args.work / f"{spec['calibration_from']}_{spec['kind']}"
+                cal = copy_calibration(source if system == "retriever" else source.with_name(source.name + "_rerank"),
+                                       folder)
+            else:
+                cal = heldin_calibration(folder, spec, args)
             if args.heldin_only:
                 entry["systems"][system] = {"calibration_fit": {k: cal[k] for k in ("mentions", "with_candidate",
                                                                                    "accuracy_at_1", "mixing") if k in cal}}
@@ -212,13 +238,14 @@ def main() -> None:
                 heldin_nil = evaluate(folder, spec["heldin"], ks=(1,), rerank_k=args.rerank_k, nil_fraction=spec["nil"],
                                       **spec["eval"]).nil
                 threshold = (heldin_nil["best_f1_oracle"] or {}).get("threshold", threshold)
-            report = evaluate(folder, spec["test"], train_spec=spec["train"], filters=("full", "train0.2"), ks=(1, 5),
+            report = evaluate(folder, spec["test"], train_spec=spec.get("filter_train", spec["train"]), filters=("full", "train0.2"), ks=(1, 5),
                               report_dir=args.out, name=f"rr_{name}_{system}", rerank_k=args.rerank_k,
                               nil_fraction=spec["nil"], min_confidence=threshold, overwrite=True,
                               **spec["eval"])  # regenerates its reports
             entry["systems"][system] = {
                 "calibration_fit": {k: cal[k] for k in ("mentions", "with_candidate", "accuracy_at_1", "ece_raw",
-                                                        "ece_fitted_in_sample", "breakpoints", "mixing") if k in cal},
+                                                        "ece_fitted_in_sample", "breakpoints", "mixing", "copied_from",
+                                                        "retriever_weight") if k in cal},
                 "nil_heldin": heldin_nil,
                 "rows": [{"filter": r.filter, "n": r.n, "acc1": r.acc(1).value, "acc5": r.acc(5).value,
                           "acc1_interval": [r.acc(1).low, r.acc(1).high]} for r in report.rows if r.lang == "all"],
@@ -232,6 +259,8 @@ def main() -> None:
         # Re-read: several datasets may run in parallel processes, each adding its own entry.
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"datasets": {}}
         summary.setdefault("heldin_only", {})
+        if not args.heldin_only:  # the full entry supersedes a held-in-only one of the same dataset
+            summary["heldin_only"].pop(name, None)
         summary["heldin_only" if args.heldin_only else "datasets"][name] = entry
         summary.update({
             "command": " ".join(["python", "scripts/rerank_confidence.py", *sys.argv[1:]]),
@@ -262,6 +291,19 @@ def heldin_calibration(folder: Path, spec: dict, args) -> dict:
     with atomic_file(cached) as tmp:
         tmp.write_text(json.dumps({"rerank_k": args.rerank_k, "dataset": spec["heldin"], "summary": cal}, indent=1))
     return cal
+
+
+def copy_calibration(source: Path, folder: Path) -> dict:
+    """`folder` gets the calibration (mix weight and confidence map) that `source` fitted on its held-in set."""
+    from linker.confidence import read_calibration, write_calibration
+    from linker.index.manifest import read_manifest
+
+    calibration = read_calibration(source, read_manifest(source))
+    if calibration is None:
+        raise SystemExit(f"{source}: no calibration to reuse; run its dataset first")
+    write_calibration(folder, calibration)
+    return {"copied_from": source.name, "mentions": calibration.mentions, "with_candidate": calibration.mentions,
+            "accuracy_at_1": calibration.accuracy, "retriever_weight": calibration.retriever_weight}
 
 
 def test_weight_sensitivity(index: Path, spec: dict, args) -> dict:
@@ -334,7 +376,12 @@ def markdown(summary: dict) -> str:
                              f"{_pct(row['acc5'])} | not evaluated (see training) | | | |")
             continue
         rr = entry["systems"]["reranked"]["rerank"]
-        mixing = entry["systems"]["reranked"]["calibration_fit"].get("mixing")
+        fit = entry["systems"]["reranked"]["calibration_fit"]
+        mixing = fit.get("mixing")
+        if fit.get("copied_from"):
+            notes.append(f"- **{entry['title']}**: nothing fitted on this dictionary; the mix (logit + "
+                         f"{fit['retriever_weight']:g} x retriever score) and the confidence map are those of "
+                         f"`{fit['copied_from']}`, chosen on its held-in set.")
         if mixing:
             by_weight = {float(w): a for w, a in mixing["accuracy_at_1_by_weight"].items()}  # JSON keys are strings
             notes.append(f"- **{entry['title']}**: on the held-in set, Acc@1 of the retriever's order "
