@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SEED = 0
+CONTENDERS = ["local", "ray-1", "ray-2"]
 
 
 # ----------------------------------------------------------------------------- children (one contender each)
@@ -108,8 +109,9 @@ def run_child(kind: str, index: Path, source: Path, output: Path, workers: int, 
     return result
 
 
-def contenders(index: Path, shards: Path, whole: Path, scratch: Path, runs: int, k: int) -> dict[str, list[dict]]:
-    results: dict[str, list[dict]] = {"local": [], "ray-1": [], "ray-2": []}
+def contenders(index: Path, shards: Path, whole: Path, scratch: Path, runs: int, k: int,
+               names: list[str]) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {name: [] for name in names}
     for run in range(runs):
         for name in results:
             out = scratch / f"out-{name}-{run}"
@@ -266,7 +268,7 @@ def result_from_log(log: Path, args) -> dict:
         match = re.match(r"^run (\d+) (local|ray-1|ray-2): (\{.*\})$", line)
         if not match:
             continue
-        if match.group(1) == "0" and match.group(2) == "local":
+        if match.group(1) == "0" and match.group(2) == args.contenders[0]:
             sections.append({"local": [], "ray-1": [], "ray-2": []})
         sections[-1][match.group(2)].append(json.loads(match.group(3)))
     kinds = ["tf-idf (default, 150,749 names)", f"dense (minilm flat, {args.dense_names:,} MEDIC names)"]
@@ -301,6 +303,8 @@ def main() -> None:
     parser.add_argument("--dense-runs", type=int, default=3)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--skip-dense", action="store_true")
+    parser.add_argument("--contenders", type=lambda s: s.split(","), default=CONTENDERS,
+                        help="Comma-separated subset of local,ray-1,ray-2, run in this order (a long run may skip ray-1).")
     parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_scaleout")
     parser.add_argument("--from-json", type=Path, help="Only rewrite the report from an earlier run's JSON.")
     parser.add_argument("--from-log", type=Path,
@@ -308,6 +312,9 @@ def main() -> None:
                              "of a run stopped before its last rounds; the report says so.")
     parser.add_argument("--log-command", default="", help="With --from-log: the command that wrote the log.")
     args = parser.parse_args()
+    if "local" not in args.contenders or not set(args.contenders) <= set(CONTENDERS):
+        parser.error(f"--contenders: expected local and a subset of {','.join(CONTENDERS)}, found {','.join(args.contenders)}"
+                     " (the report compares Ray with the local process)")
     if args.from_json:
         result = json.loads(args.from_json.read_text(encoding="utf-8"))
         write_report(result, args.out, result["command"])
@@ -328,13 +335,13 @@ def main() -> None:
         scratch = Path(tmp)
         names = pq.read_table(args.index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
         shards, whole = write_spans(scratch / "tfidf", mentions, names, args.tfidf_spans, args.shards)
-        raw = contenders(args.index, shards, whole, scratch / "tfidf", args.runs, args.k)
+        raw = contenders(args.index, shards, whole, scratch / "tfidf", args.runs, args.k, args.contenders)
         result["raw"]["tfidf"] = raw
         result["indexes"]["tf-idf (default, 150,749 names)"] = {n: summarise(r) for n, r in raw.items()}
         if not args.skip_dense:
             dense, dense_names = build_dense(args.data, scratch, args.dense_names)
             shards, whole = write_spans(scratch / "dense_spans", mentions, dense_names, args.dense_spans, args.shards)
-            raw = contenders(dense, shards, whole, scratch / "dense_spans", args.dense_runs, args.k)
+            raw = contenders(dense, shards, whole, scratch / "dense_spans", args.dense_runs, args.k, args.contenders)
             result["raw"]["dense"] = raw
             result["indexes"][f"dense (minilm flat, {args.dense_names:,} MEDIC names)"] = {
                 n: summarise(r) for n, r in raw.items()}
