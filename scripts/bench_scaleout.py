@@ -59,6 +59,10 @@ def child_local(args) -> dict:
 def child_ray(args) -> dict:
     from linker.engine.ray import normalize_ray, ray_session
 
+    # Ray's memory monitor kills workers when the whole node is above 95% of its memory; on a shared
+    # machine that is other people's processes, and a killed worker's CPU time would drop out of the
+    # figures (its actor restarts and redoes the shard). Off for the measurement; the kernel's OOM killer stays.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     started = time.perf_counter()
     with ray_session(workers=args.workers):
         ready = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -11,7 +12,7 @@ import pytest
 from index_tables import write_concepts
 from linker.errors import ConfigError, UnknownNameError
 from linker.index import build_index, load_index
-from linker.index.tfidf import IDF, MATRIX, VOCABULARY, TfidfConfig, TfidfNameIndex
+from linker.index.tfidf import IDF, MATRIX, VOCABULARY, TfidfConfig, TfidfNameIndex, load_npz_mapped
 
 
 @pytest.fixture()
@@ -77,6 +78,37 @@ def test_persisted_files_load_without_pickle(index_dir):
     with np.load(index_dir / MATRIX, allow_pickle=False) as npz:
         assert set(npz.files) >= {"data", "indices", "indptr", "shape"}
     assert len(vocabulary) == idf.shape[0]
+
+
+@pytest.mark.parametrize("search", ["exact", "maxscore", "approximate"])
+def test_matrix_is_memory_mapped_on_load_and_an_older_file_still_loads(tmp_path, search):
+    """The saved matrix is an ordinary scipy .npz whose arrays a load maps read-only (pages shared by
+    the processes of a machine); an .npz written by scipy itself (unaligned) is read into memory."""
+    import random
+
+    import scipy.sparse as sp
+
+    rnd = random.Random(0)
+    names = ["".join(rnd.choice("abcdefghij klmn") for _ in range(24)) for _ in range(3000)]  # a matrix > 64 KiB
+    config = TfidfConfig(search=search)
+    built = TfidfNameIndex.build(names, config)
+    built.save(tmp_path / "new")
+    mapped = load_npz_mapped(tmp_path / "new" / MATRIX)
+    assert not (mapped.data.flags.writeable or mapped.indices.flags.writeable)  # (indptr: < 64 KiB, read)
+    assert (mapped != sp.load_npz(tmp_path / "new" / MATRIX)).nnz == 0 and (mapped != built.matrix).nnz == 0
+
+    shutil.copytree(tmp_path / "new", tmp_path / "old")
+    sp.save_npz(tmp_path / "old" / MATRIX, built.matrix, compressed=False)  # as indexes were written before
+    assert load_npz_mapped(tmp_path / "old" / MATRIX).data.flags.writeable  # read, not mapped
+
+    queries = [*names[:20], "abc def", "zzz"]
+    expected = built.search(queries, 3)
+    for folder, is_mapped in ((tmp_path / "new", True), (tmp_path / "old", False)):
+        loaded = TfidfNameIndex.load(folder, config)
+        assert loaded.matrix.data.flags.writeable is not is_mapped
+        got = loaded.search(queries, 3)
+        np.testing.assert_array_equal(got[1], expected[1])
+        np.testing.assert_array_equal(got[0], expected[0])
 
 
 def test_reloaded_index_scores_like_the_built_one(tmp_path, index_dir):

@@ -26,6 +26,7 @@ from linker.errors import ConfigError, InputFormatError, LinkerError, MissingInp
 from linker.eval.calibrate import calibrate
 from linker.fileio import MARKER, is_temporary
 from linker.link import Linker
+from linker.normalize import BATCH
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
 from normalize_tables import build_indexes  # noqa: E402
@@ -240,8 +241,19 @@ def ray_cluster():
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'linker[ray]')")
     from linker.engine.ray import ray_session
 
-    with ray_session(workers=2) as ray:
-        yield ray
+    # Ray's memory monitor kills workers when the whole machine is above 95% of its memory: on a
+    # shared machine other processes would kill these tests' workers at random. The worker-kill test
+    # kills one on purpose.
+    saved = os.environ.get("RAY_memory_monitor_refresh_ms")
+    os.environ["RAY_memory_monitor_refresh_ms"] = "0"
+    try:
+        with ray_session(workers=2) as ray:
+            yield ray
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_memory_monitor_refresh_ms", None)
+        else:
+            os.environ["RAY_memory_monitor_refresh_ms"] = saved
 
 
 @pytest.mark.slow
@@ -324,3 +336,55 @@ def test_driver_killed_with_9_resumes_to_the_same_bytes(ray_cluster, index, tmp_
     assert outputs(tmp_path / "out") == outputs(tmp_path / "reference")
     assert not [p for p in (tmp_path / "out").rglob("*") if is_temporary(p)]
     shutil.rmtree(tmp_path / "in")
+
+
+
+@pytest.mark.slow
+def test_worker_killed_with_9_mid_shard_is_restarted_and_the_job_finishes(ray_cluster, index, linker, tmp_path):
+    """kill -9 a worker actor's process while it writes a shard: Ray restarts the actor and retries the
+    shard (`normalize_ray` asks for it: max_restarts, max_task_retries), the job finishes in the same
+    call, and its folder is byte-identical to the same job done in-process, with no temporary left."""
+    import re
+    import threading
+
+    from linker.engine.ray import normalize_ray
+
+    inputs = write_shards(tmp_path / "in", 12, 1500)
+    job = job_document(index, k=2, lang=None, batch_size=BATCH, load_options={"min_confidence": MIN_CONFIDENCE})
+    shards, _ = prepare_output(str(inputs), tmp_path / "reference", job)
+    for shard in shards:  # the reference without Ray: what every worker runs per shard
+        normalize_shard(linker, shard, k=2)
+    write_success(tmp_path / "reference", shards, job)
+
+    temporary = re.compile(r"^\.(part-\d+\.parquet)\.linker-tmp-(\d+)-\w+$")
+    killed: list[tuple[str, int]] = []  # (shard output, pid) of the worker killed mid-shard
+    stop = threading.Event()
+
+    def kill_a_worker_mid_shard() -> None:
+        # A shard's temporary exists from its first row to its rename, and names its writer's pid.
+        while not stop.is_set() and not killed:
+            if len(list((tmp_path / "out").glob("*.parquet"))) >= 2:
+                for entry in (tmp_path / "out").glob(".*"):
+                    match = temporary.match(entry.name)
+                    if match:
+                        os.kill(int(match.group(2)), signal.SIGKILL)
+                        killed.append((match.group(1), int(match.group(2))))
+                        break
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_a_worker_mid_shard, daemon=True)
+    killer.start()
+    try:
+        summary = normalize_ray(index, str(inputs), tmp_path / "out", k=2, workers=2, min_confidence=MIN_CONFIDENCE)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no worker was caught mid-shard"
+    shard, pid = killed[0]
+    assert pid != os.getpid()  # a worker, not this driver
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert summary.linked_now == 12 and summary.manifest["spans"] == 12 * 1500
+    assert (tmp_path / "out" / shard).is_file()
+    assert outputs(tmp_path / "out") == outputs(tmp_path / "reference")
+    assert not [p for p in (tmp_path / "out").rglob("*") if is_temporary(p)]

@@ -489,7 +489,9 @@ class DenseNameIndex:
         faiss_index = None
         if "faiss" in files:
             with native_read(folder / files["faiss"], "a FAISS index file", fix=REBUILD):
-                faiss_index = faiss.read_index(str(folder / files["faiss"]))
+                # IVF lists are memory-mapped read-only (IO_FLAG_MMAP): the workers of a machine share their
+                # pages; linker never adds to a loaded index. (FAISS 1.15 still reads HNSW/flat storage.)
+                faiss_index = faiss.read_index(str(folder / files["faiss"]), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
             if faiss_index.ntotal != params["rows"]:
                 raise IndexMismatchError(f"{folder / params['files']['faiss']}: {faiss_index.ntotal} vectors, expected {params['rows']}")
             _tune(faiss_index, config)

@@ -15,7 +15,11 @@ The result equals ``TfidfVectorizer(...).fit_transform`` up to the order of the 
 Persistence never pickles: the vocabulary is JSON, the idf vector ``.npy``, the name matrix a
 scipy ``.npz`` of plain arrays (``scipy.sparse.load_npz`` reads it with ``allow_pickle=False``).
 On load the vectoriser is rebuilt from vocabulary + idf, so queries are transformed exactly as
-at build time.
+at build time. The ``.npz`` is written uncompressed with every array starting on a 64-byte
+boundary of the file (`save_npz_aligned`), so that a load memory-maps the matrix read-only
+(`load_npz_mapped`) instead of reading it: the workers of a node (Ray actors, service processes)
+share its pages through the page cache. It stays a plain scipy ``.npz``; one written before
+(unaligned) is read into memory as before.
 
 Search is `sparse_dot_topn.sp_matmul_topn` (a multi-threaded sparse product that keeps only the
 top n per row), over chunks of queries so that memory stays bounded: a full scipy product
@@ -41,6 +45,8 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
+import zipfile
 from array import array
 from itertools import islice
 from collections.abc import Sequence
@@ -257,6 +263,72 @@ def _best_per_query(query: np.ndarray, scores: np.ndarray, rows: np.ndarray, n: 
     return out_scores, out_rows
 
 
+_NPY_ALIGN = 64  # numpy pads an .npy header to a multiple of 64 bytes; the zip entry must start the same way
+_ZIP64_EXTRA = 20  # zipfile adds this to a local header written with force_zip64
+_PADDING_ID = 0x4C4B  # a private zip "extra field" id: readers skip extra fields they do not know
+_MAP_MIN_BYTES = 1 << 16  # smaller arrays (format, shape, an empty matrix) are simply read
+
+
+def save_npz_aligned(path: Path, matrix: sp.csr_matrix) -> None:
+    """`scipy.sparse.save_npz(path, matrix, compressed=False)`, but each array's data starts on a
+    64-byte boundary of the file (the zip local headers are padded), so that `load_npz_mapped`
+    can map it in place. The file is an ordinary ``.npz`` that scipy and numpy read as before."""
+    matrix = matrix.tocsr()
+    arrays = {"indices": matrix.indices, "indptr": matrix.indptr, "format": np.array(b"csr"),
+              "shape": np.array(matrix.shape), "data": matrix.data}  # save_npz's members, in its order
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array_ in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            header = archive.fp.tell() + 30 + len(info.filename) + _ZIP64_EXTRA  # the .npy starts here
+            pad = -header % _NPY_ALIGN
+            if pad:
+                pad += _NPY_ALIGN if pad < 4 else 0  # an extra field needs 4 bytes of its own header
+                info.extra = struct.pack("<HH", _PADDING_ID, pad - 4) + bytes(pad - 4)
+            with archive.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.ascontiguousarray(array_), allow_pickle=False)
+
+
+def _member_arrays(path: Path) -> dict[str, np.ndarray] | None:
+    """The arrays of an uncompressed ``.npz``, large ones memory-mapped read-only; None when a member
+    is compressed or its data is not aligned (an ``.npz`` written by numpy or scipy themselves)."""
+    arrays = {}
+    with zipfile.ZipFile(path) as archive, path.open("rb") as raw:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                return None
+            raw.seek(info.header_offset)
+            local = raw.read(30)
+            if local[:4] != b"PK\x03\x04":
+                raise ValueError(f"member {info.filename}: no zip local header")
+            name_length, extra_length = struct.unpack("<HH", local[26:30])
+            raw.seek(info.header_offset + 30 + name_length + extra_length)
+            version = np.lib.format.read_magic(raw)
+            shape, fortran, dtype = (np.lib.format.read_array_header_1_0(raw) if version == (1, 0)
+                                     else np.lib.format.read_array_header_2_0(raw))
+            if dtype.hasobject:
+                raise ValueError(f"member {info.filename}: object arrays are refused (they would need pickle)")
+            offset, size = raw.tell(), int(np.prod(shape)) * dtype.itemsize
+            key = info.filename.removesuffix(".npy")
+            if size < _MAP_MIN_BYTES:
+                arrays[key] = np.array(np.frombuffer(raw.read(size), dtype=dtype).reshape(shape, order="F" if fortran else "C"))
+            elif offset % _NPY_ALIGN:
+                return None
+            else:
+                arrays[key] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
+                                        order="F" if fortran else "C")
+    return arrays
+
+
+def load_npz_mapped(path: Path) -> sp.csr_matrix:
+    """The CSR matrix of `save_npz_aligned`, its arrays memory-mapped read-only (shared between the
+    processes of a machine); any other scipy ``.npz`` is read into memory by `scipy.sparse.load_npz`."""
+    arrays = _member_arrays(path)
+    if (arrays is None or {"format", "data", "indices", "indptr", "shape"} - set(arrays)
+            or arrays["format"].item() != b"csr"):
+        return sp.load_npz(path).tocsr()  # load_npz reads with allow_pickle=False
+    return sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]), shape=tuple(int(n) for n in arrays["shape"]))
+
+
 class TfidfNameIndex:
     """Names as L2-normalised tf-idf rows; `search` returns exact cosine top-k name rows."""
 
@@ -304,7 +376,7 @@ class TfidfNameIndex:
         vocabulary = {term: int(col) for term, col in self.vectorizer.vocabulary_.items()}
         (folder / VOCABULARY).write_text(json.dumps(vocabulary, ensure_ascii=False, sort_keys=True))
         np.save(folder / IDF, self.vectorizer.idf_.astype(np.float64), allow_pickle=False)
-        sp.save_npz(folder / MATRIX, self.matrix, compressed=False)
+        save_npz_aligned(folder / MATRIX, self.matrix)
 
     @classmethod
     def load(cls, folder: Path, config: TfidfConfig) -> TfidfNameIndex:
@@ -316,14 +388,14 @@ class TfidfNameIndex:
         with native_read(folder / IDF, "an .npy array of idf values", fix=fix):
             idf = np.load(folder / IDF, allow_pickle=False)
         with native_read(folder / MATRIX, "a scipy .npz sparse matrix", fix=fix):
-            matrix = sp.load_npz(folder / MATRIX).tocsr()  # load_npz uses allow_pickle=False
+            matrix = load_npz_mapped(folder / MATRIX)
         if len(vocabulary) != idf.shape[0] or matrix.shape[1] != idf.shape[0]:
             raise InputFormatError(folder / IDF, f"{len(vocabulary)} idf values and matrix columns",
                                    f"{idf.shape[0]} idf values, {matrix.shape[1]} columns",
                                    fix="rebuild it with `linker index build`")
         vectorizer = _vectorizer(config, vocabulary)
         vectorizer.idf_ = idf
-        index = cls(config, vectorizer, matrix.astype(np.float32))
+        index = cls(config, vectorizer, matrix.astype(np.float32, copy=False))  # float32 already: stays mapped
         index.warm_up()
         return index
 
