@@ -190,19 +190,23 @@ def capacity_plan(result: dict) -> list[str]:
     worker = max(tfidf.get("ray-2", tfidf["local"]).get("worker_peak_rss_mib", [tfidf["local"]["peak_rss_mib"]]))
     dense_gib = 10e6 * DENSE_DIM * 4 / 2**30
     lines += [
-        "", "**A 10M-name dictionary (UMLS-sized), estimated, not measured.** Each worker loads its own index. Measured "
-        f"above: a tf-idf worker over the 150,749-name default index peaks at {worker:,.0f} MiB, most of it the Python "
-        f"process and its libraries. At 10M names the tf-idf matrix alone is about {TFIDF_MATRIX_MIB_PER_M_NAMES * 10 / 1024:.1f} "
-        f"GiB ({TFIDF_MATRIX_MIB_PER_M_NAMES} MiB per million names, eval/bench_link.md); the concept table (Arrow) and "
-        "the Linker's per-name Python lists (names, term ids) add roughly 150–250 B per name, 1.5–2.5 GiB: about 6–7 GiB "
-        "per worker, so a 64 GiB node runs about 8 tf-idf workers, not 64, unless the matrix is shared (below). "
-        f"A flat dense index holds 10M × {DENSE_DIM} × 4 B = {dense_gib:.1f} GiB of fp32 vectors, but it loads them as a "
+        "", "**A 10M-name dictionary (UMLS-sized), estimated, not measured.** Measured above: a tf-idf worker over the "
+        f"150,749-name default index peaks at {worker:,.0f} MiB, most of it the Python process and its libraries. At "
+        f"10M names the tf-idf matrix is about {TFIDF_MATRIX_MIB_PER_M_NAMES * 10 / 1024:.1f} GiB "
+        f"({TFIDF_MATRIX_MIB_PER_M_NAMES} MiB per million names, eval/bench_link.md). A load memory-maps it read-only "
+        "(`tfidf/names.npz` written aligned; eval/bench_index_sharing.md measures the sharing at 1 and 2 workers), so a "
+        "node holds it once in its page cache, whatever its number of workers. Each worker still builds its own search "
+        "structure from it: maxscore's postings (the search above 500,000 names), a transposed copy about as large as "
+        "the matrix, and it holds the concept table (Arrow) and the per-name Python lists (names, term ids), roughly "
+        "150–250 B per name: about 4 + 1.5–2.5 GiB private per worker, so a 64 GiB node runs about 9–10 tf-idf workers; "
+        "writing the postings into the index and mapping them as well (the same aligned `.npz`, the kernel reads plain "
+        "arrays) would leave about 2–3 GiB per worker, the design's next step. "
+        f"A flat dense index holds 10M × {DENSE_DIM} × 4 B = {dense_gib:.1f} GiB of fp32 vectors, loaded as a "
         "memory-mapped `.npy` (`linker.index.dense`), read-only pages that every worker of a node shares through the "
         "page cache: the node holds them once, and each worker adds its encoder (~100–500 MiB) and the concept table. "
-        "A FAISS HNSW/IVF file could be read with `faiss.IO_FLAG_MMAP` the same way (today it is read into each "
-        "worker). The tf-idf matrix and the concept table could be shared through Ray's object store (zero-copy "
-        "numpy/Arrow buffers for the workers of a node); that is not implemented. None of this sharing was measured "
-        "with several workers here.",
+        "FAISS IVF indexes are read with `IO_FLAG_MMAP` (their lists shared the same way); with FAISS 1.15 that flag "
+        "left a flat FAISS file's vectors read into memory in a check here, and HNSW keeps its vectors in that same flat "
+        "storage, so an HNSW index is still read into each worker.",
     ]
     return lines
 
@@ -215,7 +219,7 @@ def write_report(result: dict, out: Path, command: str) -> None:
         "# Scale-out: `linker normalize` in one process vs `--engine ray`", "",
         f"Produced by `{command}`.", "",
         f"Machine: {os.cpu_count()} CPU cores shared with other jobs (no GPU); every contender ran in a fresh process, "
-        f"alternated within each round ({result['runs']} rounds for tf-idf"
+        f"alternated within each round ({result['runs']} round{'s' * (result['runs'] != 1)} for tf-idf"
         + (f", {result['dense_runs']} for dense" if has_dense else "") + "); "
         "medians over the rounds. Load average (1/5/15 min) before "
         "and after each run is in the JSON; over the whole run it was "
@@ -252,11 +256,17 @@ def write_report(result: dict, out: Path, command: str) -> None:
             parts.append(f"the 2-worker job took {', '.join(f'{r:.2f}' for r in ratios)}× the 1-worker job's wall time "
                          f"(per round): {verdict}")
         lines.append(f"- {kind}: " + "; ".join(parts) + ".")
-    if has_dense:
-        lines += ["", "A Ray actor with 1 CPU runs its libraries with one thread (Ray sets OMP_NUM_THREADS=1); the "
-                  "local process lets torch use both cores. Under load a two-thread encoder spends far more CPU per "
-                  "span (waiting threads spin), which is the likely cause of a dense gap; it was not isolated here. "
-                  "The one-thread figure is the one to plan with."]
+    for kind, rows in result["indexes"].items():
+        ray = [rows[n]["spans_per_link_cpu_s"] for n in ("ray-1", "ray-2") if n in rows]
+        if kind.startswith("dense") and ray:
+            local = rows["local"]["spans_per_link_cpu_s"]
+            gap = ("Here the local process spent far more CPU per span than a one-thread worker, the likely cause "
+                   "being waiting threads that spin under load; it was not isolated here"
+                   if local < 0.8 * min(ray) else
+                   f"Here both spent about the same CPU per span ({local:,.0f} vs {', '.join(f'{r:,.0f}' for r in ray)} "
+                   "spans per CPU-second)")
+            lines += ["", "A Ray actor with 1 CPU runs its libraries with one thread (Ray sets OMP_NUM_THREADS=1); the "
+                      f"local process lets torch use both cores. {gap}. The one-thread figure is the one to plan with."]
     lines += [""]
     lines += capacity_plan(result)
     out.with_suffix(".md").write_text(portable_paths("\n".join(lines) + "\n"), encoding="utf-8")
