@@ -30,7 +30,7 @@ test: setup
 
 # One target per benchmark or accuracy table of the README: each reruns the script that wrote the table's
 # report under eval/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).
-.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-multilingual eval-rerank eval-capabilities eval-hybrid-tuning
+.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-multilingual eval-cantemist-biosyn eval-rerank eval-capabilities eval-hybrid-tuning
 
 bench-link: setup
 	$(PY) scripts/bench_link.py --medic-dense
@@ -59,9 +59,16 @@ eval-multilingual: setup
 	$(PY) scripts/train_multilingual.py mantra --threads 2
 	$(PY) scripts/train_multilingual.py codiesp --threads 2
 
+# BioSyn on every Cantemist train mention (resumes from its last epoch); the time budget is the committed run's, on
+# 2 shared cores: raise --max-seconds (or drop it) on a quiet machine. Then dense / tf-idf / tuned hybrid with it.
+eval-cantemist-biosyn: setup
+	$(PY) scripts/train_multilingual.py cantemist --biosyn-queries 0 --epochs 3 --max-seconds 3600 --threads 2
+	$(PY) scripts/hybrid_tuning.py cantemist --encoder models/cantemist-e5-biosyn-all
+
 eval-hybrid-tuning: setup
 	$(PY) scripts/hybrid_tuning.py ncbi
 	$(PY) scripts/hybrid_tuning.py cantemist
+	$(PY) scripts/hybrid_tuning.py codiesp
 
 eval-rerank: setup
 	$(PY) scripts/rerank_confidence.py --datasets ncbi --rerank-k 16

@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/hybrid_tuning.py ncbi [--encoder minilm] [--grid 0,0.1,...,1] [--threads 2]
     .venv/bin/python scripts/hybrid_tuning.py cantemist [--encoder e5-small]
+    .venv/bin/python scripts/hybrid_tuning.py codiesp [--encoder e5-small]
     .venv/bin/python scripts/hybrid_tuning.py ncbi --encoder models/ncbi_biosyn/MODEL   # a trained encoder
 
 ncbi: dictionary = MEDIC plus the *train* mentions as names of their gold concept (BioSyn's
@@ -12,6 +13,11 @@ ncbi: dictionary = MEDIC plus the *train* mentions as names of their gold concep
   tf-idf: BioSyn's char 1-2-grams. Composite rule: BioSyn's ("any").
 cantemist: dictionary = the ICD-O names of valid-codes.tsv plus the train mentions (scripts/eval_all.py's
   "ICD-O names + train mentions"), dev = dev1, test = test (Spanish only). tf-idf: the library default.
+codiesp: dictionary = the English ICD-10-CM names (package simple-icd-10-cm, as scripts/eval_all.py) plus
+  the Spanish CodiEsp-D train mentions under their canonical code (eval_all.py's "ICD-10-CM names (en) +
+  train mentions (es)"), dev = devX.tsv, test = testX.tsv, diagnoses only (#D). tf-idf: the library
+  default (eval_all.py's tf-idf row keeps the Medical Crossing paper's char 1-2; eval/tfidf_defaults.md
+  measured the default higher on CodiEsp-D).
 
 One hybrid index per (dataset, encoder), built once; `linker.eval.tune.tune_sparse_weight` picks the
 weight on dev over the grid (score = a * tf-idf + (1 - a) * dense) and stores it, with the dev score
@@ -45,10 +51,17 @@ from linker.index.dense import DenseConfig
 from linker.index.hybrid import DEFAULT_SPARSE_WEIGHT, HybridConfig
 from linker.index.manifest import read_manifest
 from linker.index.tfidf import TfidfConfig
+from linker.text import icd10cm_code
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("hybrid_tuning")
-DEFAULT_ENCODER = {"ncbi": "minilm", "cantemist": "e5-small"}
+# Beside the test rows: the Medical Crossing paper's SapBERT+target Acc@1 (Full, Filtered, Filtered0.2 against the
+# training set) and scripts/eval_all.py's tf-idf report on the same dictionary (names + train mentions).
+REFERENCES = {
+    "cantemist": ("SapBERT+target, Medical Crossing paper", (79.45, 53.31, 51.48), "cantemist_tfidf_train"),
+    "codiesp": ("SapBERT+target, Medical Crossing paper", (67.18, 47.62, 45.42), "codiesp_d_tfidf_train"),
+}
+DEFAULT_ENCODER = {"ncbi": "minilm", "cantemist": "e5-small", "codiesp": "e5-small"}
 
 
 def setup(part: str, data: Path, work: Path) -> dict:
@@ -61,6 +74,11 @@ def setup(part: str, data: Path, work: Path) -> dict:
                 "train": [spec("NCBItrainset_corpus.txt")], "composite": "any", "lang": "en",
                 "sources": [ncbi / "medic_06Jul2012.txt"], "source_kind": "tsv",
                 "tfidf": TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="biosyn")}
+    if part == "codiesp":
+        spec = lambda name: f"codiesp:{data / 'codiesp' / name}#D"  # noqa: E731
+        return {"dev": spec("devX.tsv"), "test": spec("testX.tsv"), "train": [spec("trainX.tsv")],
+                "composite": "all", "lang": "es", "sources": [], "source_kind": "icd10",
+                "canonical": icd10cm_code, "tfidf": TfidfConfig()}  # CodiEsp's codes are lower case (s22.49xa)
     cantemist = data / "cantemist"
     return {"dev": f"brat:{cantemist / 'dev1.zip'}#lang=es", "test": f"brat:{cantemist / 'test.zip'}#lang=es",
             "train": [f"brat:{cantemist / 'train.zip'}"], "composite": "all", "lang": "es",
@@ -70,11 +88,35 @@ def setup(part: str, data: Path, work: Path) -> dict:
 def build_dictionary_with_train_names(cfg: dict, out: Path) -> None:
     """The part's vocabulary plus its training mentions as extra names of their gold concept."""
     names = out.with_suffix(".train_names.tsv")
-    rows = [f"{cid}\t{m.text}\t{cfg['lang']}" for spec in cfg["train"] for m in load_dataset(spec)
+    canonical = cfg.get("canonical", str)
+    rows = [f"{canonical(cid)}\t{m.text}\t{cfg['lang']}" for spec in cfg["train"] for m in load_dataset(spec)
             if len(m.gold) == 1 for cid in m.gold[0]]
     with atomic_file(names) as tmp:
         tmp.write_text("\n".join(dict.fromkeys(rows)) + "\n", encoding="utf-8")
     build_dictionary([SourceSpec(cfg["source_kind"], tuple(cfg["sources"])), SourceSpec("tsv", (names,))], out)
+
+
+def train_filters(mentions, train_specs) -> dict[str, list[int]]:
+    """The test mentions `linker eval` keeps under its training-set filters (Filtered, Filtered0.2)."""
+    from linker.eval.filters import Normaliser, ReferenceSet, filter_indices
+
+    references = {"train": ReferenceSet([m.text for spec in train_specs for m in load_dataset(spec)], Normaliser())}
+    return {f: filter_indices([m.text for m in mentions], f, references=references) for f in ("train", "train0.2")}
+
+
+def references(part: str, out: Path) -> list[dict]:
+    """Published Acc@1 and eval_all.py's tf-idf Acc@1 (its report, when present) for Full / Filtered / Filtered0.2."""
+    if part not in REFERENCES:
+        return []
+    label, published, report = REFERENCES[part]
+    rows = [{"system": label, "acc1": list(published)}]
+    path = out / f"{report}.json"
+    if path.exists():
+        got = {r["filter"]: 100 * r["accuracies"][0]["value"] for r in json.loads(path.read_text())["rows"]
+               if r["lang"] == "all"}
+        rows.append({"system": f"tf-idf, paper's char 1-2 (eval/{report}.md)",
+                     "acc1": [round(got[f], 2) for f in ("full", "train", "train0.2")]})
+    return rows
 
 
 def learned_weight(encoder: str) -> float | None:
@@ -86,7 +128,7 @@ def learned_weight(encoder: str) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["ncbi", "cantemist"])
+    parser.add_argument("part", choices=sorted(DEFAULT_ENCODER))
     parser.add_argument("--encoder", default=None, help="encoder alias or model folder (default: minilm / e5-small)")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--out", type=Path, default=ROOT / "eval")
@@ -107,7 +149,8 @@ def main() -> None:
     cfg = setup(args.part, args.data, args.work)
     work = args.work / args.part
     work.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
+    previous = args.out / f"{name}.json"  # a resumed run keeps the timings of the stages it skips
+    timings: dict[str, float] = json.loads(previous.read_text())["stage_seconds"] if previous.exists() else {}
 
     def stage(label: str, done: bool, fn) -> None:
         if done and not args.rebuild:
@@ -158,13 +201,15 @@ def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: P
         scores = {"systems": [list(w) for _, w in systems]}
     linker_ = None
     for split in ("dev", "test"):
-        if split in scores:
+        if split in scores and (split == "dev" or "subsets" in scores[split][0]):
             log.info("scores %s: exist, skipped", split)
             continue
         started = time.perf_counter()
         linker_ = linker_ or Linker.load(index_dir)
-        scores[split] = weight_scores(linker_, load(cfg[split]), [w for _, w in systems], ks=(1, 5),
-                                      composite=cfg["composite"])
+        mentions = load(cfg[split])
+        scores[split] = weight_scores(linker_, mentions, [w for _, w in systems], ks=(1, 5),
+                                      composite=cfg["composite"],
+                                      subsets=train_filters(mentions, cfg["train"]) if split == "test" else None)
         timings[f"score_{split}"] = round(time.perf_counter() - started, 1)
         with atomic_file(scores_path) as tmp:
             tmp.write_text(json.dumps(scores, indent=1))
@@ -188,6 +233,7 @@ def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: P
         "test_eval": {"report": str(test_report), "rows": [
             {"filter": r["filter"], "n": r["n"], "acc1": r["accuracies"][0]["value"],
              "acc5": r["accuracies"][1]["value"]} for r in full_eval["rows"] if r["lang"] == "all"]},
+        "references": references(args.part, args.out),
         "stage_seconds": timings,
         "hardware": {"cpu_count": os.cpu_count(), "torch_threads": args.threads, "machine": platform.machine(),
                      "torch": torch.__version__, "gpu": torch.cuda.is_available(),
@@ -221,6 +267,17 @@ def markdown(r: dict) -> str:
         d, s = row["dev"], row["test"]
         lines.append(f"| {row['system']} | {row['sparse_weight']:.4g}, {row['dense_weight']:.4g} | {d['n']} "
                      f"| {_pct(d['acc1'])} | {_pct(d['acc5'])} | {s['n']} | {_pct(s['acc1'])} | {_pct(s['acc5'])} |")
+    if "subsets" in r["rows"][0]["test"]:
+        lines += ["", "Test by `linker eval`'s training-set filters (Filtered = test mentions whose text is not a "
+                      "training mention, Filtered0.2 = nor within normalised Levenshtein 0.2 of one), Acc@1 / Acc@5:",
+                  "", "| system | Full | Filtered (train) | Filtered0.2 (train) |", "|---|---|---|---|"]
+        for row in r["rows"]:
+            test, sub = row["test"], row["test"]["subsets"]
+            lines.append(f"| {row['system']} | {_pct(test['acc1'])} / {_pct(test['acc5'])} (n={test['n']:,}) | "
+                         + " | ".join(f"{_pct(sub[f]['acc1'])} / {_pct(sub[f]['acc5'])} (n={sub[f]['n']:,})"
+                                      for f in ("train", "train0.2")) + " |")
+        for ref in r.get("references", []):
+            lines.append(f"| {ref['system']} | " + " | ".join(f"{a:.2f}" for a in ref["acc1"]) + " |")
     lines += [
         "",
         f"## Dev grid (Acc@1 on {t['mentions']} dev mentions, a = share of tf-idf)",

@@ -1,6 +1,7 @@
 """Multilingual e5-small before/after CPU-sized training: Cantemist (BioSyn) and Mantra GSC (SapBERT-style).
 
-    .venv/bin/python scripts/train_multilingual.py cantemist [--biosyn-queries 256] [--threads 1]
+    .venv/bin/python scripts/train_multilingual.py cantemist [--biosyn-queries 256] [--epochs 1] [--threads 1]
+    .venv/bin/python scripts/train_multilingual.py cantemist --biosyn-queries 0 --epochs 3 --with-train-names  # all
     .venv/bin/python scripts/train_multilingual.py mantra [--sap-pairs 1024] [--threads 1]
     .venv/bin/python scripts/train_multilingual.py codiesp [--threads 1]
 
@@ -9,7 +10,13 @@ cantemist: dictionary = ICD-O names of valid-codes.tsv (built as scripts/eval_al
   lower encoder layers frozen, as the Medical Crossing study did); dense indexes with e5-small before
   and after; Cantemist test scored Full / dict / train filters; optionally the same two encoders on
   the dictionary that adds the train mentions as names (eval_all.py's "ICD-O names + train mentions").
-  Writes eval/train_cantemist_e5.md|json.
+  Writes eval/train_cantemist_e5.md|json. `--biosyn-queries 0` trains on every unique train mention
+  (model models/cantemist-e5-biosyn-all, report eval/train_cantemist_e5_all.md|json): the run resumes
+  from its last finished epoch (BioSyn checkpoints after each), and the dev1 mentions are watched
+  before every epoch and after the last (dense Acc@1 against the training dictionary, a curve in
+  eval/<report>_curve.png; dev1 is not trained on, and nothing is chosen by it). A run stopped after
+  epoch e finishes with `--epochs e` from that checkpoint; `--max-seconds` stops training after the
+  step that passes this budget and saves the model (on shared CPUs, to end by a given time).
 mantra: dictionary = HPO with its es/fr/nl/de translations (eval_all.py's hpo_translations table;
   the Disease Ontology is left out with --no-doid, the default here, because one e5-small pass over
   its extra 18k names costs ~80 s and two dense builds over all 118k names do not fit the time box);
@@ -30,6 +37,7 @@ import json
 import logging
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -45,6 +53,8 @@ from linker.eval.report import evaluate, markdown_table
 from linker.fileio import atomic_file, portable_paths
 from linker.index import build_index
 from linker.index.dense import DenseConfig
+from linker.eval.datasets import load_dataset
+from linker.train import common
 from linker.train.biosyn import BiosynConfig, train_biosyn
 from linker.train.sap import SapConfig, train_sap
 
@@ -68,7 +78,10 @@ def main() -> None:
     parser.add_argument("--eval-indexes", type=Path, default=ROOT / "indexes" / "eval",
                         help="scripts/eval_all.py's folder: its dictionaries are reused when present")
     parser.add_argument("--models", type=Path, default=ROOT / "models")
-    parser.add_argument("--biosyn-queries", type=int, default=256)
+    parser.add_argument("--biosyn-queries", type=int, default=256, help="0: every unique train mention")
+    parser.add_argument("--epochs", type=int, default=1, help="BioSyn epochs (cantemist)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="BioSyn time budget per run: stop after the step that passes it and save the model")
     parser.add_argument("--freeze-layers", type=int, default=4)  # Medical Crossing froze embeddings + 4 or 10 layers
     parser.add_argument("--sap-pairs", type=int, default=1024)
     parser.add_argument("--sap-batch", type=int, default=64)  # 256 pairs/step of the paper do not fit the time box
@@ -76,15 +89,18 @@ def main() -> None:
     parser.add_argument("--with-train-names", action="store_true", help="cantemist: also the dict + train mentions variant")
     parser.add_argument("--doid", action="store_true", help="mantra: add the Disease Ontology to the dictionary")
     parser.add_argument("--note", default="", help="free text for the report (how the stages were run)")
-    parser.add_argument("--index-only", choices=["base", "trained"], default=None,
+    parser.add_argument("--index-only", choices=["base", "trained", "train"], default=None,
                         help="only build that dense index and exit: run 'base' and 'trained' as two 1-thread "
-                             "processes to use both cores, then run without it to evaluate")
+                             "processes to use both cores, then run without it to evaluate; 'train': only "
+                             "train (cantemist)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
-    name = f"train_{args.part}_e5"
-    state = {"part": args.part, "note": args.note, "stage_seconds": {}, "load_average_after_stage": {}, "rows": [],
+    full = args.part == "cantemist" and args.biosyn_queries == 0  # BioSyn on all train mentions
+    name = f"train_{args.part}_e5" + ("_all" if full else "")
+    state = {"part": args.part, "note": args.note, "full": full, "report_name": name,
+             "command": " ".join(["python", "scripts/train_multilingual.py", *sys.argv[1:]]), "stage_seconds": {}, "load_average_after_stage": {}, "rows": [],
              "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "args": {k: str(v) for k, v in vars(args).items()},
              "hardware": {"cpu_count": os.cpu_count(), "torch_threads": args.threads, "machine": platform.machine(),
                           "torch": torch.__version__, "gpu": torch.cuda.is_available(),
@@ -135,15 +151,25 @@ def main() -> None:
         icdo = reuse(args.eval_indexes / "icdo.parquet", args.work / "icdo.parquet",
                      [SourceSpec("icdo", (cantemist / "valid-codes.tsv",))])
         state["dictionary"] = describe(icdo)
-        model = args.models / "cantemist-e5-biosyn"
-        config = BiosynConfig(max_queries=args.biosyn_queries, epochs=1, freeze_embeddings=True,
-                              freeze_layers=args.freeze_layers, threads=args.threads)
+        tag = "biosyn_all" if full else "biosyn"
+        model = args.models / f"cantemist-e5-{tag.replace('_', '-')}"
+        config = BiosynConfig(max_queries=args.biosyn_queries or None, epochs=args.epochs, freeze_embeddings=True,
+                              freeze_layers=args.freeze_layers, threads=args.threads, max_seconds=args.max_seconds)
+        dev = f"brat:{cantemist / 'dev1.zip'}#lang=es"
         stage("train_biosyn", (model / "train_metrics.json").exists(),
-              lambda: train_biosyn(train, icdo, encoder="e5-small", out=model, config=config))
+              lambda: train_biosyn(train, icdo, encoder="e5-small", out=model, config=config,
+                                   monitor=load_dataset(dev) if full else None,
+                                   resume=common.checkpoint_dir(model).exists()))
         state["training"] = training_summary(model)
+        if full:
+            state["training"]["monitor"] = dev
+            curve(state["training"], args.out / f"{name}_curve.png")
+        if args.index_only == "train":  # the training section and curve only; rows come from a later run
+            write(args.out, name, state, reports, data=args.data)
+            return
         score("dense e5-small, ICD-O names (es)", dense(icdo, args.work / "icdo_e5", "e5-small"), test,
               train_spec=train, filters=("all",))
-        score("dense e5-small + biosyn, ICD-O names (es)", dense(icdo, args.work / "icdo_e5_biosyn", str(model)), test,
+        score(f"dense e5-small + {tag}, ICD-O names (es)", dense(icdo, args.work / f"icdo_e5_{tag}", str(model)), test,
               train_spec=train, filters=("all",))
         if args.with_train_names:
             icdo_train = args.eval_indexes / "icdo_train.parquet"  # eval_all.py: ICD-O names + train mentions
@@ -152,8 +178,9 @@ def main() -> None:
             state["dictionary_with_train_names"] = describe(icdo_train)
             score("dense e5-small, ICD-O names + train mentions", dense(icdo_train, args.work / "icdo_train_e5", "e5-small"),
                   test, train_spec=train, filters=("all",))
-            score("dense e5-small + biosyn, ICD-O names + train mentions",
-                  dense(icdo_train, args.work / "icdo_train_e5_biosyn", str(model)), test, train_spec=train, filters=("all",))
+            score(f"dense e5-small + {tag}, ICD-O names + train mentions",
+                  dense(icdo_train, args.work / f"icdo_train_e5_{tag}", str(model)), test, train_spec=train,
+                  filters=("all",))
     else:
         hpo_dir = args.data / "hpo"
         hp_files = (sorted(hpo_dir.glob("hp.obo*")) + sorted(hpo_dir.glob("hp-*.babelon.tsv"))
@@ -236,6 +263,31 @@ def training_summary(model: Path) -> dict:
             "last_step_loss": steps[-1]["loss"] if steps else None}
 
 
+def curve(t: dict, path: Path) -> None:
+    """Dense Acc@1 of the watched (dev) mentions before each epoch and after the last: is more training worth it?"""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    points = [e["monitor_dense_acc1_before_epoch"] for e in t["epochs"]] + [t["extra"]["monitor_dense_acc1_after_training"]]
+    train = [e["train_dense_acc1_before_epoch"] for e in t["epochs"]]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(len(points)), [100 * p for p in points], marker="o", label="dev1 mentions (watched, not trained on)")
+    ax.plot(range(len(train)), [100 * p for p in train], marker="s", label="training queries")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("epochs trained")
+    ax.set_ylabel("dense Acc@1 vs ICD-O names (%)")
+    ax.set_title("BioSyn on all Cantemist train mentions: e5-small")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
 def write(out: Path, name: str, state: dict, reports, *, data: Path) -> None:
     state["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if (out / f"{name}.json").exists():  # another process (--index-only) may have timed other stages meanwhile
@@ -251,10 +303,12 @@ def write(out: Path, name: str, state: dict, reports, *, data: Path) -> None:
 
 def markdown(s: dict, reports) -> str:
     d, t = s["dictionary"], s.get("training", {})
-    title = {"cantemist": "Cantemist test: e5-small before / after BioSyn training (CPU-sized)",
+    title = {"cantemist": "Cantemist test: e5-small before / after BioSyn training "
+                          + ("on all train mentions" if s.get("full") else "(CPU-sized)"),
              "mantra": "Mantra GSC: e5-small before / after SapBERT-style training (CPU-sized)",
              "codiesp": "CodiEsp-D: e5-small before / after cross-lingual SapBERT-style training on HPO (CPU-sized)"}[s["part"]]
-    lines = [f"# {title}", "", f"Produced by `scripts/train_multilingual.py {s['part']}`. Acc@k in %; n = mentions.",
+    lines = [f"# {title}", "", f"Produced by `{s.get('command', 'scripts/train_multilingual.py ' + s['part'])}`. "
+             "Acc@k in %; n = mentions.",
              "", (f"Dictionary: {d['path']}, {d['names']:,} names of {d['concepts']:,} concepts; names per language "
                   f"{d['names_per_lang']}.")]
     if "dictionary_with_train_names" in s:
@@ -274,6 +328,16 @@ def markdown(s: dict, reports) -> str:
         lines += ["", "## Training run", "", f"Model {t['model']}; config {t['config']}; data {t['data']}.",
                   f"Training data: {t['extra']}.",
                   f"{t['steps']} steps; step loss {t['first_step_loss']} -> {t['last_step_loss']}; epochs {t['epochs']}."]
+        stopped = t["extra"].get("stopped_at_time_budget")
+        if stopped:
+            lines.append(f"Stopped by the time budget (--max-seconds) after step {stopped['step_in_epoch']} of "
+                         f"{stopped['steps_per_epoch']} of epoch {stopped['epoch']}.")
+        if t.get("monitor"):
+            watched = [e["monitor_dense_acc1_before_epoch"] for e in t["epochs"]]
+            watched.append(t["extra"]["monitor_dense_acc1_after_training"])
+            lines += ["", f"Training curve (`{s['report_name']}_curve.png`): dense Acc@1 of the watched `{t['monitor']}` "
+                          "mentions against the training dictionary (ICD-O names), after 0, 1, ... epochs: "
+                          + ", ".join(f"{100 * a:.2f}" for a in watched) + ". They are not trained on and choose nothing."]
     h = s["hardware"]
     lines += ["", (f"Hardware: {h['cpu_count']} CPU cores, no GPU (cuda: {h['gpu']}), torch {h['torch']} with "
                    f"{h['torch_threads']} thread(s) in the run that wrote this report. {h['note']}."),

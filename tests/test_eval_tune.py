@@ -78,11 +78,18 @@ def test_weight_scores_restore_the_weights_and_encode_queries_once(built, monkey
     encode = names.dense.encode_queries
     monkeypatch.setattr(names.dense, "encode_queries", lambda q: calls.append(len(q)) or encode(q))
     mentions = load_dataset(f"tsv:{built / 'dev.tsv'}")
-    scores = weight_scores(linker_, mentions, [(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)], ks=(1, 5))
+    scores = weight_scores(linker_, mentions, [(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)], ks=(1, 5),
+                           subsets={"first": [0], "all": range(len(mentions)), "none": []})
     assert len(calls) == 1 and calls[0] == len(DEV)  # one encoding for the whole grid
     assert (names.sparse_weight, names.dense_weight) == (1.0, 1.0)
     assert [s["sparse_weight"] for s in scores] == [0.0, 0.5, 1.0] and all(s["n"] == 6 for s in scores)
     assert all(0 <= s["acc1"] <= s["acc5"] <= 1 for s in scores)
+    for s in scores:  # subsets are scored from the same predictions
+        whole, first = s["subsets"]["all"], s["subsets"]["first"]
+        assert (whole["n"], whole["acc1"], whole["acc5"]) == (6, s["acc1"], s["acc5"])
+        assert first["n"] == 1 and first["acc1"] in (0.0, 1.0) and s["subsets"]["none"]["n"] == 0
+    alone = weight_scores(linker_, mentions[:1], [(w["sparse_weight"], w["dense_weight"]) for w in scores], ks=(1, 5))
+    assert [a["acc1"] for a in alone] == [s["subsets"]["first"]["acc1"] for s in scores]
 
 
 @pytest.mark.slow

@@ -176,3 +176,20 @@ def test_biosyn_resume_restores_model_optimizer_and_sparse_weight(tmp_path, tiny
     a = load_encoder(str(tmp_path / "straight")).encode(["alopecia", "vertigo"], role="query")
     b = load_encoder(str(tmp_path / "resumed")).encode(["alopecia", "vertigo"], role="query")
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_time_budget_stops_after_the_step_that_passes_it_and_saves(tmp_path, tiny_encoder_dir, biosyn_dict, capsys):
+    from linker.cli.main import main
+
+    out = tmp_path / "budget"
+    main(["train", "biosyn", "--train", TRAIN, "--dict", str(biosyn_dict), "--encoder", str(tiny_encoder_dir),
+          "--out", str(out), "--topk", "4", "--epochs", "3", "--batch-size", "8", "--threads", "1",
+          "--max-seconds", "1e-9"])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 1  # of 2 per epoch, 3 epochs asked
+    assert summary["stopped_at_time_budget"] == {"epoch": 1, "step_in_epoch": 1, "steps_per_epoch": 2}
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1] and len(metrics["steps"]) == 1
+    assert (out / "biosyn.json").is_file() and not (tmp_path / "budget.checkpoint").exists()
+    with pytest.raises(ConfigError, match="--max-seconds must be positive"):
+        BiosynConfig(max_seconds=0)

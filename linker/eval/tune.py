@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from linker.errors import ConfigError
@@ -53,11 +53,13 @@ def _hybrid(linker_):
 
 def weight_scores(linker_, mentions: Sequence[Mention], weights: Sequence[tuple[float, float]], *,
                   ks: Sequence[int] = (1,), composite: str = "all", query_lang: bool = False,
-                  gold_via_xref: str | None = None) -> list[dict]:
+                  gold_via_xref: str | None = None, subsets: Mapping[str, Sequence[int]] | None = None) -> list[dict]:
     """Acc@k of `mentions` with the loaded hybrid index at each (sparse_weight, dense_weight).
 
     The index's own weights are restored afterwards. Gold ids match as in `linker.eval.report`
-    (alternative ids from the concept table's xrefs).
+    (alternative ids from the concept table's xrefs). `subsets` (name -> mention indices, e.g. a
+    test filter's `linker.eval.filters.filter_indices`) are scored from the same predictions,
+    under ``entry["subsets"][name]``.
     """
     names = _hybrid(linker_)
     expand, _known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
@@ -71,13 +73,19 @@ def weight_scores(linker_, mentions: Sequence[Mention], weights: Sequence[tuple[
                 ranked = predict(linker_, mentions, max(ks), query_lang=query_lang, progress=False)
                 predicted = [tuple(r.ids for r in queries) for queries in ranked]
                 entry = {"sparse_weight": float(sparse), "dense_weight": float(dense), "n": len(mentions)}
-                for k in ks:
-                    hits = mention_hits(gold, predicted, k, composite=composite, expand=expand)
-                    entry[f"acc{k}"] = float(hits.mean()) if len(hits) else math.nan
+                hits = {k: mention_hits(gold, predicted, k, composite=composite, expand=expand) for k in ks}
+                entry.update({f"acc{k}": _mean(h) for k, h in hits.items()})
+                if subsets:
+                    entry["subsets"] = {name: {"n": len(rows), **{f"acc{k}": _mean(h[list(rows)]) for k, h in hits.items()}}
+                                        for name, rows in subsets.items()}
                 out.append(entry)
     finally:
         names.sparse_weight, names.dense_weight = saved
     return out
+
+
+def _mean(hits) -> float:
+    return float(hits.mean()) if len(hits) else math.nan
 
 
 def tune_sparse_weight(index_dir: str | Path, dataset_spec: str, *, grid: Sequence[float] = DEFAULT_GRID,

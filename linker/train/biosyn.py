@@ -61,6 +61,7 @@ class BiosynConfig:
     freeze_layers: int = 0  # Medical Crossing froze embeddings + 4 or 10 layers
     freeze_embeddings: bool = False
     max_queries: int | None = None  # train on a seeded sample of the (deduplicated) mentions
+    max_seconds: float | None = None  # time budget: stop after the step that passes it and save (CPU runs)
     seed: int = 0  # train.py --seed default 0
     device: str | None = None
     threads: int | None = None
@@ -77,6 +78,8 @@ class BiosynConfig:
                 f"need batch_size >= 1, epochs >= 1, lr > 0, max_length >= 4; found "
                 f"{self.batch_size}, {self.epochs}, {self.lr}, {self.max_length}"
             )
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ConfigError(f"--max-seconds must be positive, found {self.max_seconds}")
         if self.freeze_layers < 0 or (self.max_queries is not None and self.max_queries < 1):
             raise ConfigError(f"--freeze-layers must be >= 0 and --max-queries >= 1; found "
                               f"{self.freeze_layers}, {self.max_queries}")
@@ -330,6 +333,12 @@ def train_biosyn(
                 log.info("%s epoch %d step %d/%d: loss %.4f (%.0fs)", "biosyn", epoch + 1, step + 1, steps_per_epoch,
                          value, timer.seconds)
             bar.set_postfix(loss=f"{value:.4f}", w=f"{float(sparse_weight.detach()):.3f}")
+            if config.max_seconds is not None and timer.seconds > config.max_seconds:
+                metrics.extra["stopped_at_time_budget"] = {"epoch": epoch + 1, "step_in_epoch": step + 1,
+                                                           "steps_per_epoch": steps_per_epoch}
+                log.info("biosyn: time budget of %.0fs reached after step %d/%d of epoch %d; saving",
+                         config.max_seconds, step + 1, steps_per_epoch, epoch + 1)
+                break
         metrics.epochs.append({
             "epoch": epoch + 1,
             "mean_loss": round(sum(losses) / len(losses), 6) if losses else None,
@@ -341,6 +350,8 @@ def train_biosyn(
             "candidate_seconds": candidate_seconds,
             "seconds": timer.seconds,
         })
+        if "stopped_at_time_budget" in metrics.extra:
+            break
         state["epoch"] = epoch + 1
         if epoch + 1 < config.epochs:
             common.save_checkpoint(out, model, optimizer, state, metrics, {"sparse_weight": sparse_weight.detach()})
