@@ -101,8 +101,13 @@ def sample_part(names: list[str], encoder, n: int, repeats: int) -> dict:
         f"linker loop, bf16, {threads} threads": lambda: bf16.encode(sample, role="passage"),
         "linker loop, bf16, 1 thread": one_thread,
     }
+    compiled = bf16.compile()
+    contenders[f"linker loop, bf16 compiled, {threads} threads"] = lambda: compiled.encode(sample, role="passage")
     encoder.encode(sample[:32], role="passage")  # warm-up: first calls pay one-off kernel set-up
     bf16.encode(sample[:32], role="passage")
+    c = time.process_time()
+    compiled.encode(sample, role="passage")  # all of it: torch.compile may compile again for a batch shape it has not seen
+    warm_up_cpu = time.process_time() - c
     wall: dict[str, list[float]] = {label: [] for label in contenders}
     cpu: dict[str, list[float]] = {label: [] for label in contenders}
     vectors: dict[str, np.ndarray] = {}
@@ -117,10 +122,13 @@ def sample_part(names: list[str], encoder, n: int, repeats: int) -> dict:
             log.info("%s repeat %d: %.1f names/s, %.1f names per CPU-s (load %.1f)", label, repeat + 1, wall[label][-1],
                      cpu[label][-1], os.getloadavg()[0])
     reference = vectors["linker loop, fp32"]
+    compiled_label = f"linker loop, bf16 compiled, {threads} threads"
+    compile_cpu_seconds = round(warm_up_cpu - len(sample) / statistics.median(cpu[compiled_label]), 1)
     bf16.encode(sample, role="passage")
     stats = bf16.last_stats
     return {
         "names": len(sample), "repeats": repeats, "torch_threads": threads, "load_before": load_before, "load_after": _load(),
+        "compile_cpu_seconds": compile_cpu_seconds, "compiled": compiled.compiled,
         "padding": {"tokens": stats.tokens, "padded_tokens": stats.padded_tokens, "batches": stats.batches},
         "contenders": {
             label: {"names_per_s": [round(x, 1) for x in wall[label]], "median": round(statistics.median(wall[label]), 1),
@@ -132,21 +140,21 @@ def sample_part(names: list[str], encoder, n: int, repeats: int) -> dict:
     }
 
 
-def full_part(table: Path, work: Path) -> dict:
+def full_part(table: Path, work: Path, compile_choice: str = "auto") -> dict:
     from linker.index import build_index
     from linker.index.dense import DenseConfig
 
     load_before = _load()
     w, c = time.perf_counter(), time.process_time()
     manifest = build_index(table, kind="dense", out=work / "icd10cm_e5_auto", overwrite=True,
-                           config=DenseConfig(encoder="e5-small", precision="auto"))
+                           config=DenseConfig(encoder="e5-small", precision="auto", compile=compile_choice))
     w, c = time.perf_counter() - w, time.process_time() - c
     names = manifest["counts"]["names"]
     dense = manifest["dense"]
     return {"names": names, "seconds": round(w, 1), "cpu_seconds": round(c, 1), "names_per_s": round(names / w, 1),
             "names_per_cpu_s": round(names / c, 1), "encode_seconds": dense["encode_seconds"],
             "precision": {k: dense["precision"][k] for k in ("requested", "chosen")}, "check": dense["precision"].get("check"),
-            "encoding": dense["encoding"], "load_before": load_before, "load_after": _load()}
+            "encoding": dense["encoding"], "compile": compile_choice, "load_before": load_before, "load_after": _load()}
 
 
 def write_report(out: Path, data: dict) -> None:
@@ -174,7 +182,9 @@ def write_report(out: Path, data: dict) -> None:
             "## Encoding a sample, contenders alternating", "",
             f"`{s['command']}`: {s['names']:,} names (seeded sample), median of {s['repeats']} repeats; load {s['load_before']} before, "
             f"{s['load_after']} after. Length-sorted token-budget batches pad {s['padding']['padded_tokens']:,} tokens for "
-            f"{s['padding']['tokens']:,} ({s['padding']['batches']} batches).", "",
+            f"{s['padding']['tokens']:,} ({s['padding']['batches']} batches)."
+            + (f" Compiling (torch.compile, once per process) took {s['compile_cpu_seconds']:.0f} CPU-s"
+               f"{'' if s.get('compiled') else ' and FAILED (the row ran in eager mode)'}." if "compile_cpu_seconds" in s else ""), "",
             "| contender | names/s (median) | runs | names per CPU-s (median) | vs before (per CPU-s) | min cosine to fp32 |",
             "|---|---:|---|---:|---:|---:|",
         ]
@@ -190,7 +200,8 @@ def write_report(out: Path, data: dict) -> None:
             "## Full build", "",
             f"`{f['command']}`: all {f['names']:,} names, flat FAISS, precision {f['precision']['requested']} -> {f['precision']['chosen']}: "
             f"**{f['seconds']:,.0f} s ({f['seconds'] / 60:.1f} min)** wall, {f['cpu_seconds']:,.0f} CPU-seconds; "
-            f"{f['names_per_s']:,.1f} names/s, {f['names_per_cpu_s']:,.1f} names per CPU-second; encoding "
+            f"{f['names_per_s']:,.1f} names/s, {f['names_per_cpu_s']:,.1f} names per CPU-second; "
+            f"torch.compile {f.get('compile', 'auto')} -> {'compiled' if e.get('compiled') else 'eager'}; encoding "
             f"{f['encode_seconds']:,.0f} s; {e['padded_tokens']:,} padded tokens for {e['tokens']:,}, {e['truncated']} truncated. "
             f"Load {f['load_before']} before, {f['load_after']} after. The aim was under 3 minutes.", "",
         ]
@@ -203,6 +214,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=1000, help="names in the alternating sample (0 skips it)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-full", action="store_true", help="skip the full build")
+    parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"), help="torch.compile in the full build")
     parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_dense_build")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -228,7 +240,7 @@ def main() -> None:
     log.info("names: %s", data["names"])
     sample = sample_part(names, encoder, args.sample, args.repeats) if args.sample else None
     del encoder
-    full = None if args.no_full else full_part(table, work)
+    full = None if args.no_full else full_part(table, work, args.compile)
     path = args.out.with_suffix(".json")
     earlier = json.loads(path.read_text()) if path.exists() else {}
     for key, value in (("sample", sample), ("full", full)):

@@ -92,21 +92,36 @@ def throughput(args) -> dict:
         fp32 = load_encoder(encoder_name)
         contenders = {"fp32, sentence-transformers encode (before)": None}
         contenders.update({p: fp32.with_precision(p) for p in PRECISIONS})
+        contenders.update({f"{p} compiled": fp32.with_precision(p).compile() for p in ("fp32", "bf16")})
         runs: dict[str, list[float]] = {label: [] for label in contenders}
+        cpu_runs: dict[str, list[float]] = {label: [] for label in contenders}
         vectors: dict[str, np.ndarray] = {}
-        for label, encoder in contenders.items():  # warm-up: first calls pay one-off kernel set-up
-            run_one(fp32, encoder, names[:64])
+        compile_cpu: dict[str, float] = {}
+        for label, encoder in contenders.items():  # warm-up: first calls pay one-off kernel set-up (and compiling)
+            started = time.process_time()
+            # a compiled encoder warms up on all the names: torch.compile may compile again for a batch
+            # shape it has not seen (a last batch of one name), and that belongs to its one-off cost
+            run_one(fp32, encoder, names if label.endswith("compiled") else names[:64])
+            if label.endswith("compiled"):
+                compile_cpu[label] = time.process_time() - started
         for repeat in range(args.repeats):
             for label, encoder in contenders.items():
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 vectors[label] = run_one(fp32, encoder, names)
                 runs[label].append(len(names) / (time.perf_counter() - started))
-                log.info("%s %s repeat %d: %.0f names/s (load %.1f)", encoder_name, label, repeat + 1, runs[label][-1],
-                         os.getloadavg()[0])
+                cpu_runs[label].append(len(names) / (time.process_time() - cpu))
+                log.info("%s %s repeat %d: %.0f names/s, %.0f per CPU-s (load %.1f)", encoder_name, label, repeat + 1,
+                         runs[label][-1], cpu_runs[label][-1], os.getloadavg()[0])
         reference = vectors["fp32"]
+        for label in compile_cpu:  # the warm-up's CPU time beyond one ordinary run of the names
+            compile_cpu[label] = round(compile_cpu[label] - len(names) / statistics.median(cpu_runs[label]), 1)
         result["encoders"][encoder_name] = {
             label: {"names_per_s": [round(x, 1) for x in runs[label]], "median": round(statistics.median(runs[label]), 1),
-                    "min_cosine_to_fp32": round(float(np.min(np.sum(vectors[label] * reference, axis=1))), 6)}
+                    "names_per_cpu_s": [round(x, 1) for x in cpu_runs[label]],
+                    "median_per_cpu_s": round(statistics.median(cpu_runs[label]), 1),
+                    "min_cosine_to_fp32": round(float(np.min(np.sum(vectors[label] * reference, axis=1))), 6),
+                    **({"compile_cpu_seconds": compile_cpu[label], "compiled": contenders[label].compiled}
+                       if label in compile_cpu else {})}
             for label in contenders
         }
         result["encoders"][encoder_name]["_stats"] = contenders["fp32"].last_stats.to_dict()
@@ -276,31 +291,48 @@ def train(args) -> dict:
     small.write_text("\n".join(kept) + "\n", encoding="utf-8")
     small_table = work / "medic_small.parquet"
     build_dictionary([SourceSpec("tsv", (small,))], small_table, overwrite=True)
-    sap, biosyn = {p: [] for p in ("fp32", "bf16")}, {p: [] for p in ("fp32", "bf16")}
+    # Contenders: the code before issue 11 (fp32, torch's unfused Adam/AdamW), fp32 with the fused
+    # optimizer, and bf16 autocast with it (what `--precision auto` picks on this CPU).
+    import torch
+
+    from linker.train import common
+
+    fused_adam = common.adam
+
+    def unfused_adam(params, *, decoupled: bool, **options):
+        return (torch.optim.AdamW if decoupled else torch.optim.Adam)(params, **options)
+
+    contenders = {"fp32, unfused Adam (before)": ("fp32", unfused_adam), "fp32": ("fp32", fused_adam),
+                  "bf16": ("bf16", fused_adam)}
+    sap, biosyn = {c: [] for c in contenders}, {c: [] for c in contenders}
     load_before = os.getloadavg()
     for repeat in range(args.repeats):
-        for precision in ("fp32", "bf16"):
-            summary = train_sap(medic, encoder="minilm", out=work / f"sap_{precision}", overwrite=True,
-                                config=SapConfig(max_pairs=args.sap_pairs, batch_size=64, precision=precision))
-            sap[precision].append(summary["pairs_per_second"])
-            summary = train_biosyn(train_spec, small_table, encoder="minilm", out=work / f"biosyn_{precision}", overwrite=True,
-                                   config=BiosynConfig(epochs=1, max_queries=args.biosyn_queries, precision=precision))
-            metrics = json.loads((work / f"biosyn_{precision}" / "train_metrics.json").read_text())
+        for label, (precision, optimizer) in contenders.items():
+            common.adam = optimizer
+            try:
+                summary = train_sap(medic, encoder="minilm", out=work / "sap_run", overwrite=True,
+                                    config=SapConfig(max_pairs=args.sap_pairs, batch_size=64, precision=precision))
+                sap[label].append(summary["pairs_per_second"])
+                summary = train_biosyn(train_spec, small_table, encoder="minilm", out=work / "biosyn_run", overwrite=True,
+                                       config=BiosynConfig(epochs=1, max_queries=args.biosyn_queries, precision=precision))
+            finally:
+                common.adam = fused_adam
+            metrics = json.loads((work / "biosyn_run" / "train_metrics.json").read_text())
             steps = metrics["steps"]
             step_seconds = (steps[-1]["seconds"] - metrics["epochs"][0]["candidate_seconds"]) / len(steps)
-            biosyn[precision].append({"step_seconds": round(step_seconds, 3),
-                                      "candidate_seconds": metrics["epochs"][0]["candidate_seconds"]})
-            log.info("train %s repeat %d: sap %.1f pairs/s, biosyn %s", precision, repeat + 1, sap[precision][-1],
-                     biosyn[precision][-1])
+            biosyn[label].append({"step_seconds": round(step_seconds, 3),
+                                  "candidate_seconds": metrics["epochs"][0]["candidate_seconds"]})
+            log.info("train %s repeat %d: sap %.1f pairs/s, biosyn %s (load %.1f)", label, repeat + 1, sap[label][-1],
+                     biosyn[label][-1], os.getloadavg()[0])
     median = statistics.median
     return {
         "sap": {"pairs": args.sap_pairs, "batch": 64, "encoder": "minilm",
-                **{p: {"pairs_per_s": v, "median": round(median(v), 1)} for p, v in sap.items()}},
+                **{c: {"pairs_per_s": v, "median": round(median(v), 1)} for c, v in sap.items()}},
         "biosyn": {"queries": args.biosyn_queries, "batch": 16, "topk": 20, "encoder": "minilm",
                    "dictionary_names": _rows(small_table),
-                   **{p: {"runs": v, "median_step_seconds": round(median(r["step_seconds"] for r in v), 3),
+                   **{c: {"runs": v, "median_step_seconds": round(median(r["step_seconds"] for r in v), 3),
                           "median_candidate_seconds": round(median(r["candidate_seconds"] for r in v), 2)}
-                      for p, v in biosyn.items()}},
+                      for c, v in biosyn.items()}},
         "load_before": load_before, "load_after": os.getloadavg(),
     }
 
@@ -331,15 +363,21 @@ def write_report(out: Path, data: dict) -> None:
                   f"`{t['command']}`: {t['names']:,} MEDIC names (seeded sample) as passages, median of {t['repeats']} "
                   f"repeats; load {_load(t['load_before'])} before, {_load(t['load_after'])} after; "
                   f"{t['machine']['torch_threads']} torch threads, native precisions {', '.join(t['machine']['native_precisions'])}.", "",
-                  "| encoder | contender | names/s (median) | runs | vs fp32 before | min cosine to fp32 |", "|---|---|---|---|---|---|"]
+                  "| encoder | contender | names/s (median) | runs | vs fp32 before | names per CPU-s (median) | vs fp32 before, per CPU-s | min cosine to fp32 |",
+                  "|---|---|---|---|---|---|---|---|"]
         for name, rows in t["encoders"].items():
-            before = rows["fp32, sentence-transformers encode (before)"]["median"]
+            before_row = rows["fp32, sentence-transformers encode (before)"]
+            before, before_cpu = before_row["median"], before_row.get("median_per_cpu_s")
             for label, row in rows.items():
                 if label.startswith("_"):
                     continue
                 shown = label if "before" in label else f"{label}, linker loop"
+                if "compile_cpu_seconds" in row:
+                    shown += f" (compiling took {row['compile_cpu_seconds']:.0f} CPU-s{'' if row['compiled'] else '; FAILED, ran eager'})"
+                per_cpu = row.get("median_per_cpu_s")
+                cpu_cells = (f"{per_cpu:,.0f} | {per_cpu / before_cpu:.2f}x" if per_cpu and before_cpu else "- | -")
                 lines.append(f"| {name} | {shown} | {row['median']:,.0f} | {', '.join(f'{x:.0f}' for x in row['names_per_s'])} "
-                             f"| {row['median'] / before:.2f}x | {row['min_cosine_to_fp32']:.5f} |")
+                             f"| {row['median'] / before:.2f}x | {cpu_cells} | {row['min_cosine_to_fp32']:.5f} |")
         if "token_budget" in t:
             lines += ["", "Token budget per batch (names/s, median):", "",
                       "| encoder, precision | " + " | ".join(next(iter(t["token_budget"].values())).keys()) + " |",
@@ -374,19 +412,21 @@ def write_report(out: Path, data: dict) -> None:
     if "train" in data:
         t = data["train"]
         s, bio = t["sap"], t["biosyn"]
+        labels = [c for c in s if isinstance(s[c], dict)]  # contenders in run order (older runs: fp32, bf16)
         lines += ["## Training: fp32 vs bf16 autocast", "",
                   f"`{t['command']}`: minilm; SAP {s['pairs']} MEDIC pairs, batch {s['batch']}; BioSyn {bio['queries']} "
                   f"NCBI train mentions, batch {bio['batch']}, top-{bio['topk']}, one epoch over a MEDIC subset (the train "
                   f"mentions' concepts and a stride sample) of "
                   f"{bio['dictionary_names']:,} names. Alternating, median of the runs; load {_load(t['load_before'])} "
                   f"before, {_load(t['load_after'])} after.", "",
-                  "| measure | fp32 (before) | bf16 | speed-up |", "|---|---|---|---|",
-                  f"| SAP pairs/s | {s['fp32']['median']:.1f} | {s['bf16']['median']:.1f} | {s['bf16']['median'] / s['fp32']['median']:.2f}x |",
-                  f"| BioSyn seconds per step | {bio['fp32']['median_step_seconds']:.2f} | {bio['bf16']['median_step_seconds']:.2f} "
-                  f"| {bio['fp32']['median_step_seconds'] / bio['bf16']['median_step_seconds']:.2f}x |",
-                  f"| BioSyn dictionary + query re-encoding per epoch, s | {bio['fp32']['median_candidate_seconds']:.1f} "
-                  f"| {bio['bf16']['median_candidate_seconds']:.1f} "
-                  f"| {bio['fp32']['median_candidate_seconds'] / bio['bf16']['median_candidate_seconds']:.2f}x |", ""]
+                  "| measure | " + " | ".join(labels) + " | speed-up, last vs first |", "|---|" + "---|" * (len(labels) + 1),
+                  f"| SAP pairs/s | " + " | ".join(f"{s[c]['median']:.1f}" for c in labels)
+                  + f" | {s[labels[-1]]['median'] / s[labels[0]]['median']:.2f}x |",
+                  f"| BioSyn seconds per step | " + " | ".join(f"{bio[c]['median_step_seconds']:.2f}" for c in labels)
+                  + f" | {bio[labels[0]]['median_step_seconds'] / bio[labels[-1]]['median_step_seconds']:.2f}x |",
+                  f"| BioSyn dictionary + query re-encoding per epoch, s | "
+                  + " | ".join(f"{bio[c]['median_candidate_seconds']:.1f}" for c in labels)
+                  + f" | {bio[labels[0]]['median_candidate_seconds'] / bio[labels[-1]]['median_candidate_seconds']:.2f}x |", ""]
     with atomic_file(out.with_suffix(".md")) as tmp:
         tmp.write_text("\n".join(lines))
 

@@ -198,3 +198,86 @@ def test_dense_index_loads_with_a_given_encoder_of_another_precision(tmp_path, f
     loaded = DenseNameIndex.load(tmp_path, None, fp32.with_precision("bf16"))
     assert loaded.config.precision == "fp32" and loaded.encoder.precision == "bf16"
     assert loaded.search(["fever"], 1)[1][0, 0] == NAMES.index("fever")
+
+
+def test_compile_decision():
+    from linker.encoders import COMPILE_MIN_TEXTS, should_compile
+
+    assert not should_compile("auto", COMPILE_MIN_TEXTS - 1, "bf16")
+    assert should_compile("on", 3, "fp32") and not should_compile("off", 10**6, "bf16")
+    assert not should_compile("on", 10**6, "int8")  # quantised layers stay in eager mode
+    assert not should_compile("auto", 10**6, "bf16", device="cuda")
+    with pytest.raises(UnknownNameError, match="available: auto, off, on"):
+        should_compile("yes", 1, "fp32")
+    with pytest.raises(UnknownNameError):
+        DenseConfig(compile="always")
+
+
+def test_auto_compiles_large_builds_only_with_a_cxx_compiler(monkeypatch):
+    from linker import encoders
+    from linker.encoders import COMPILE_MIN_TEXTS
+
+    monkeypatch.setattr(encoders.shutil, "which", lambda name: None)
+    assert not encoders.should_compile("auto", COMPILE_MIN_TEXTS, "bf16")
+    monkeypatch.setattr(encoders.shutil, "which", lambda name: "/usr/bin/g++" if name == "g++" else None)
+    assert encoders.should_compile("auto", COMPILE_MIN_TEXTS, "bf16")
+
+
+def test_a_failed_compile_falls_back_to_eager_and_leaves_the_model_alone(fp32, monkeypatch, caplog):
+    import torch
+
+    from linker.encoders import transformer_module
+
+    def broken_compile(fn, **options):
+        def run(*args, **kwargs):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found\nmore detail")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    compiled = fp32.compile()
+    assert compiled.compiled and compiled.model is fp32.model  # shared, not copied
+    with caplog.at_level("WARNING", logger="linker.encoders"):
+        vectors = compiled.encode(NAMES, role="passage")
+    assert "torch.compile of encoder" in caplog.text and "eager mode" in caplog.text
+    assert not compiled.compiled  # for good: later encodes do not retry
+    np.testing.assert_allclose(vectors, fp32.encode(NAMES, role="passage"), atol=1e-6)
+    hf = transformer_module(fp32.model)
+    assert "forward" not in hf.__dict__ and hf.config._attn_implementation != "eager"
+    with pytest.raises(ConfigError, match="int8"):
+        fp32.with_precision("int8").compile()
+
+
+@pytest.mark.slow
+def test_a_compiled_encoder_matches_eager_and_follows_changed_weights(tiny_encoder_dir):
+    import torch
+
+    from linker.encoders import transformer_module
+
+    eager = load_encoder(str(tiny_encoder_dir), threads=1)
+    compiled = eager.with_precision("bf16").compile()
+    reference = eager.with_precision("bf16").encode(NAMES, role="query")
+    assert np.min(np.sum(compiled.encode(NAMES, role="query") * reference, axis=1)) > 0.999
+    assert compiled.compiled  # the compiled path ran (a failure would have turned it off)
+    hf = transformer_module(eager.model)
+    assert "forward" not in hf.__dict__  # the shared model is restored after each encode
+    with torch.no_grad():  # a training step changes the weights in place: the frozen graph must not be reused
+        hf.embeddings.word_embeddings.weight.mul_(-1.0)
+    changed = eager.with_precision("bf16").encode(NAMES, role="query")
+    assert np.min(np.sum(compiled.encode(NAMES, role="query") * changed, axis=1)) > 0.999
+    assert np.max(np.sum(changed * reference, axis=1)) < 0.999  # the change did move the vectors
+
+
+@pytest.mark.slow
+def test_cli_compile_option_is_recorded(tmp_path, tiny_encoder_dir, capsys):
+    _dense_index(tmp_path, tiny_encoder_dir, "fp32")  # writes the concept table
+    out = tmp_path / "compiled"
+    code, _, err = run(["index", "build", "--dict", str(tmp_path / "dict.parquet"), "--kind", "dense", "--encoder",
+                        str(tiny_encoder_dir), "--precision", "bf16", "--compile", "on", "--out", str(out)], capsys)
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dense"]["encoding"]["compiled"] is True
+    assert manifest["dense"]["precision"]["check"]["passed"]
+    assert json.loads((out / "dense" / "params.json").read_text())["config"]["compile"] == "on"
+    code, _, err = run(["index", "build", "--dict", str(tmp_path / "dict.parquet"), "--kind", "dense", "--encoder",
+                        str(tiny_encoder_dir), "--compile", "maybe", "--out", str(tmp_path / "y")], capsys)
+    assert code == 1 and "available: auto, off, on" in err and "Traceback" not in err

@@ -43,14 +43,14 @@ def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, n
 
 
 def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None,
-                  precision: str):
+                  precision: str, compile_choice: str):
     from linker.encoders import check_encoder_name
     from linker.index.dense import DenseConfig
 
     if encoder is not None:
         check_encoder_name(encoder)  # before the concept table is read
     options = {"encoder": encoder, "faiss_kind": faiss_index, "batch_size": batch_size, "threads": threads,
-               "precision": precision}
+               "precision": precision, "compile": compile_choice}
     return DenseConfig(**{key: value for key, value in options.items() if value is not None})
 
 
@@ -71,6 +71,7 @@ def build_cli(
     faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type (flat, hnsw, ivf-sq8, ivf-pq)."),
     batch_size: int = typer.Option(None, "--batch-size", help="dense/hybrid: most names per encoding batch (batches are filled by tokens)."),
     precision: str = typer.Option("auto", "--precision", help="dense/hybrid: auto, fp32, bf16 or int8; auto = the fastest this CPU runs natively that passes a check against fp32."),
+    compile_choice: str = typer.Option("auto", "--compile", help="dense/hybrid: torch.compile the encoder: auto (CPU builds of >= 20,000 names, with a C++ compiler), on or off."),
     sparse_weight: str = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score: a number (default 1), learned (BioSyn's, from the encoder folder's biosyn.json) or tuned (on --dev by `linker index tune`'s grid)."),
     dev: str = typer.Option(None, "--dev", help="hybrid with --sparse-weight tuned: dev mentions FORMAT:PATH[#OPTIONS] to tune on."),
     reranker: Path = typer.Option(None, "--reranker", help="Re-ranker folder (`linker train rerank`) to bind: copied in, used by default."),
@@ -79,7 +80,7 @@ def build_cli(
     if kind == "tfidf":
         config = _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search)
     elif kind == "dense":
-        config = _dense_config(encoder, faiss_index, batch_size, threads, precision)
+        config = _dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice)
     elif kind == "hybrid":
         from linker.index.hybrid import HybridConfig
 
@@ -87,7 +88,7 @@ def build_cli(
         if (sparse_weight == "tuned") != (dev is not None):
             raise ConfigError("--sparse-weight tuned needs --dev SPEC (the dev mentions to tune on), and --dev needs it")
         config = HybridConfig(tfidf=_tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search),
-                              dense=_dense_config(encoder, faiss_index, batch_size, threads, precision), **extra)
+                              dense=_dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice), **extra)
     else:
         config = None  # build_index names the valid kinds
     manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker, overwrite=overwrite)

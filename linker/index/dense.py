@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linker.encoders import TOKEN_BUDGET
+from linker.encoders import COMPILE_CHOICES, TOKEN_BUDGET, should_compile
 from linker.errors import ConfigError, IndexMismatchError, MissingInputError, UnknownNameError
 from linker.progress import bar
 from linker.fileio import native_read
@@ -64,6 +64,7 @@ class DenseConfig:
     batch_size: int = 512  # most names per batch; batches are filled by token_budget (linker.encoders)
     token_budget: int = TOKEN_BUDGET  # tokens per batch, padding included
     parity_sample: int = 512  # names encoded in fp32 and in the chosen precision to check it (0 = no check)
+    compile: str = "auto"  # torch.compile the encoder: auto (large CPU builds), on, off (linker.encoders)
     chunk_rows: int = 8192  # names encoded between two progress checkpoints (~12 MB at 384-d)
     faiss_kind: str = "flat"
     hnsw_m: int = 32  # the lead's 1M-name measurement: recall@1 0.9 at ~3k q/s
@@ -83,6 +84,8 @@ class DenseConfig:
         if self.faiss_kind not in FAISS_KINDS:
             raise UnknownNameError("FAISS index kind", self.faiss_kind, FAISS_KINDS)
         check_precision(self.precision, allow_none=False)
+        if self.compile not in COMPILE_CHOICES:
+            raise UnknownNameError("compile choice", self.compile, COMPILE_CHOICES)
         positive = {
             "batch_size": self.batch_size, "token_budget": self.token_budget, "chunk_rows": self.chunk_rows, "hnsw_m": self.hnsw_m,
             "hnsw_ef_construction": self.hnsw_ef_construction, "hnsw_ef_search": self.hnsw_ef_search,
@@ -187,6 +190,7 @@ def encode_names(
         "names_encoded": n - start_row, "resumed_at": start_row, "max_length": encoder.max_length, **totals,
         "tokenize_seconds": round(totals["tokenize_seconds"], 3),
         "names_per_second": round((n - start_row) / max(seconds, 1e-9), 1),
+        "compiled": bool(getattr(encoder, "compiled", False)),  # False also when compiling failed and eager ran
     }
     if totals["truncated"]:
         log.warning("%d of %d names were longer than the encoder's %d tokens and were truncated",
@@ -605,9 +609,12 @@ def precision_encoder(names: Sequence[str], config: DenseConfig):
     fp32 = load_encoder(config.encoder, threads=config.threads or None)
     wanted = resolve_precision(config.precision, device=fp32.device)
     record = {"requested": config.precision, "chosen": wanted, "native": list(native_precisions(fp32.device))}
+    compiled = should_compile(config.compile, len(names), wanted, fp32.device)
     if wanted == "fp32":
-        return fp32, record
+        return (fp32.compile() if compiled else fp32), record
     encoder = fp32.with_precision(wanted)
+    if compiled:  # the check below then runs (and compiles) the very path the names are encoded with
+        encoder = encoder.compile()
     if config.parity_sample:
         check = precision_check(names, fp32, encoder, config.parity_sample, config.seed)
         record["check"] = check

@@ -253,11 +253,12 @@ def train_biosyn(
     model.max_seq_length = config.max_length
     counts = common.freeze(model, embeddings=config.freeze_embeddings, layers=config.freeze_layers)
     # RerankNet: Adam over the encoder (weight decay 0.01) and the sparse weight (its own lr, no decay).
-    optimizer = torch.optim.Adam(
+    optimizer = common.adam(
         [
             {"params": [p for p in model.parameters() if p.requires_grad]},
             {"params": [sparse_weight], "lr": config.sparse_lr, "weight_decay": 0.0},
         ],
+        decoupled=False,
         lr=config.lr,
         weight_decay=config.weight_decay,
     )

@@ -120,6 +120,19 @@ def freeze(model, *, embeddings: bool, layers: int) -> dict:
     return {"parameters": total, "trainable": trainable, "frozen_layers": layers, "frozen_embeddings": bool(frozen_parts)}
 
 
+def adam(params, *, decoupled: bool, **options) -> torch.optim.Optimizer:
+    """Adam (`decoupled=False`) or AdamW with torch's fused kernel where this torch has one for the
+    parameters' device: one pass over all parameters instead of a dozen element-wise ops per
+    tensor. Measured on all-MiniLM-L6-v2's 22.7M parameters, 2 threads: 0.02 s per step fused,
+    0.14 s unfused (scripts/bench_encode.py --part train times whole steps). Same update rule, so
+    checkpoints of either kind resume in the other."""
+    kind = torch.optim.AdamW if decoupled else torch.optim.Adam
+    try:
+        return kind(params, fused=True, **options)
+    except (RuntimeError, ValueError, TypeError):  # a device or dtype without the fused kernel
+        return kind(params, **options)
+
+
 def embed(model, texts: Sequence[str], device: str) -> torch.Tensor:
     """(len(texts), dim) sentence embeddings *with* gradients, through the model's own pooling."""
     # sentence-transformers 6 renamed tokenize() to preprocess(); older versions have only tokenize().

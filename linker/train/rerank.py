@@ -263,7 +263,7 @@ def train_rerank(
     else:
         model = init_cross_encoder(encoder, device=device, precision=precision, seed=config.seed)
     params = [p for p in model.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = common.adam(params, decoupled=True, lr=config.lr, weight_decay=config.weight_decay)
     if resume:
         common.restore_optimizer(optimizer, tensors, param_groups)
 

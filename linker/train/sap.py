@@ -170,7 +170,7 @@ def train_sap(
     model.max_seq_length = config.max_length
     counts = common.freeze(model, embeddings=config.freeze_embeddings, layers=config.freeze_layers)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = common.adam(params, decoupled=True, lr=config.lr, weight_decay=config.weight_decay)
     if resume_from is not None:
         common.restore_optimizer(optimizer, resume_from[1], resume_from[2])
 
