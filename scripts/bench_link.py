@@ -53,6 +53,9 @@ TFIDF_VARIANTS = [
 FOCUS_VARIANTS = ("exact", "approximate, candidate_df 0.05", "maxscore, names (first fetch 2/concept, widening)",
                   "maxscore, top-k concepts in one search")
 MAXSCORE_DEFAULT = "maxscore, top-k concepts in one search"  # what `search auto` runs above exact_max_names
+# `--part`: the full run in pieces. tf-idf rows per (dictionary, setting); "others": the dense,
+# hybrid and MEDIC rows.
+PARTS = ("default-old", "default-new", "generated-old", "generated-new", "others")
 # Qualifiers that turn one dictionary name into new, plausible names ("acute chest pain").
 PREFIXES = ("acute", "chronic", "recurrent", "severe", "mild", "congenital", "bilateral")
 SUFFIXES = ("left", "right", "unspecified", "in remission", "with complication", "of childhood")
@@ -90,7 +93,7 @@ def stage_build(args) -> dict:
     elif args.kind == "hybrid":
         config = HybridConfig(dense=dense)
     started, cpu = time.perf_counter(), time.process_time()
-    manifest = build_index(args.dict, kind=args.kind, out=args.out, config=config)
+    manifest = build_index(args.dict, kind=args.kind, out=args.out, config=config, overwrite=True)  # its own work dir
     files = manifest["files"]
     return {"build_s": round(time.perf_counter() - started, 2), "build_cpu_s": round(time.process_time() - cpu, 2),
             "peak_mib": peak_mib(), "names": manifest["counts"]["names"], "concepts": manifest["counts"]["concepts"],
@@ -128,19 +131,28 @@ def stage_link(args) -> dict:
     if variant:
         apply_variant(linker, variant)
     tfidf_config = getattr(linker.index.names, "config", None)
-    linker.link(queries[:20], k=K)  # warm-up: lazy imports, encoder first call
+    # warm-up: lazy imports, encoder first call; for tf-idf all the queries, so that the Linker's caches
+    # (preferred names of the concepts found) are as full for the 1-thread call as for the 2-thread call
+    linker.link(queries if linker.index.kind == "tfidf" else queries[:20], k=K)
     cpu_per_mention = None
-    if linker.index.kind == "tfidf":
-        # One thread, CPU seconds: what one core does, however loaded the machine (two such workers
-        # are what two dedicated cores give). Then the batch as a user runs it, two threads, wall time.
-        linker.index.names.config = dataclasses.replace(tfidf_config, threads=1)
-        cpu = time.process_time()
-        linker.link(queries, k=K)
-        cpu_per_mention = (time.process_time() - cpu) / len(queries)
-        linker.index.names.config = tfidf_config
-    started = time.perf_counter()
-    results = linker.link(queries, k=K)
-    batch_s = time.perf_counter() - started
+    one_thread_cpu, two_wall, two_cpu = [], [], []
+    # Alternated `repeats` times, medians reported: one thread, CPU seconds (what one core does, however
+    # loaded the machine; two such workers are what two dedicated cores give), then the batch as a user
+    # runs it, the index's two threads, wall time and CPU seconds of both.
+    for _ in range(args.repeats):
+        if linker.index.kind == "tfidf":
+            linker.index.names.config = dataclasses.replace(tfidf_config, threads=1)
+            cpu = time.process_time()
+            linker.link(queries, k=K)
+            one_thread_cpu.append(time.process_time() - cpu)
+            linker.index.names.config = tfidf_config
+        started, cpu = time.perf_counter(), time.process_time()
+        results = linker.link(queries, k=K)
+        two_wall.append(time.perf_counter() - started)
+        two_cpu.append(time.process_time() - cpu)
+    if one_thread_cpu:
+        cpu_per_mention = float(np.median(one_thread_cpu)) / len(queries)
+    batch_s, batch_cpu_s = float(np.median(two_wall)), float(np.median(two_cpu))
     latencies = []
     for query in queries[: args.latency_queries]:
         started = time.perf_counter()
@@ -152,6 +164,10 @@ def stage_link(args) -> dict:
         "queries": len(queries),
         "mentions_per_s": round(len(queries) / batch_s, 1),
         "mentions_per_cpu_s": round(1 / cpu_per_mention, 1) if cpu_per_mention else None,
+        # the 2-thread call's CPU seconds (both threads): equal to the 1-thread figure when threading adds no work
+        "mentions_per_cpu_s_2_threads": round(len(queries) / batch_cpu_s, 1),
+        "repeats": {"one_thread_cpu_s": [round(x, 3) for x in one_thread_cpu],
+                    "two_threads_wall_s": [round(x, 3) for x in two_wall], "two_threads_cpu_s": [round(x, 3) for x in two_cpu]},
         "exact": getattr(linker.index.names, "exact", True),
         "p50_ms": round(float(np.percentile(latencies_ms, 50)), 2),
         "p99_ms": round(float(np.percentile(latencies_ms, 99)), 2),
@@ -305,6 +321,7 @@ def main() -> None:
     parser.add_argument("--preset", default="", help="build: a tf-idf preset (default: the default setting)")
     parser.add_argument("--variant", default="", help="link: JSON of a tf-idf speed lever (see TFIDF_VARIANTS)")
     parser.add_argument("--latency-queries", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3, help="link: timed batches per thread count (medians)")
     parser.add_argument("--baseline-queries", type=int, default=100)
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "bench")
     parser.add_argument("--report", type=Path, default=ROOT / "eval" / "bench_link")
@@ -318,6 +335,9 @@ def main() -> None:
     parser.add_argument("--focus", action="store_true",
                         help="only the new default's exact, approximate 0.05 and maxscore searches; no baselines, "
                              "no other indexes (a short run on a loaded machine)")
+    parser.add_argument("--part", action="append", choices=PARTS,
+                        help="run only this part (repeatable) and merge its rows into the existing --report JSON, "
+                             "so that a full run can be split over several shorter sittings: " + ", ".join(PARTS))
     parser.add_argument("--render", type=Path, help="only rewrite the Markdown from this JSON report")
     args = parser.parse_args()
     if args.render:
@@ -336,12 +356,12 @@ def main() -> None:
         args.dense_latency_queries = 10
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), load()
     report: dict = {
         "command": " ".join(["scripts/bench_link.py", *sys.argv[1:]]),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_at_start": load()},
+                    "load_at_start": load_at_start},
         "k": K,
         "dense_names": args.dense_names,
         "focus": args.focus,
@@ -352,12 +372,16 @@ def main() -> None:
     queries_path.write_text(json.dumps([m.text for m in mentions]))
     report["queries"] = {"source": "NCBI-disease test mentions", "count": len(mentions)}
 
+    parts = ["default-new", "generated-new"] if args.focus else (args.part or list(PARTS))
     runs = []
     # tf-idf at 150k and 1M names: the old default (now the medical-crossing preset) and the new one,
     # each searched with every speed lever, in one run; agreement is with the same index's exact search.
     report["tfidf_variants"] = {name: variant for name, variant in TFIDF_VARIANTS}
     for dict_name in ("default", "generated"):
-        for setting, preset in TFIDF_SETTINGS[1:] if args.focus else TFIDF_SETTINGS:
+        for setting, preset in TFIDF_SETTINGS:
+            part = f"{dict_name}-{'old' if preset else 'new'}"
+            if part not in parts:
+                continue
             out = work / f"{dict_name}-tfidf-{preset or 'default'}"
             build = run_stage("build", dict=dictionaries[dict_name], kind="tfidf", out=out, preset=preset)
             exact_top = None
@@ -365,10 +389,10 @@ def main() -> None:
                 if args.focus and variant_name not in FOCUS_VARIANTS:
                     continue
                 link = run_stage("link", index=out, queries=queries_path, latency_queries=args.latency_queries,
-                                 variant=json.dumps(variant))
+                                 variant=json.dumps(variant), repeats=args.repeats)
                 if variant_name == "exact":
                     exact_top = link["top"]
-                row = {"dictionary": dict_name, "kind": "tfidf", "setting": setting, "search": variant_name,
+                row = {"part": part, "dictionary": dict_name, "kind": "tfidf", "setting": setting, "search": variant_name,
                        "build": build, "link": {k: v for k, v in link.items() if k != "top"},
                        "same_top1_as_exact": agreement(link["top"], exact_top),
                        "same_top5_as_exact": round(float(np.mean([a == b for a, b in zip(link["top"], exact_top)])), 4)}
@@ -377,23 +401,35 @@ def main() -> None:
                 runs[-1]["baselines"] = run_stage("baselines", index=out, queries=queries_path,
                                                   baseline_queries=args.baseline_queries,
                                                   wratio_budget=args.wratio_budget)
-    plan = [] if args.focus else [("default_subset", "tfidf")]
-    if not args.no_dense and not args.focus:
+    others = "others" in parts
+    plan = [("default_subset", "tfidf")] if others else []
+    if not args.no_dense and others:
         plan += [("default_subset", "dense"), ("default_subset", "hybrid")]
-    plan += [] if args.focus else [("medic", "tfidf")]
-    plan += ([("medic", "dense"), ("medic", "hybrid")] if args.medic_dense else [])
+    plan += [("medic", "tfidf")] if others else []
+    plan += ([("medic", "dense"), ("medic", "hybrid")] if args.medic_dense and others else [])
     for dict_name, kind in plan:
         out = work / f"{dict_name}-{kind}"
         build = run_stage("build", dict=dictionaries[dict_name], kind=kind, out=out, encoder=args.encoder)
         latency = args.latency_queries if kind == "tfidf" else args.dense_latency_queries
-        link = run_stage("link", index=out, queries=queries_path, latency_queries=latency)
-        row = {"dictionary": dict_name, "kind": kind, "setting": "new default" if kind != "dense" else "",
+        link = run_stage("link", index=out, queries=queries_path, latency_queries=latency, repeats=args.repeats)
+        row = {"part": "others", "dictionary": dict_name, "kind": kind, "setting": "new default" if kind != "dense" else "",
                "search": "default", "build": build, "link": {k: v for k, v in link.items() if k != "top"}}
         if dict_name == "medic":
             row["acc_at_1"] = acc_at_1(link["top"], mentions)
         runs.append(row)
     report["runs"] = runs
     report["seconds"] = round(time.perf_counter() - started, 1)
+    if args.part:  # merge into the report of the other parts
+        done = {"command": report["command"], "date": report["date"], "load_at_start": load_at_start,
+                "seconds": report["seconds"]}
+        previous = json.loads(args.report.with_suffix(".json").read_text()) \
+            if args.report.with_suffix(".json").exists() else {}
+        if "parts" not in previous:  # a whole run's report (or none): the parts start afresh
+            previous = {"runs": [], "parts": {}}
+        kept = [r for r in previous["runs"] if r.get("part") not in args.part]
+        report["runs"] = sorted(kept + runs, key=lambda r: PARTS.index(r.get("part", "others")))
+        report["parts"] = {**previous.get("parts", {}), **{part: done for part in args.part}}
+        report["parts"] = {part: report["parts"][part] for part in PARTS if part in report["parts"]}
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     args.report.with_suffix(".md").write_text(markdown(report, args) + "\n")
@@ -409,21 +445,27 @@ def default_search(names: int) -> str:
 
 
 def markdown(report: dict, args) -> str:
+    if report.get("parts"):  # `--part` runs merged into one report
+        origin = "Generated in parts, each merged into this report: " + "; ".join(
+            f"`{p['command']}` on {p['date']} ({p['seconds']:.0f} s, load average at start {p['load_at_start']})"
+            for p in report["parts"].values()) + f"; {report['machine']['cpus']} CPUs shared with other jobs"
+    else:
+        origin = (f"Generated by `{report.get('command', 'scripts/bench_link.py')}` on {report['date']}; "
+                  f"{report['machine']['cpus']} CPUs shared with other jobs (load average at start "
+                  f"{report['machine']['load_at_start']})")
     lines = [
         "# Linking benchmark",
         "",
-        f"Generated by `{report.get('command', 'scripts/bench_link.py')}` on {report['date']}; "
-        f"{report['machine']['cpus']} CPUs shared with other jobs (load average at start "
-        f"{report['machine']['load_at_start']}; per-stage load in the tables and bench_link.json). k = {report['k']}. "
+        f"{origin}; per-stage load in the tables and bench_link.json. k = {report['k']}. "
         f"Queries: {report['queries']['count']} {report['queries']['source']}. Every stage runs in its own "
         "process; peak memory is that process's maximum resident set size.",
         "",
         "## tf-idf at 150k and 1M names: settings and speed levers",
         "",
         "| dictionary | names | setting | search | build s | build CPU s | build peak MiB | matrix MiB | "
-        "mentions/s (2 threads) | mentions/CPU-s (1 thread) | p50 ms | p99 ms | same top-1 as exact | "
-        "same top-5 as exact | load |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "mentions/s (2 threads) | mentions/CPU-s (2 threads) | mentions/CPU-s (1 thread) | p50 ms | p99 ms | "
+        "same top-1 as exact | same top-5 as exact | load |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     tfidf_rows = [r for r in report["runs"] if "same_top1_as_exact" in r]
     for run in tfidf_rows:
@@ -433,7 +475,7 @@ def markdown(report: dict, args) -> str:
         lines.append(
             f"| {run['dictionary']} | {b['names']:,} | {run['setting']} | {run['search']}{marker} | {b['build_s']} | "
             f"{b['build_cpu_s']} | {b['peak_mib']:,} | {b['matrix_mib']} | {link['mentions_per_s']} | "
-            f"{link['mentions_per_cpu_s']} | {link['p50_ms']} | {link['p99_ms']} | {run['same_top1_as_exact']:.3f} | "
+            f"{link.get('mentions_per_cpu_s_2_threads', '')} | {link['mentions_per_cpu_s']} | {link['p50_ms']} | {link['p99_ms']} | {run['same_top1_as_exact']:.3f} | "
             f"{run['same_top5_as_exact']:.3f} | "
             f"{link['load_before']}-{link['load_after']} |")
     lines += [
@@ -441,8 +483,10 @@ def markdown(report: dict, args) -> str:
         "*build s / build CPU s*: wall and CPU seconds of `build_index` (CPU time is what the other jobs on the "
         "machine do not inflate, or far less). *matrix MiB*: the saved name matrix, the floor of the build's "
         "memory; *build peak MiB* includes the interpreter, the concept table and the names. *mentions/s*: one "
-        "`Linker.link` call over all queries with the index's 2 threads, wall time; *mentions/CPU-s*: the same call "
-        "with 1 thread, per CPU second (two such workers is what 2 dedicated cores give). *p50/p99*: one mention "
+        "`Linker.link` call over all queries with the index's 2 threads, wall time (on cores shared with the load "
+        "shown, so below what 2 free cores give); *mentions/CPU-s (2 threads)*: that call's mentions per CPU second "
+        "of both threads (equal to the 1-thread figure when the threads add no work); *mentions/CPU-s (1 thread)*: "
+        "the same call with 1 thread, per CPU second (two such workers is what 2 dedicated cores give). *p50/p99*: one mention "
         "per call. *same top-1 as exact*: share of queries whose top-1 concept (or absence of one) is that of the "
         "same index searched exactly; *same top-5*: the same 5 concepts in the same order. Levers: "
         "*sparse-dot-topn lower bound*: `threshold=0.2`, scores below it never "
