@@ -2,8 +2,10 @@
 
     .venv/bin/python scripts/bench_link.py                 # full run, writes eval/bench_link.{md,json}
     .venv/bin/python scripts/bench_link.py --quick         # small sizes, a smoke test of the script
-    .venv/bin/python scripts/bench_link.py --focus --report eval/bench_link_maxscore
+    .venv/bin/python scripts/bench_link.py --focus --report eval/bench_link_focus
                                  # the new default's searches only (exact, approximate, maxscore): a short run
+    .venv/bin/python scripts/bench_link.py --part generated-new   # one part of the full run, merged into
+                                 # eval/bench_link.{md,json} (parts: see --help); the others keep their rows
 
 Dictionaries: (a) the embedded default dictionary (`linker dict build --source default`:
 ICD-10-CM + English HPO), (b) a generated dictionary of ~1M names (every default name with
