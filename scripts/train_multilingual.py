@@ -273,10 +273,14 @@ def curve(t: dict, path: Path) -> None:
 
     points = [e["monitor_dense_acc1_before_epoch"] for e in t["epochs"]] + [t["extra"]["monitor_dense_acc1_after_training"]]
     train = [e["train_dense_acc1_before_epoch"] for e in t["epochs"]]
+    x = list(range(len(points)))
+    stopped = t["extra"].get("stopped_at_time_budget")
+    if stopped:  # the last epoch ended early: its point sits at the share of that epoch trained
+        x[-1] = x[-2] + stopped["step_in_epoch"] / stopped["steps_per_epoch"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(len(points)), [100 * p for p in points], marker="o", label="dev1 mentions (watched, not trained on)")
+    ax.plot(x, [100 * p for p in points], marker="o", label="dev1 mentions (watched, not trained on)")
     ax.plot(range(len(train)), [100 * p for p in train], marker="s", label="training queries")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=not stopped))
     ax.set_xlabel("epochs trained")
     ax.set_ylabel("dense Acc@1 vs ICD-O names (%)")
     ax.set_title("BioSyn on all Cantemist train mentions: e5-small")
@@ -336,7 +340,7 @@ def markdown(s: dict, reports) -> str:
             watched = [e["monitor_dense_acc1_before_epoch"] for e in t["epochs"]]
             watched.append(t["extra"]["monitor_dense_acc1_after_training"])
             lines += ["", f"Training curve (`{s['report_name']}_curve.png`): dense Acc@1 of the watched `{t['monitor']}` "
-                          "mentions against the training dictionary (ICD-O names), after 0, 1, ... epochs: "
+                          "mentions against the training dictionary (ICD-O names), before each epoch and after the last: "
                           + ", ".join(f"{100 * a:.2f}" for a in watched) + ". They are not trained on and choose nothing."]
     h = s["hardware"]
     lines += ["", (f"Hardware: {h['cpu_count']} CPU cores, no GPU (cuda: {h['gpu']}), torch {h['torch']} with "
