@@ -361,15 +361,22 @@ class Encoder:
         """One forward pass; a compiled pass that fails falls back to eager mode for good."""
         if not self.compiled:
             return self.model(features)["sentence_embedding"]
+        import torch
+
+        single = features["input_ids"].shape[0] == 1
+        if single:  # torch.compile specialises size-1 dimensions: a one-text batch would cost a second compile
+            features = {k: torch.cat([v, v]) if torch.is_tensor(v) and v.dim() else v for k, v in features.items()}
         try:
-            return self.model(dict(features))["sentence_embedding"]
+            vectors = self.model(dict(features))["sentence_embedding"]
+            return vectors[:1] if single else vectors
         except Exception as exc:  # inductor raises many kinds (no compiler, lowering errors)
             log.warning("torch.compile of encoder %s failed (%s: %s); encoding in eager mode",
                         self.spec.name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             self.compiled = False
             hf = transformer_module(self.model)
             hf.__dict__.pop("forward", None)
-            return self.model(features)["sentence_embedding"]
+            vectors = self.model(features)["sentence_embedding"]
+            return vectors[:1] if single else vectors
 
     def with_precision(self, precision: str) -> Encoder:
         """The same model in another concrete precision (int8 quantises a copy; fp32/bf16 share it)."""

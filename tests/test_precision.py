@@ -258,6 +258,12 @@ def test_a_compiled_encoder_matches_eager_and_follows_changed_weights(tiny_encod
     reference = eager.with_precision("bf16").encode(NAMES, role="query")
     assert np.min(np.sum(compiled.encode(NAMES, role="query") * reference, axis=1)) > 0.999
     assert compiled.compiled  # the compiled path ran (a failure would have turned it off)
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    single = compiled.encode(NAMES[:1], role="query")  # a one-text batch must not compile a second graph
+    assert counters["stats"]["unique_graphs"] == graphs and single.shape == (1, reference.shape[1])
+    assert float(single[0] @ reference[0]) > 0.999
     hf = transformer_module(eager.model)
     assert "forward" not in hf.__dict__  # the shared model is restored after each encode
     with torch.no_grad():  # a training step changes the weights in place: the frozen graph must not be reused
