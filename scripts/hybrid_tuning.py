@@ -52,6 +52,7 @@ from linker.index.hybrid import DEFAULT_SPARSE_WEIGHT, HybridConfig
 from linker.index.manifest import read_manifest
 from linker.index.tfidf import TfidfConfig
 from linker.text import icd10cm_code
+from stages import Stages  # scripts/stages.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("hybrid_tuning")
@@ -149,17 +150,8 @@ def main() -> None:
     cfg = setup(args.part, args.data, args.work)
     work = args.work / args.part
     work.mkdir(parents=True, exist_ok=True)
-    previous = args.out / f"{name}.json"  # a resumed run keeps the timings of the stages it skips
-    timings: dict[str, float] = json.loads(previous.read_text())["stage_seconds"] if previous.exists() else {}
-
-    def stage(label: str, done: bool, fn) -> None:
-        if done and not args.rebuild:
-            log.info("stage %s: output exists, skipped", label)
-            return
-        started = time.perf_counter()
-        fn()
-        timings[label] = round(time.perf_counter() - started, 1)
-        log.info("stage %s: %.0fs (load %s)", label, timings[label], os.getloadavg())
+    stage = Stages(args.out / f"{name}.json", rebuild=args.rebuild)  # a resumed run keeps the timings of the stages it skips
+    timings = stage.seconds
 
     dictionary = work / "dictionary_train.parquet"
     stage("dictionary", dictionary.exists(), lambda: build_dictionary_with_train_names(cfg, dictionary))

@@ -31,7 +31,6 @@ import logging
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -46,6 +45,7 @@ from linker.index.hybrid import HybridConfig
 from linker.index.tfidf import TfidfConfig
 from linker.train.biosyn import SPARSE_WEIGHT_FILE, BiosynConfig, train_biosyn
 from linker.train.sap import SapConfig, train_sap
+from stages import Stages  # scripts/stages.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("ncbi_biosyn")
@@ -76,18 +76,8 @@ def main() -> None:
     test_spec = f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}{prep}"
     train_specs = [f"pubtator:{ncbi / name}{prep}" for name in ("NCBItrainset_corpus.txt", "NCBIdevelopset_corpus.txt")]
     medic_txt = ncbi / "medic_06Jul2012.txt"  # its OMIM ids become xrefs: alternatives of the MeSH disease
-    previous_path = args.out / f"{args.report_name}.json"
-    previous = json.loads(previous_path.read_text()) if previous_path.exists() else {}
-    timings: dict[str, float] = dict(previous.get("stage_seconds", {}))
-
-    def stage(name: str, done: bool, fn) -> None:
-        if done and not args.rebuild:
-            log.info("stage %s: output exists, skipped", name)
-            return
-        started = time.perf_counter()
-        fn()
-        timings[name] = round(time.perf_counter() - started, 1)
-        log.info("stage %s: %.0fs (load %s)", name, timings[name], os.getloadavg())
+    stage = Stages(args.out / f"{args.report_name}.json", rebuild=args.rebuild)  # keeps skipped stages' timings
+    timings = stage.seconds
 
     medic = work / "medic.parquet"
     stage("dictionary_medic", medic.exists(), lambda: build_dictionary([SourceSpec("tsv", (medic_txt,))], medic))

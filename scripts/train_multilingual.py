@@ -57,6 +57,7 @@ from linker.eval.datasets import load_dataset
 from linker.train import common
 from linker.train.biosyn import BiosynConfig, train_biosyn
 from linker.train.sap import SapConfig, train_sap
+from stages import Stages  # scripts/stages.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("train_multilingual")
@@ -106,21 +107,8 @@ def main() -> None:
                           "torch": torch.__version__, "gpu": torch.cuda.is_available(),
                           "note": "2 CPU cores shared with other jobs (a CI check and a second training script "
                                   "ran beside it); times are wall-clock under that load"}}
-    previous = args.out / f"{name}.json"
-    if previous.exists():  # keep the timings of stages a re-run skips
-        old = json.loads(previous.read_text())
-        state["stage_seconds"].update(old.get("stage_seconds", {}))
-        state["load_average_after_stage"].update(old.get("load_average_after_stage", {}))
-
-    def stage(label: str, done: bool, fn) -> None:
-        if done:
-            log.info("stage %s: output exists, skipped", label)
-            return
-        started = time.perf_counter()
-        fn()
-        state["stage_seconds"][label] = round(time.perf_counter() - started, 1)
-        state["load_average_after_stage"][label] = [round(x, 2) for x in os.getloadavg()]
-        log.info("stage %s: %.0fs (load %s)", label, state["stage_seconds"][label], state["load_average_after_stage"][label])
+    stage = Stages(args.out / f"{name}.json")  # keeps the timings of stages a re-run skips
+    state["stage_seconds"], state["load_average_after_stage"] = stage.seconds, stage.load_after
 
     def dense(dict_path: Path, folder: Path, encoder: str) -> Path:
         if args.index_only and (encoder == "e5-small") != (args.index_only == "base"):
