@@ -200,6 +200,21 @@ def test_fuzz_raw_bytes_never_5xx(client, raw):
 # ----------------------------------------------------------------------------- a real server process
 
 
+def _wait_until_serving(proc: subprocess.Popen, base: str, seconds: float) -> None:
+    """Poll /health until the server answers; fail with its output if it exits or takes longer."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not start: {proc.stdout.read().decode(errors='replace')}")
+        time.sleep(0.2)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -215,17 +230,7 @@ def server(indexes):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start: {proc.stdout.read().decode(errors='replace')}")
-        time.sleep(0.2)
+    _wait_until_serving(proc, base, 60)
     yield base
     proc.terminate()
     try:
@@ -395,17 +400,7 @@ def test_real_server_on_a_dense_index_answers_concurrent_requests_like_the_linke
                              "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300  # torch's import alone takes minutes on a loaded CPU
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"server did not start: {proc.stdout.read().decode(errors='replace')}")
-            time.sleep(0.2)
+        _wait_until_serving(proc, base, 300)  # torch's import alone takes minutes on a loaded CPU
         # sizes 1..9 from rotating offsets: every request shares the batcher's calls with others
         requests = [[(i + j) % len(texts) for j in range(1 + i % len(texts))] for i in range(36)]
         with httpx.Client(base_url=base, timeout=60) as http, ThreadPoolExecutor(max_workers=12) as pool:
