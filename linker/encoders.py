@@ -267,9 +267,10 @@ SMALL_BATCH_TOKENS = 256
 # products (GELU, layer norm, residual adds, the bf16 casts of the weights) is fused or folded once
 # ("freezing" treats the weights as constants), and attention runs as plain matmul + softmax, which
 # the compiler fuses, instead of the CPU flash-attention kernel that is slow on 10-40-token names
-# (18% of an e5-small bf16 forward in a profile). Measured on ICD-10-CM names, e5-small bf16, one
-# process alternating: ~1.5x names per CPU-second (eval/bench_encode.md). Compiling costs ~30 CPU-s
-# and needs a C++ compiler, so `auto` compiles only encodes of at least COMPILE_MIN_TEXTS texts.
+# (18% of an e5-small bf16 forward in a profile). Measured on MEDIC names in bf16, alternating in one
+# process: 1.31x (minilm) and 1.26x (e5-small) names per CPU-second over the eager loop
+# (eval/bench_encode.md). Compiling costs ~15-30 CPU-s and needs a C++ compiler, so `auto` compiles
+# only encodes of at least COMPILE_MIN_TEXTS texts.
 COMPILE_CHOICES = ("auto", "on", "off")
 COMPILE_MIN_TEXTS = 20_000
 
@@ -279,11 +280,15 @@ def compiler_available() -> bool:
     return any(shutil.which(name) for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if name)
 
 
+def check_compile_choice(choice: str) -> None:
+    if choice not in COMPILE_CHOICES:
+        raise UnknownNameError("compile choice", choice, COMPILE_CHOICES)
+
+
 def should_compile(choice: str, texts: int, precision: str, device: str = "cpu") -> bool:
     """The compile decision for an encode of `texts` texts: on, off, or auto (large CPU jobs in
     fp32/bf16 with a C++ compiler; int8's quantised layers are left to eager mode)."""
-    if choice not in COMPILE_CHOICES:
-        raise UnknownNameError("compile choice", choice, COMPILE_CHOICES)
+    check_compile_choice(choice)
     if choice == "off" or precision == "int8":
         return False
     if choice == "on":
@@ -368,15 +373,13 @@ class Encoder:
             features = {k: torch.cat([v, v]) if torch.is_tensor(v) and v.dim() else v for k, v in features.items()}
         try:
             vectors = self.model(dict(features))["sentence_embedding"]
-            return vectors[:1] if single else vectors
         except Exception as exc:  # inductor raises many kinds (no compiler, lowering errors)
             log.warning("torch.compile of encoder %s failed (%s: %s); encoding in eager mode",
                         self.spec.name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             self.compiled = False
-            hf = transformer_module(self.model)
-            hf.__dict__.pop("forward", None)
+            transformer_module(self.model).__dict__.pop("forward", None)
             vectors = self.model(features)["sentence_embedding"]
-            return vectors[:1] if single else vectors
+        return vectors[:1] if single else vectors
 
     def with_precision(self, precision: str) -> Encoder:
         """The same model in another concrete precision (int8 quantises a copy; fp32/bf16 share it)."""

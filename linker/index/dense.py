@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linker.encoders import COMPILE_CHOICES, TOKEN_BUDGET, should_compile
+from linker.encoders import TOKEN_BUDGET, check_compile_choice, should_compile
 from linker.errors import ConfigError, IndexMismatchError, MissingInputError, UnknownNameError
 from linker.progress import bar
 from linker.fileio import native_read
@@ -84,8 +84,7 @@ class DenseConfig:
         if self.faiss_kind not in FAISS_KINDS:
             raise UnknownNameError("FAISS index kind", self.faiss_kind, FAISS_KINDS)
         check_precision(self.precision, allow_none=False)
-        if self.compile not in COMPILE_CHOICES:
-            raise UnknownNameError("compile choice", self.compile, COMPILE_CHOICES)
+        check_compile_choice(self.compile)
         positive = {
             "batch_size": self.batch_size, "token_budget": self.token_budget, "chunk_rows": self.chunk_rows, "hnsw_m": self.hnsw_m,
             "hnsw_ef_construction": self.hnsw_ef_construction, "hnsw_ef_search": self.hnsw_ef_search,

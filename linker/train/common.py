@@ -123,9 +123,9 @@ def freeze(model, *, embeddings: bool, layers: int) -> dict:
 def adam(params, *, decoupled: bool, **options) -> torch.optim.Optimizer:
     """Adam (`decoupled=False`) or AdamW with torch's fused kernel where this torch has one for the
     parameters' device: one pass over all parameters instead of a dozen element-wise ops per
-    tensor. Measured on all-MiniLM-L6-v2's 22.7M parameters, 2 threads: 0.02 s per step fused,
-    0.14 s unfused (scripts/bench_encode.py --part train times whole steps). Same update rule, so
-    checkpoints of either kind resume in the other."""
+    tensor (a scratch timing on all-MiniLM-L6-v2's 22.7M parameters, 2 threads: 0.02 s per
+    optimizer step fused, 0.14 s unfused; whole training steps: scripts/bench_encode.py --part train).
+    Same update rule, so checkpoints of either kind resume in the other."""
     kind = torch.optim.AdamW if decoupled else torch.optim.Adam
     try:
         return kind(params, fused=True, **options)
