@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -472,10 +472,7 @@ class Encoder:
         return out
 
     def _token_counts(self, texts: list[str]) -> np.ndarray:
-        """Tokens of each text with special tokens, before truncation."""
-        tokenizer = self.model.tokenizer
-        ids = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(texts))
+        return token_counts(self.model, texts)
 
     def __repr__(self) -> str:
         compiled = ", compiled" if self.compiled else ""
@@ -500,6 +497,30 @@ def _token_batches(lengths: np.ndarray, token_budget: int, max_batch: int,
         batches.append((start, end))
         start = end
     return batches
+
+
+def in_length_buckets(lengths: np.ndarray, run: Callable[[np.ndarray], Any]):
+    """`run(rows)` on length buckets of the items (sorted by token count, then cut as the encode
+    loop cuts its batches: `_token_batches`), each returning a tensor with one row per item;
+    the rows come back concatenated in the items' order, with gradients if `run` has them.
+
+    For training's forward passes: a batch of random names or (mention, name) pairs padded to its
+    longest is mostly padding (MEDIC names with minilm: 128 or 320 names padded to their longest
+    run 3.0-3.7x their real tokens, buckets 1.2x), and a padded position costs as much as a real
+    one in every layer, forward and backward. The attention mask keeps padding out of the real
+    tokens' outputs, so bucketing changes the cost, not the result."""
+    import torch
+
+    order = np.argsort(lengths, kind="stable")
+    parts = [run(order[start:end]) for start, end in _token_batches(lengths[order], TOKEN_BUDGET, MAX_BATCH)]
+    out = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return out[torch.from_numpy(np.argsort(order, kind="stable")).to(out.device)]
+
+
+def token_counts(model, texts: list[str]) -> np.ndarray:
+    """Tokens of each text with special tokens, before truncation (a SentenceTransformer's tokenizer)."""
+    ids = model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+    return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(texts))
 
 
 def _preprocess(model, texts: list[str]) -> dict:

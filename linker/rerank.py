@@ -130,10 +130,20 @@ class CrossEncoder:
         return out
 
     def logits(self, mentions: Sequence[str], names: Sequence[str]):
-        """(batch,) logits with gradients when the caller has them on (training)."""
-        features = self.tokenizer(list(mentions), list(names), padding=True, truncation="longest_first",
-                                  max_length=MAX_LENGTH, return_tensors="pt").to(self.device)
-        return self.model(**features).logits[:, 0]
+        """(batch,) logits in the order of the pairs, with gradients when the caller has them on
+        (training); run as length buckets (`linker.encoders.in_length_buckets`: a training batch
+        holds each mention with its positive and its negatives, of every length)."""
+        from linker.encoders import in_length_buckets
+
+        mentions, names = list(mentions), list(names)
+        ids = self.tokenizer(mentions, names, truncation="longest_first", max_length=MAX_LENGTH)["input_ids"]
+
+        def run(rows: np.ndarray):
+            features = self.tokenizer([mentions[i] for i in rows], [names[i] for i in rows], padding=True,
+                                      truncation="longest_first", max_length=MAX_LENGTH, return_tensors="pt")
+            return self.model(**features.to(self.device)).logits[:, 0]
+
+        return in_length_buckets(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)), run)
 
     def save(self, folder: str | Path, *, extra: dict | None = None) -> None:
         """Write the model (safetensors), tokenizer and the marker into `folder`."""

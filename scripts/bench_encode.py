@@ -20,7 +20,9 @@ repeats is reported with the load average around each part.
   eval/cantemist_tfidf_train.md's set-up). Top-1 agreement with fp32 and Acc@1 (Full).
 - build: a dense flat index of ICD-10-CM (simple-icd-10-cm's names and inclusion terms) with
   e5-small at precision auto; wall-clock time and the manifest's figures.
-- train: SAP pairs/s and BioSyn seconds per step in fp32 and bf16 (minilm, MEDIC), alternating.
+- train: SAP pairs/s and BioSyn seconds per step (minilm, MEDIC), alternating: the code before
+  issue 11 (fp32, unfused Adam, one padded forward per batch), bf16 autocast with fused Adam, and
+  that with each batch run as length buckets.
 """
 
 from __future__ import annotations
@@ -291,24 +293,32 @@ def train(args) -> dict:
     small.write_text("\n".join(kept) + "\n", encoding="utf-8")
     small_table = work / "medic_small.parquet"
     build_dictionary([SourceSpec("tsv", (small,))], small_table, overwrite=True)
-    # Contenders: the code before issue 11 (fp32, torch's unfused Adam/AdamW), fp32 with the fused
-    # optimizer, and bf16 autocast with it (what `--precision auto` picks on this CPU).
+    # Contenders: the code before issue 11 (fp32, torch's unfused Adam/AdamW, each training batch one
+    # forward pass padded to its longest text); bf16 autocast with the fused optimizer (what
+    # `--precision auto` picks on this CPU), still one padded batch; and that with the batch run as
+    # length buckets (linker.encoders.in_length_buckets), today's code.
     import torch
 
     from linker.train import common
 
-    fused_adam = common.adam
+    fused_adam, bucketed_embed = common.adam, common.embed
 
     def unfused_adam(params, *, decoupled: bool, **options):
         return (torch.optim.AdamW if decoupled else torch.optim.Adam)(params, **options)
 
-    contenders = {"fp32, unfused Adam (before)": ("fp32", unfused_adam), "fp32": ("fp32", fused_adam),
-                  "bf16": ("bf16", fused_adam)}
+    def padded_embed(model, texts, device):  # the training forward before length buckets
+        prepare = getattr(model, "preprocess", None) or model.tokenize
+        features = {k: v.to(device) if torch.is_tensor(v) else v for k, v in prepare(list(texts)).items()}
+        return model(features)["sentence_embedding"]
+
+    contenders = {"fp32, unfused Adam, padded batches (before)": ("fp32", unfused_adam, padded_embed),
+                  "bf16, padded batches": ("bf16", fused_adam, padded_embed),
+                  "bf16, length buckets": ("bf16", fused_adam, bucketed_embed)}
     sap, biosyn = {c: [] for c in contenders}, {c: [] for c in contenders}
     load_before = os.getloadavg()
     for repeat in range(args.repeats):
-        for label, (precision, optimizer) in contenders.items():
-            common.adam = optimizer
+        for label, (precision, optimizer, embed) in contenders.items():
+            common.adam, common.embed = optimizer, embed
             try:
                 summary = train_sap(medic, encoder="minilm", out=work / "sap_run", overwrite=True,
                                     config=SapConfig(max_pairs=args.sap_pairs, batch_size=64, precision=precision))
@@ -316,7 +326,7 @@ def train(args) -> dict:
                 summary = train_biosyn(train_spec, small_table, encoder="minilm", out=work / "biosyn_run", overwrite=True,
                                        config=BiosynConfig(epochs=1, max_queries=args.biosyn_queries, precision=precision))
             finally:
-                common.adam = fused_adam
+                common.adam, common.embed = fused_adam, bucketed_embed
             metrics = json.loads((work / "biosyn_run" / "train_metrics.json").read_text())
             steps = metrics["steps"]
             step_seconds = (steps[-1]["seconds"] - metrics["epochs"][0]["candidate_seconds"]) / len(steps)
@@ -413,7 +423,7 @@ def write_report(out: Path, data: dict) -> None:
         t = data["train"]
         s, bio = t["sap"], t["biosyn"]
         labels = [c for c in s if isinstance(s[c], dict)]  # contenders in run order (older runs: fp32, bf16)
-        lines += ["## Training: fp32 vs bf16 autocast", "",
+        lines += ["## Training: fp32 vs bf16 autocast, padded batches vs length buckets", "",
                   f"`{t['command']}`: minilm; SAP {s['pairs']} MEDIC pairs, batch {s['batch']}; BioSyn {bio['queries']} "
                   f"NCBI train mentions, batch {bio['batch']}, top-{bio['topk']}, one epoch over a MEDIC subset (the train "
                   f"mentions' concepts and a stride sample) of "

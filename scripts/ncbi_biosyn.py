@@ -1,7 +1,7 @@
 """NCBI-disease under BioSyn's protocol, every system trained and scored here on CPU.
 
     .venv/bin/python scripts/ncbi_biosyn.py [--data ../shared/data] [--out eval] [--work indexes/ncbi_biosyn]
-        [--models models] [--sap-pairs 10000] [--epochs 10] [--threads 2] [--rebuild]
+        [--models models] [--sap-pairs 10000|all|0] [--epochs 10] [--threads 2] [--rebuild]
 
 BioSyn (Sung et al. 2020) reports 91.1 Acc@1 on the NCBI-disease test set under this protocol,
 which this script follows step by step (dmis-lab/BioSyn README and preprocess/query_preprocess.py):
@@ -62,7 +62,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "ncbi_biosyn")
     parser.add_argument("--models", type=Path, default=ROOT / "models")
     parser.add_argument("--encoder", default="minilm")
-    parser.add_argument("--sap-pairs", type=int, default=10000)
+    parser.add_argument("--sap-pairs", type=sap_pairs_arg, default=10000,
+                        help="MEDIC synonym pairs for sap (all: every pair, 50 per concept at most; 0: no sap)")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report-name", default="ncbi_biosyn")
@@ -94,10 +95,12 @@ def main() -> None:
 
     base = args.encoder
     # --sap-pairs 0 skips sap: BioSyn then starts from the base encoder.
-    sap_model = models / f"ncbi-biosyn-{base}-sap" if args.sap_pairs else None
-    biosyn_model = models / (f"ncbi-biosyn-{base}-sap-biosyn" if sap_model else f"ncbi-biosyn-{base}-biosyn")
+    # The pair count is in the folder names, so a run with other pairs never resumes from these.
+    sap_model = models / f"ncbi-biosyn-{base}-sap-{args.sap_pairs}" if args.sap_pairs else None
+    biosyn_model = models / (f"{sap_model.name}-biosyn" if sap_model else f"ncbi-biosyn-{base}-biosyn")
     if sap_model:
-        sap_config = SapConfig(max_pairs=args.sap_pairs, batch_size=64, threads=args.threads)
+        sap_config = SapConfig(max_pairs=None if args.sap_pairs == "all" else args.sap_pairs, batch_size=64,
+                               threads=args.threads)
         stage("train_sap", (sap_model / "train_metrics.json").exists(),
               lambda: train_sap(medic, encoder=base, out=sap_model, config=sap_config))
     biosyn_config = BiosynConfig(epochs=args.epochs, threads=args.threads)
@@ -170,6 +173,18 @@ def main() -> None:
         tmp.write_text(portable_paths(markdown(result), data=args.data))
     curve(result, args.out / f"{args.report_name}_curve.png")
     print(markdown(result))
+
+
+def sap_pairs_arg(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of pairs or 'all', found {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of pairs >= 0 or 'all', found {value}")
+    return value
 
 
 def trained_key(sap_model: Path | None) -> str:

@@ -166,6 +166,30 @@ def test_scores_are_deterministic_and_batch_independent(reranker):
     assert model.score([], []).shape == (0,)
 
 
+def test_training_logits_run_length_buckets_with_the_same_result(reranker):
+    """logits() runs pairs as length buckets; values, order and gradients are one padded batch's."""
+    import torch
+
+    from linker.rerank import MAX_LENGTH
+
+    model = CrossEncoder.load(reranker, precision="fp32")
+    mentions = ["hair loss", "pain in the lower back radiating to the left leg", "rash"] * 8
+    names = ["Alopecia", "Nausea", "Lumbar radiculopathy with sciatica of the left side"] * 8
+    bucketed = model.logits(mentions, names)
+    features = model.tokenizer(mentions, names, padding=True, truncation="longest_first", max_length=MAX_LENGTH,
+                               return_tensors="pt")
+    padded = model.model(**features).logits[:, 0]
+    assert torch.allclose(bucketed, padded, atol=1e-4)
+    bucketed.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.model.named_parameters() if p.grad is not None}
+    assert grads
+    model.model.zero_grad()
+    padded.sum().backward()
+    for name, p in model.model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(grads[name], p.grad, rtol=1e-3, atol=1e-4), name
+
+
 def test_resume_continues_after_the_checkpointed_epoch(tmp_path, tiny_encoder_dir, meddra_table, reranker):
     out = tmp_path / "model"
     one_epoch = RerankConfig(**{**TINY.__dict__, "epochs": 1})

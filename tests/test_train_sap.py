@@ -146,3 +146,31 @@ def test_cli_sap_runs_and_reports_errors(tmp_path, tiny_encoder_dir, capsys):
               "--overwrite"])
     assert exit_info.value.code == 1
     assert "no such concept table" in capsys.readouterr().err
+
+
+def test_training_forward_runs_length_buckets_with_the_same_result(tiny_encoder_dir):
+    """common.embed runs texts as length buckets (padding is most of a random batch of names); the
+    vectors, their order and the gradients must be those of one padded batch."""
+    from linker.encoders import _preprocess
+    from linker.train import common
+
+    model = load_encoder(str(tiny_encoder_dir)).model
+    model.eval()  # no dropout: both forward passes must see the same network
+    texts = ["a", "fever of unknown origin with night sweats and weight loss", "rash", "b12 deficiency anaemia",
+             "x", "hereditary nonpolyposis colorectal cancer type 2 in a family"] * 20
+    from linker.encoders import MAX_BATCH, TOKEN_BUDGET, _token_batches, token_counts
+
+    assert len(_token_batches(np.sort(token_counts(model, texts)), TOKEN_BUDGET, MAX_BATCH)) > 1  # it does bucket
+    bucketed = common.embed(model, texts, "cpu")
+    features = _preprocess(model, texts)
+    padded = model(features)["sentence_embedding"]
+    assert bucketed.shape == padded.shape
+    assert torch.allclose(bucketed, padded, atol=1e-5)
+    weights = torch.randn(bucketed.shape[1])
+    (bucketed @ weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    (padded @ weights).sum().backward()  # padded's graph is still alive: only bucketed's was freed
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(grads[name], p.grad, rtol=1e-4, atol=1e-4), name

@@ -313,9 +313,11 @@ def train_biosyn(
                 skipped += 1  # nothing to learn from this batch: no step, no loss recorded
                 continue
             with autocast(precision, device):
-                q_vec = common.embed(model, [query_texts[i] for i in idx], device)  # (batch, dim)
-                c_vec = common.embed(model, [name_texts[max(r, 0)] for r in rows.ravel()], device)
-            q_vec, c_vec = F.normalize(q_vec.float(), dim=1), F.normalize(c_vec.float(), dim=1)
+                # one call: queries and candidates share its length buckets
+                vectors = common.embed(model, [query_texts[i] for i in idx] + [name_texts[max(r, 0)] for r in rows.ravel()],
+                                       device)
+            vectors = F.normalize(vectors.float(), dim=1)
+            q_vec, c_vec = vectors[: len(idx)], vectors[len(idx) :]  # (batch, dim), (batch * topk, dim)
             c_vec = c_vec.view(len(idx), config.topk, -1)  # (batch, topk, dim)
             dense = torch.einsum("bd,bkd->bk", q_vec, c_vec)  # (batch, topk) cosine
             s = torch.from_numpy(cand_sparse[idx]).to(device)

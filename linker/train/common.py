@@ -134,12 +134,19 @@ def adam(params, *, decoupled: bool, **options) -> torch.optim.Optimizer:
 
 
 def embed(model, texts: Sequence[str], device: str) -> torch.Tensor:
-    """(len(texts), dim) sentence embeddings *with* gradients, through the model's own pooling."""
-    # sentence-transformers 6 renamed tokenize() to preprocess(); older versions have only tokenize().
-    prepare = getattr(model, "preprocess", None) or model.tokenize
-    features = prepare(list(texts))
-    features = {k: v.to(device) if torch.is_tensor(v) else v for k, v in features.items()}
-    return model(features)["sentence_embedding"]
+    """(len(texts), dim) sentence embeddings *with* gradients, through the model's own pooling,
+    in the order of `texts`; run as length buckets (`linker.encoders.in_length_buckets`: most of a
+    padded batch of random names is padding)."""
+    from linker.encoders import _preprocess, in_length_buckets, token_counts
+
+    texts = list(texts)
+
+    def run(rows: np.ndarray) -> torch.Tensor:
+        features = _preprocess(model, [texts[i] for i in rows])
+        features = {k: v.to(device) if torch.is_tensor(v) else v for k, v in features.items()}
+        return model(features)["sentence_embedding"]
+
+    return in_length_buckets(np.minimum(token_counts(model, texts), int(model.max_seq_length or 512)), run)
 
 
 def embed_no_grad(model, texts: Sequence[str], device: str, precision: str = "fp32") -> np.ndarray:
