@@ -92,6 +92,27 @@ def test_negatives_are_mined_with_the_given_tfidf_parameters(meddra_table):
         RerankConfig(mining="medical-crossing")
 
 
+def test_negatives_can_be_mined_with_an_index_folder(meddra_table, indexes, tmp_path, tiny_encoder_dir):
+    """`mine_index` (`--mine-index`): the index's own search mines, so a tf-idf index gives the groups its
+    parameters give, and a dense index (any kind) mines too; an index of another dictionary is refused."""
+    from linker.index.dense import DenseConfig
+    from linker.index.tfidf import get_preset
+
+    by_index, stats = mine_groups(meddra_table, (HELDIN,), dataclasses.replace(TINY, mine_index=str(indexes["meddra"])))
+    by_preset, _ = mine_groups(meddra_table, (HELDIN,), dataclasses.replace(TINY, mining=get_preset("medical-crossing")))
+    assert by_index == by_preset
+    assert stats["negatives_from"] == "index meddra (tfidf)"
+    dense = tmp_path / "dense"
+    build_index(meddra_table, kind="dense", out=dense, config=DenseConfig(encoder=str(tiny_encoder_dir)))
+    groups, stats = mine_groups(meddra_table, (HELDIN,), dataclasses.replace(TINY, mine_index=str(dense)))
+    assert stats["negatives_from"] == "index dense (dense)" and len(groups) == len(by_index)
+    assert [g.negatives for g in groups] != [g.negatives for g in by_index]  # another retriever, other mistakes
+    with pytest.raises(ConfigError, match="was not built from"):
+        mine_groups(meddra_table, (), dataclasses.replace(TINY, mine_index=str(indexes["hpo"])))
+    with pytest.raises(ConfigError, match="not both"):
+        RerankConfig(mining=get_preset("medical-crossing"), mine_index=str(dense))
+
+
 def test_config_checks():
     with pytest.raises(ConfigError, match="fetch"):
         RerankConfig(negatives=8, fetch=8)
@@ -295,6 +316,14 @@ def test_cli_train_rerank_and_link(tmp_path, tiny_encoder_dir, meddra_table, ind
     main(["link", "--index", str(indexes["meddra"]), "--rerank", str(out), "--rerank-k", "3", "--k", "2", "--json", "hair loss"])
     [result] = json.loads(capsys.readouterr().out)
     assert len(result["candidates"]) == 2 and all("retriever_score" in c for c in result["candidates"])
+    main(["train", "rerank", "--dict", str(meddra_table), "--encoder", str(tiny_encoder_dir), "--out", str(out),
+          "--overwrite", "--negatives", "2", "--batch-size", "4", "--device", "cpu", "--threads", "1",
+          "--max-queries", "6", "--precision", "fp32", "--mine-index", str(indexes["meddra"])])
+    assert json.loads(capsys.readouterr().out)["data"]["negatives_from"] == "index meddra (tfidf)"
+    with pytest.raises(SystemExit) as exit_info:  # an index of another dictionary: one line, exit 1
+        main(["train", "rerank", "--dict", str(meddra_table), "--encoder", str(tiny_encoder_dir), "--out",
+              str(tmp_path / "other"), "--mine-index", str(indexes["hpo"])])
+    assert exit_info.value.code == 1 and "was not built from" in capsys.readouterr().err
 
 
 def test_time_budget_stops_and_saves(tmp_path, tiny_encoder_dir, meddra_table):

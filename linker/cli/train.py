@@ -99,6 +99,7 @@ def rerank_cli(
     synonyms_per_concept: int = typer.Option(2, "--synonyms-per-concept", help="Names of one concept used as queries."),
     negatives: int = typer.Option(7, "--negatives", help="Hard negatives per query (tf-idf's best names of other concepts)."),
     mine_preset: str = typer.Option(None, "--mine-preset", help="Mine the negatives with this tf-idf preset (e.g. medical-crossing, as the index the re-ranker will serve); default: the library's tf-idf defaults."),
+    mine_index: Path = typer.Option(None, "--mine-index", help="Mine the negatives with this index folder's search (tf-idf, dense or hybrid; built from --dict): the retriever the re-ranker will serve."),
     lr: float = typer.Option(3e-5, "--lr", help="Peak learning rate (linear warm-up over --warmup of the steps, then linear decay to 0)."),
     warmup: float = typer.Option(0.1, "--warmup", help="Share of the steps with a linear warm-up."),
     batch_size: int = typer.Option(16, "--batch-size", help="Queries per step (each with 1 + negatives pairs)."),
@@ -118,6 +119,7 @@ def rerank_cli(
 
     config = RerankConfig(
         mining=None if mine_preset is None else get_preset(mine_preset),
+        mine_index=None if mine_index is None else str(mine_index),
         lr=lr, warmup=warmup, batch_size=batch_size, negatives=negatives, epochs=epochs, max_queries=max_queries,
         synonyms_per_concept=synonyms_per_concept, checkpoint_every=checkpoint_every, seed=seed, device=device,
         threads=threads, precision=precision, max_seconds=max_seconds,

@@ -61,6 +61,9 @@ class RerankConfig:
     synonyms_per_concept: int = 2
     fetch: int = 64  # names retrieved per query to find a positive and the negatives
     mining: TfidfConfig | None = None  # the tf-idf parameters that mine them; None = TfidfConfig() (char_wb 3-3)
+    # ...or an index folder built from the same dictionary (tf-idf, dense or hybrid) whose search mines
+    # them: the retriever the re-ranker will serve, so it learns to undo that retriever's mistakes.
+    mine_index: str | None = None
     weight_decay: float = 0.01
     checkpoint_every: int = 200  # steps; 0 = only after each epoch
     max_seconds: float | None = None  # time budget: stop after the step that passes it and save (CPU runs)
@@ -84,6 +87,8 @@ class RerankConfig:
             raise ConfigError("precision int8 is for inference only; train in auto, bf16 or fp32")
         if self.mining is not None and not isinstance(self.mining, TfidfConfig):
             raise ConfigError(f"mining takes a TfidfConfig, found {type(self.mining).__name__}")
+        if self.mining is not None and self.mine_index is not None:
+            raise ConfigError("mine the negatives with a tf-idf preset or with an index, not both")
 
 
 def learning_rate(config: RerankConfig, step: int, total: int) -> float:
@@ -158,8 +163,6 @@ def _labelled_queries(specs: Sequence[str], concepts: ConceptIndex, xrefs: dict[
 
 def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: RerankConfig) -> tuple[list[Group], dict]:
     """The training groups (query, hard positive, hard negatives) and counts for the metrics file."""
-    from linker.index.tfidf import TfidfNameIndex
-
     table = read_concept_table(dict_path).table
     names: list[str] = table.column("name").to_pylist()
     concepts = ConceptIndex(table.column("concept_id"))
@@ -173,8 +176,7 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
     if not queries:
         raise ConfigError(f"{dict_path}: no concept has two distinct names and no labelled mention was given; "
                           "nothing to train a re-ranker on")
-    mining = config.mining or TfidfConfig()
-    index = TfidfNameIndex.build(names, mining)
+    index, negatives_from = _mining_index(dict_path, names, config)
     rng = random.Random(config.seed + 1)
     by_concept: dict[int, list[int]] = {}
     for row, code in enumerate(codes.tolist()):
@@ -219,10 +221,27 @@ def mine_groups(dict_path: str | Path, train_specs: Sequence[str], config: Reran
     stats.update({"synonym_queries": sum(not g.labelled for g in groups), "groups": len(groups),
                   "queries_without_positive": no_positive, "random_negatives": padded,
                   "dictionary_names": len(names), "concepts": len(concepts),
-                  "negatives_from": f"tf-idf {mining.analyzer} {mining.ngram_min}-{mining.ngram_max}"
-                                    f" ({mining.normalization} normalisation{', preset ' + mining.preset if mining.preset else ''})"})
+                  "negatives_from": negatives_from})
     log.info("re-ranker training groups: %s", stats)
     return groups, stats
+
+
+def _mining_index(dict_path: str | Path, names: list[str], config: RerankConfig):
+    """The name search that mines the negatives, and how to describe it in the metrics."""
+    if config.mine_index is not None:
+        from linker.index import load_index
+
+        loaded = load_index(config.mine_index)
+        if loaded.concepts.table.column("name").to_pylist() != names:
+            raise ConfigError(f"{config.mine_index} was not built from {dict_path} (its {loaded.names.size:,} names "
+                              f"differ from the dictionary's {len(names):,}); mine with an index of that dictionary")
+        return loaded.names, f"index {Path(config.mine_index).name} ({loaded.kind})"
+    from linker.index.tfidf import TfidfNameIndex
+
+    mining = config.mining or TfidfConfig()
+    preset = f", preset {mining.preset}" if mining.preset else ""
+    return (TfidfNameIndex.build(names, mining),
+            f"tf-idf {mining.analyzer} {mining.ngram_min}-{mining.ngram_max} ({mining.normalization} normalisation{preset})")
 
 
 def train_rerank(
