@@ -35,6 +35,8 @@ mentions are the held-in calibration set and must not be dictionary names.
 scripts/ncbi_biosyn.py) instead of tf-idf and the "ncbi" re-ranker (trained first by ``--datasets ncbi``):
 the issue's full system. Its encoder was trained on train+dev, so the held-in choices may be biased;
 the test Acc@1 of every mix weight is reported beside them as a diagnostic.
+``ncbi-biosyn-mined`` is "ncbi-biosyn" with its own re-ranker, whose hard negatives are mined by the BioSyn dense
+retriever (`RerankConfig.mine_index`: a dense index of the training dictionary with that encoder).
 ``cantemist-mined`` is "cantemist" with the re-ranker's hard negatives mined by the retriever's own tf-idf
 parameters (`RerankConfig.mining`); ``--heldin-only`` stops after the held-in calibration, so that two recipes
 are compared on dev, never on test (the calibration is kept beside the index and reused by the full run).
@@ -105,6 +107,13 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         **out["ncbi"], "title": "NCBI-disease test (BioSyn preprocessing), BioSyn dense retriever",
         "kind": "dense", "index_config": lambda args: DenseConfig(encoder=str(args.biosyn_model)),
         "reranker_of": "ncbi", "heldin_seen_by_retriever": True,
+    }
+    # Its own re-ranker, trained with hard negatives mined by the BioSyn dense retriever itself (`--mine-index`: a
+    # dense index of the training dictionary, MEDIC, with that encoder), so it learns that retriever's mistakes
+    # instead of tf-idf's.
+    out["ncbi-biosyn-mined"] = {
+        **out["ncbi-biosyn"], "title": "NCBI-disease test (BioSyn preprocessing), BioSyn dense retriever, re-ranker "
+        "negatives mined by it", "reranker_of": None, "mine_index": True,
     }
     n_dev = out["ncbi"]["heldin"]
 
@@ -197,13 +206,20 @@ def main() -> None:
         started = time.perf_counter()
         train_dict, index_dict = spec["dicts"]()
         systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-        model = args.models / f"rr-{spec.get('reranker_of', name)}-{spec['encoder']}"
+        model = args.models / f"rr-{spec.get('reranker_of') or name}-{spec['encoder']}"
         if "reranked" in systems and spec.get("reranker_of") and not (model / "train_metrics.json").exists():
             raise SystemExit(f"{name}: re-ranker {model} missing; run --datasets {spec['reranker_of']} first")
         if "reranked" in systems and (args.rebuild or not (model / "train_metrics.json").exists()):
+            mine_index = None
+            if spec.get("mine_index"):  # the retriever's kind and parameters over the training dictionary
+                mine_index = args.work / f"{name}_mining_{spec['kind']}"
+                if args.rebuild or not (mine_index / "manifest.json").exists():
+                    build_index(train_dict, kind=spec["kind"], out=mine_index, config=spec["index_config"](args),
+                                overwrite=args.rebuild)
             config = RerankConfig(max_queries=args.max_queries, negatives=args.negatives, epochs=args.epochs, lr=args.lr,
                                   threads=args.threads, max_seconds=args.train_seconds, checkpoint_every=50,
-                                  mining=spec["index_config"](args) if spec.get("mine_with_retriever") else None)
+                                  mining=spec["index_config"](args) if spec.get("mine_with_retriever") else None,
+                                  mine_index=None if mine_index is None else str(mine_index))
             resume = model.with_name(model.name + ".checkpoint").exists()
             train_rerank(train_dict, encoder=spec["encoder"], out=model, train_specs=spec["train"], config=config,
                          resume=resume, overwrite=args.rebuild)
