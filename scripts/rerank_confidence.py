@@ -235,6 +235,8 @@ def main() -> None:
                  "dictionary": str(index_dict.relative_to(ROOT) if index_dict.is_relative_to(ROOT) else index_dict),
                  "reranker": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model),
                  "rerank_k": args.rerank_k, "systems": {}, "training": None}
+        if spec["kind"] == "dense":  # which trained encoder retrieves: the title names only its kind
+            entry["retriever_encoder"] = spec["index_config"](args).encoder
         if (model / "train_metrics.json").exists():  # also a re-ranker trained but not evaluated (too few steps)
             entry["training"] = training_summary(model)
         for system in systems:
@@ -394,6 +396,8 @@ def markdown(summary: dict) -> str:
         rr = entry["systems"]["reranked"]["rerank"]
         fit = entry["systems"]["reranked"]["calibration_fit"]
         mixing = fit.get("mixing")
+        if entry.get("retriever_encoder"):
+            notes.append(f"- **{entry['title']}**: the retriever encodes with `{entry['retriever_encoder']}`.")
         if fit.get("copied_from"):
             notes.append(f"- **{entry['title']}**: nothing fitted on this dictionary; the mix (logit + "
                          f"{fit['retriever_weight']:g} x retriever score) and the confidence map are those of "
