@@ -65,6 +65,9 @@ def main() -> None:
     parser.add_argument("--sap-pairs", type=sap_pairs_arg, default=10000,
                         help="MEDIC synonym pairs for sap (all: every pair, 50 per concept at most; 0: no sap)")
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--biosyn-max-seconds", type=float, default=None,
+                        help="time budget for BioSyn in this process (seconds): stop after the step that passes it and "
+                             "save; the report then says where it stopped")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report-name", default="ncbi_biosyn")
     parser.add_argument("--rebuild", action="store_true")
@@ -103,7 +106,7 @@ def main() -> None:
                                threads=args.threads)
         stage("train_sap", (sap_model / "train_metrics.json").exists(),
               lambda: train_sap(medic, encoder=base, out=sap_model, config=sap_config))
-    biosyn_config = BiosynConfig(epochs=args.epochs, threads=args.threads)
+    biosyn_config = BiosynConfig(epochs=args.epochs, threads=args.threads, max_seconds=args.biosyn_max_seconds)
     # The test mentions are watched during training only to draw the curve; the protocol fixes the
     # epochs, so nothing is chosen by them (train+dev are both trained on: no untouched dev split).
     stage("train_biosyn", (biosyn_model / "train_metrics.json").exists(),
@@ -159,6 +162,7 @@ def main() -> None:
                        "seconds": bio_metrics["extra"]["train_seconds"], "epochs": bio_metrics["epochs"],
                        "config": json.loads((biosyn_model / "train_config.json").read_text())["config"],
                        "sparse_weight": bio_metrics["extra"]["sparse_weight"],
+                       "stopped_at_time_budget": bio_metrics["extra"].get("stopped_at_time_budget"),
                        "monitor_acc1_after_training": bio_metrics["extra"].get("monitor_dense_acc1_after_training")},
         },
         "stage_seconds": timings,
@@ -273,7 +277,9 @@ def markdown(r: dict) -> str:
         f"train+dev queries ({bio['queries']['composite_dropped']} composite mentions dropped), candidates from MEDIC, "
         f"topk {bio['config']['topk']}, dense ratio {bio['config']['dense_ratio']}, batch {bio['config']['batch_size']}, "
         f"lr {bio['config']['lr']}, {len(epochs)} epochs, {bio['seconds']:.0f} s in all (candidate refresh included); "
-        f"learned sparse weight {bio['sparse_weight']:.4f}.",
+        f"learned sparse weight {bio['sparse_weight']:.4f}."
+        + (" **Stopped by the time budget** (`--biosyn-max-seconds`) after step {step_in_epoch} of {steps_per_epoch} "
+           "of epoch {epoch}.".format(**bio["stopped_at_time_budget"]) if bio.get("stopped_at_time_budget") else ""),
         "",
         "The curve (`" + r["report_name"] + "_curve.png`) watches dense Acc@1 against MEDIC alone on the test set's "
         "single-concept mentions; the protocol fixes the epochs, so it chose nothing. "
