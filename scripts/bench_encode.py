@@ -28,6 +28,7 @@ repeats is reported with the load average around each part.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import os
@@ -193,7 +194,12 @@ def parity(args) -> dict:
     wanted = [b for b in benchmarks if not args.only or args.only in b[1] or args.only in b[0]]
     result = {"benchmarks": {}, "load_before": os.getloadavg()}
     for label, encoder_name, table, test, options in wanted:
+        started, load = dt.datetime.now(dt.timezone.utc), os.getloadavg()
         result["benchmarks"][label] = parity_one(work, label, encoder_name, table, test, options)
+        result["benchmarks"][label]["run"] = (  # each benchmark keeps its own command when another is rerun
+            f"`{' '.join(['python', 'scripts/bench_encode.py', *sys.argv[1:]])}`, {started:%H:%M}-"
+            f"{dt.datetime.now(dt.timezone.utc):%H:%M} UTC {started:%Y-%m-%d}; load average {_load(load)} before, "
+            f"{_load(os.getloadavg())} after")
     result["load_after"] = os.getloadavg()
     return result
 
@@ -223,6 +229,7 @@ def parity_one(work: Path, label: str, encoder_name: str, table: Path, test: str
             "build_seconds": round(build_seconds, 1), "encode_seconds": manifest["dense"]["encode_seconds"],
             "names": manifest["counts"]["names"], "build_check": manifest["dense"]["precision"].get("check"),
             "truncated": manifest["dense"]["encoding"]["truncated"],
+            "compiled": manifest["dense"]["encoding"].get("compiled"),  # torch.compile (auto: >= 20,000 names)
         }
         log.info("%s %s: %s", label, precision, rows[precision])
     for precision in PRECISIONS:
@@ -400,15 +407,16 @@ def write_report(out: Path, data: dict) -> None:
                   f"`{p['command']}`. A dense flat index per precision; the test mentions are encoded in the index's "
                   "precision. Bar: top-1 agreement with fp32 >= 99.5% and Acc@1 within 0.3 points. "
                   "Build check: the index build's own check on 512 of its names (min cosine, nearest-name agreement).", "",
-                  "| benchmark | encoder | precision | Acc@1 | Acc@5 | top-1 agreement with fp32 % | Acc@1 - fp32 | passes | build check | names encoded/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| benchmark | encoder | precision | Acc@1 | Acc@5 | top-1 agreement with fp32 % | Acc@1 - fp32 | passes | build check | names encoded/s | compiled |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for label, b in p["benchmarks"].items():
             for precision, row in b["precisions"].items():
                 check = row.get("build_check")
                 shown = "-" if not check else f"{check['min_cosine']:.4f} / {100 * check['top1_agreement']:.1f}%"
                 lines.append(f"| {label} (n={b['mentions']:,}) | {b['encoder']} | {precision} | {row['acc1']:.2f} | {row['acc5']:.2f} "
                              f"| {row['top1_agreement']:.2f} | {row['acc1_delta']:+.2f} | {'yes' if row['passes'] else 'no'} "
-                             f"| {shown} | {row['names'] / max(row['encode_seconds'], 1e-9):,.0f} |")
+                             f"| {shown} | {row['names'] / max(row['encode_seconds'], 1e-9):,.0f} "
+                             f"| {'-' if row.get('compiled') is None else 'yes' if row['compiled'] else 'no'} |")
         lines += [""] + [f"- {label}: {b['run']}" for label, b in p["benchmarks"].items() if b.get("run")] + [""]
     if "build" in data:
         b = data["build"]
