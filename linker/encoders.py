@@ -235,7 +235,7 @@ class EncodeStats:
 
     texts: int
     batches: int
-    tokens: int  # real tokens, padding excluded
+    tokens: int  # real tokens of the distinct texts encoded (see Encoder.encode), padding excluded
     padded_tokens: int  # tokens the model ran, padding included
     max_length: int  # the model's token limit
     longest: int  # longest text in tokens before truncation
@@ -425,10 +425,24 @@ class Encoder:
         if token_budget < 1 or (batch_size is not None and batch_size < 1):
             raise ConfigError(f"batch_size and token_budget must be >= 1, found {batch_size}, {token_budget}")
         started = time.perf_counter()
-        lengths = self._token_counts(texts)
+        ids = token_ids(self.model, texts)
+        # Texts the tokenizer reads as the same ids ("Cystic fibrosis" and "cystic fibrosis" for an
+        # uncased model, or plain duplicates) are encoded once and share one vector. Encoded apart,
+        # in different batches, they differ by float rounding, and a tie between them (a mention
+        # with their ids scores ~1 against each) was decided by that rounding, differently in each
+        # precision and compiled or eager build (28 NCBI-disease test mentions flipped between two
+        # builds: scripts/ncbi_dense_ties.py). Bit-identical, they tie exactly and search breaks
+        # the tie by row, the same in every build. (Within one call: an index build encodes chunks
+        # of names sorted by length, so texts that differ only in case land in the same chunk.)
+        keys: dict[tuple, int] = {}
+        inverse = np.fromiter((keys.setdefault(tuple(x), len(keys)) for x in ids), dtype=np.int64, count=len(ids))
+        firsts = np.unique(inverse, return_index=True)[1]  # keys are numbered in order of first appearance
+        copies = np.bincount(inverse)  # texts per distinct one, for progress counts
+        all_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokenize_seconds = time.perf_counter() - started
+        texts = [texts[i] for i in firsts]
         limit = self.max_length
-        clipped = np.minimum(lengths, limit)
+        clipped = np.minimum(all_lengths[firsts], limit)
         order = np.argsort(clipped, kind="stable")
         batches = _token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -436,7 +450,7 @@ class Encoder:
         if show_progress:
             from linker.progress import bar as progress_bar
 
-            bar = progress_bar(len(texts), desc="encoding", unit="text")
+            bar = progress_bar(len(inverse), desc="encoding", unit="text")
         was_training = self.model.training
         self.model.eval()
         padded = 0
@@ -452,24 +466,25 @@ class Encoder:
                     vectors = self._run(features)  # (batch, dim)
                     vectors = torch.nn.functional.normalize(vectors.float(), dim=1)
                     out[rows] = vectors.cpu().numpy()
+                    done = int(copies[rows].sum())
                     if bar is not None:
-                        bar.update(len(rows))
+                        bar.update(done)
                     if progress is not None:
-                        progress(len(rows))
+                        progress(done)
         finally:
             self.model.train(was_training)
             if bar is not None:
                 bar.close()
-        truncated = int(np.sum(lengths > limit))
+        truncated = int(np.sum(all_lengths > limit))
         self.last_stats = EncodeStats(
-            texts=len(texts), batches=len(batches), tokens=int(clipped.sum()), padded_tokens=padded,
-            max_length=limit, longest=int(lengths.max()), truncated=truncated,
+            texts=len(inverse), batches=len(batches), tokens=int(clipped.sum()), padded_tokens=padded,
+            max_length=limit, longest=int(all_lengths.max()), truncated=truncated,
             tokenize_seconds=round(tokenize_seconds, 3), seconds=round(time.perf_counter() - started, 3),
         )
         if truncated:
             log.warning("%d of %d texts are longer than the encoder's %d tokens and were truncated (longest %d)",
-                        truncated, len(texts), limit, int(lengths.max()))
-        return out
+                        truncated, len(inverse), limit, int(all_lengths.max()))
+        return out[inverse]
 
     def _token_counts(self, texts: list[str]) -> np.ndarray:
         return token_counts(self.model, texts)
@@ -517,10 +532,13 @@ def in_length_buckets(lengths: np.ndarray, run: Callable[[np.ndarray], Any]):
     return out[torch.from_numpy(np.argsort(order, kind="stable")).to(out.device)]
 
 
+def token_ids(model, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text with special tokens, before truncation (a SentenceTransformer's tokenizer)."""
+    return model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+
+
 def token_counts(model, texts: list[str]) -> np.ndarray:
-    """Tokens of each text with special tokens, before truncation (a SentenceTransformer's tokenizer)."""
-    ids = model.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-    return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(texts))
+    return np.fromiter(map(len, token_ids(model, texts)), dtype=np.int64, count=len(texts))
 
 
 def _preprocess(model, texts: list[str]) -> dict:

@@ -37,6 +37,20 @@ def test_encode_shape_dtype_and_unit_norm(tiny):
     assert not np.allclose(vectors[0], vectors[1])
 
 
+def test_texts_with_the_same_token_ids_are_encoded_once_and_tie_exactly(tiny):
+    """Duplicates and case variants (the tiny tokenizer is uncased) share one bit-identical vector, so a tie
+    between them is broken by row order in every build; order, progress and counts cover every text."""
+    fillers = [f"{w} " * n for n, w in enumerate(["fever", "rash", "cough", "pain"] * 40, start=1)]
+    texts = ["Cystic fibrosis", *fillers, "cystic fibrosis", "Cystic fibrosis", "cystic  fibrosis"]
+    done = []
+    vectors = tiny.encode(texts, role="passage", token_budget=64, progress=done.append)
+    stats = tiny.last_stats
+    first, others = vectors[0], vectors[-3:]
+    assert all(np.array_equal(first, v) for v in others)  # bit-identical, not merely close
+    assert np.allclose(vectors[1:-3], tiny.encode(fillers, role="passage", token_budget=64), atol=1e-6)
+    assert sum(done) == len(texts) and stats.texts == len(texts)
+
+
 def test_encode_nothing_gives_an_empty_matrix(tiny):
     assert tiny.encode([], role="query").shape == (0, 32)
 
