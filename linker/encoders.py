@@ -486,9 +486,6 @@ class Encoder:
                         truncated, len(inverse), limit, int(all_lengths.max()))
         return out[inverse]
 
-    def _token_counts(self, texts: list[str]) -> np.ndarray:
-        return token_counts(self.model, texts)
-
     def __repr__(self) -> str:
         compiled = ", compiled" if self.compiled else ""
         return f"Encoder({self.spec.name!r}, dim={self.dim}, precision={self.precision!r}{compiled})"

@@ -57,8 +57,10 @@ def icd10cm_table(work: Path) -> Path:
 
 def names_part(names: list[str], encoder) -> dict:
     """Duplicates and token lengths of the names as the encoder sees them (passage prefix included)."""
+    from linker.encoders import token_counts
+
     prefix = encoder.spec.prefix("passage")
-    lengths = encoder._token_counts([prefix + n for n in names])
+    lengths = token_counts(encoder.model, [prefix + n for n in names])
     limit = encoder.max_length
     caps = {}
     for cap in (32, 48, 64):
