@@ -200,6 +200,9 @@ def parity(args) -> dict:
             f"`{' '.join(['python', 'scripts/bench_encode.py', *sys.argv[1:]])}`, {started:%H:%M}-"
             f"{dt.datetime.now(dt.timezone.utc):%H:%M} UTC {started:%Y-%m-%d}; load average {_load(load)} before, "
             f"{_load(os.getloadavg())} after")
+        reused = {k: r["built_at"] for k, r in result["benchmarks"][label]["precisions"].items() if r["reused"]}
+        if reused:  # scored now, encoded by the run that built them (delete indexes/bench_encode/ to rebuild)
+            result["benchmarks"][label]["run"] += "; indexes reused, built " + ", ".join(f"{k} {v}" for k, v in reused.items())
     result["load_after"] = os.getloadavg()
     return result
 
@@ -219,14 +222,16 @@ def parity_one(work: Path, label: str, encoder_name: str, table: Path, test: str
         if not (folder / "manifest.json").exists():
             build_index(table, kind="dense", out=folder, config=DenseConfig(encoder=encoder_name, precision=precision))
         build_seconds = time.perf_counter() - started
+        manifest = json.loads((folder / "manifest.json").read_text())
+        reused = build_seconds < manifest["build_seconds"]  # the folder was there: built by an earlier run
         report = evaluate(folder, test, ks=(1, 5), **options)
         full = report.row("full")
         results = Linker.load(folder).link(mentions, k=1)
         top1[precision] = [r.candidates[0].concept_id if r.candidates else None for r in results]
-        manifest = json.loads((folder / "manifest.json").read_text())
         rows[precision] = {
             "acc1": round(100 * full.acc(1).value, 2), "acc5": round(100 * full.acc(5).value, 2), "n": full.n,
-            "build_seconds": round(build_seconds, 1), "encode_seconds": manifest["dense"]["encode_seconds"],
+            "build_seconds": round(manifest["build_seconds"], 1), "built_at": manifest["built_at"], "reused": reused,
+            "encode_seconds": manifest["dense"]["encode_seconds"],
             "names": manifest["counts"]["names"], "build_check": manifest["dense"]["precision"].get("check"),
             "truncated": manifest["dense"]["encoding"]["truncated"],
             "compiled": manifest["dense"]["encoding"].get("compiled"),  # torch.compile (auto: >= 20,000 names)

@@ -219,6 +219,19 @@ def _merge(s1, r1, s2, r2, k):
     return _sort_hits(scores, rows, k)
 
 
+def exact_scores(vectors: np.ndarray, embeddings: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """(q, k) float32 inner products of each query with its rows' name vectors (row -1: -inf).
+
+    Each product is summed in float64 and rounded once, so it does not depend on the order of
+    summation: equal name vectors get equal scores wherever they are stored.
+    """
+    safe = np.where(rows >= 0, rows, 0)
+    flat = np.unique(safe)
+    names = np.asarray(embeddings[flat], dtype=np.float64)  # memmap fancy index: sorted rows
+    scores = np.einsum("qd,qkd->qk", np.asarray(vectors, dtype=np.float64), names[np.searchsorted(flat, safe)])
+    return np.where(rows >= 0, scores, MISSING_SCORE).astype(np.float32)
+
+
 def _sort_hits(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Best k per query, ordered by (score desc, row asc); missing hits (-1) last."""
     scores = np.where(rows < 0, MISSING_SCORE, scores).astype(np.float32)
@@ -402,12 +415,12 @@ class DenseNameIndex:
         # One extra hit so that ties at the k-th place are resolved by row, not by FAISS order.
         fetch = min(self.size, fetch + 1)
         scores, rows = self.faiss_index.search(vectors, fetch)
-        if rerank:
-            safe = np.where(rows >= 0, rows, 0)
-            flat = np.unique(safe)
-            lookup = np.searchsorted(flat, safe)
-            exact = np.asarray(self.embeddings[flat], dtype=np.float32)  # memmap fancy index: sorted rows
-            scores = np.einsum("qd,qkd->qk", vectors, exact[lookup])
+        if rerank or self.config.faiss_kind == "flat":
+            # A flat search is a blocked matrix product whose rounding depends on where a name falls
+            # in its block, so two bit-identical name vectors (names with equal token ids) could score
+            # a few ulps apart and their tie fall differently in each build and precision. Re-scored
+            # one pair at a time, equal vectors score equal and the tie goes by row.
+            scores = exact_scores(vectors, self.embeddings, rows)
         return _sort_hits(scores, rows, k)
 
     def save(self, folder: Path) -> dict:

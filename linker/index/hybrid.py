@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError
-from linker.index.dense import DenseConfig, DenseNameIndex, build_dense
+from linker.index.dense import DenseConfig, DenseNameIndex, build_dense, exact_scores
 from linker.index.tfidf import TfidfConfig, TfidfNameIndex, config_from_manifest
 
 log = logging.getLogger(__name__)
@@ -117,10 +117,7 @@ class HybridNameIndex:
             rows = rows[rows >= 0]
             union[i, : len(rows)] = rows
         sparse_scores = self.sparse.score_rows(sparse_vectors, union)  # (q, 2k)
-        safe = np.where(union >= 0, union, 0)
-        flat = np.unique(safe)
-        embeddings = np.asarray(self.dense.embeddings[flat], dtype=np.float32)  # sorted rows: memmap-friendly
-        dense_scores = np.einsum("qd,qkd->qk", dense_vectors, embeddings[np.searchsorted(flat, safe)])
+        dense_scores = np.where(union >= 0, exact_scores(dense_vectors, self.dense.embeddings, union), 0.0)
         weighted = self.sparse_weight * sparse_scores + self.dense_weight * dense_scores
         combined = np.where(union >= 0, weighted, -np.inf)
         tie_rows = np.where(union >= 0, union, np.iinfo(np.int64).max)
