@@ -39,8 +39,8 @@ the test Acc@1 of every mix weight is reported beside them as a diagnostic.
 retriever (`RerankConfig.mine_index`: a dense index of the training dictionary with that encoder).
 ``ncbi-sapall-mined`` puts that re-ranker above the sap + BioSyn retriever (``--biosyn-model``
 models/ncbi-biosyn-minilm-sap-all-biosyn, from ``scripts/ncbi_biosyn.py --sap-pairs all``).
-``cantemist-mined`` is "cantemist" with the re-ranker's hard negatives mined by the retriever's own tf-idf
-parameters (`RerankConfig.mining`); ``--heldin-only`` stops after the held-in calibration, so that two recipes
+``cantemist-mined`` (and ``codiesp-mined``) is "cantemist" with the re-ranker's hard negatives mined by the
+retriever's own tf-idf parameters (`RerankConfig.mining`); ``--heldin-only`` stops after the held-in calibration, so that two recipes
 are compared on dev, never on test (the calibration is kept beside the index and reused by the full run).
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
 and one report per (dataset, system) (eval/rr_*.md/json/png, *.coverage.png).
@@ -178,6 +178,8 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         "train": [x_train], "heldin": f"codiesp:{codiesp / 'devX.tsv'}#D",
         "test": f"codiesp:{codiesp / 'testX.tsv'}#D", "eval": {}, "nil": 0.0,
     }
+    out["codiesp-mined"] = {**out["codiesp"], "title": "CodiEsp-D test, negatives mined by the retriever's tf-idf",
+                            "mine_with_retriever": True}
     return out
 
 
