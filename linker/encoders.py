@@ -387,12 +387,12 @@ class Encoder:
             return self
         if self.precision == "int8":
             raise ConfigError("an int8 encoder cannot be turned back into fp32/bf16; load the encoder again")
-        model = self.model
-        if precision == "int8":
+        model, device = self.model, self.device
+        if precision == "int8":  # a quantised copy, on the CPU (int8's only device)
             import copy
 
-            model = copy.deepcopy(model)
-        return Encoder(self.spec, model, precision, device=self.device)
+            model, device = copy.deepcopy(model).to("cpu"), "cpu"
+        return Encoder(self.spec, model, precision, device=device)
 
     @property
     def max_length(self) -> int:
@@ -608,6 +608,8 @@ def load_encoder(
     if threads is not None and threads < 1:
         raise ConfigError(f"threads must be >= 1, found {threads}")
     torch.set_num_threads(threads or default_threads())
+    if precision == "int8" and device is None:
+        device = "cpu"  # int8 is a CPU precision; sentence-transformers would pick a GPU if there is one
     if spec.builtin == "e5-small":
         ensure_e5_small(Path(spec.path))
     from sentence_transformers import SentenceTransformer

@@ -91,13 +91,14 @@ def _plain_help(command) -> object:
     values, `{table}` in usage lines. Values show click's upper-case type name (`--k INTEGER`)."""
     help_option = command.get_help_option(typer_click.Context(command))
     for param in [*command.params, *([help_option] if help_option is not None else [])]:
-        if isinstance(param, TyperArgument):
+        # These attributes are typer's own (0.29); an older typer (0.27 lacks them) keeps its default help.
+        if isinstance(param, TyperArgument) and hasattr(param, "display_name_raw"):
             name = param.display_name_raw.upper()
             shown = name if param.nargs == 1 else f"{name}..."
             param.metavar = name
             param._usage_display_name = lambda shown=shown, required=param.required: shown if required else f"[{shown}]"
             param.display_type_rich = lambda ctx: None
-        elif isinstance(param, TyperOption):
+        elif isinstance(param, TyperOption) and hasattr(param, "display_type"):
             param.display_type_rich = (lambda ctx: None) if param.is_flag else (
                 lambda ctx, typed=param.display_type: _value_name(typed(ctx)))
     for sub in getattr(command, "commands", {}).values():

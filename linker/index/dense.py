@@ -618,7 +618,8 @@ def precision_encoder(names: Sequence[str], config: DenseConfig):
     from linker.encoders import load_encoder
     from linker.precision import native_precisions
 
-    fp32 = load_encoder(config.encoder, threads=config.threads or None)
+    # int8 runs on the CPU: its fp32 reference is loaded there too, even where a GPU is present
+    fp32 = load_encoder(config.encoder, threads=config.threads or None, device="cpu" if config.precision == "int8" else None)
     wanted = resolve_precision(config.precision, device=fp32.device)
     record = {"requested": config.precision, "chosen": wanted, "native": list(native_precisions(fp32.device))}
     compiled = should_compile(config.compile, len(names), wanted, fp32.device)
