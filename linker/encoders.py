@@ -265,12 +265,12 @@ SMALL_BATCH_TOKENS = 256
 
 # torch.compile (inductor) of the encoder's transformer: the element-wise work between the matrix
 # products (GELU, layer norm, residual adds, the bf16 casts of the weights) is fused or folded once
-# ("freezing" treats the weights as constants), and attention runs as plain matmul + softmax, which
-# the compiler fuses, instead of the CPU flash-attention kernel that is slow on 10-40-token names
-# (18% of an e5-small bf16 forward in a profile). Measured on MEDIC names in bf16, alternating in one
-# process: 1.31x (minilm) and 1.26x (e5-small) names per CPU-second over the eager loop
-# (eval/bench_encode.md). Compiling costs ~15-30 CPU-s and needs a C++ compiler, so `auto` compiles
-# only encodes of at least COMPILE_MIN_TEXTS texts.
+# ("freezing" treats the weights as constants, packed once for oneDNN's linear), and attention runs
+# as plain matmul + softmax, which the compiler fuses, instead of the CPU flash-attention kernel that
+# is slow on 10-40-token names (18% of an e5-small bf16 forward in a profile). Measured on MEDIC
+# names in bf16, alternating in one process: 1.59x (minilm) and 1.58x (e5-small) names per
+# CPU-second over the eager loop (eval/bench_encode.md). Compiling costs ~15-40 CPU-s and needs a
+# C++ compiler, so `auto` compiles only encodes of at least COMPILE_MIN_TEXTS texts.
 COMPILE_CHOICES = ("auto", "on", "off")
 COMPILE_MIN_TEXTS = 20_000
 
@@ -347,17 +347,23 @@ class Encoder:
             yield
             return
         import torch
+        import torch._inductor.config as inductor_config
 
         hf = transformer_module(self.model)
         versions = tuple(p._version for p in hf.parameters())
         if self._compiled_forward is None or versions != self._compiled_weights:
-            self._compiled_forward = torch.compile(hf.forward, dynamic=True, options={"freezing": True})
+            self._compiled_forward = torch.compile(hf.forward, dynamic=True)
             self._compiled_weights = versions
         attention = hf.config._attn_implementation
         hf.set_attn_implementation("eager")
         hf.forward = self._compiled_forward
         try:
-            yield
+            # Freezing is read when a call compiles (the first, or one with a new shape), so it is set
+            # around the calls. Passed as `torch.compile(options={"freezing": True})` it froze nothing
+            # (torch 2.13): the weights were not packed for oneDNN and were cast to bf16 in every call
+            # (a profile of 280 names: 2.3x the CPU time of packed linears with GELU fused).
+            with inductor_config.patch(freezing=True):
+                yield
         finally:
             hf.__dict__.pop("forward", None)  # the instance attribute; the class's forward is back
             hf.set_attn_implementation(attention)
@@ -376,6 +382,7 @@ class Encoder:
         except Exception as exc:  # inductor raises many kinds (no compiler, lowering errors)
             log.warning("torch.compile of encoder %s failed (%s: %s); encoding in eager mode",
                         self.spec.name, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            log.debug("torch.compile failure of encoder %s", self.spec.name, exc_info=True)  # inductor's first line is often empty
             self.compiled = False
             transformer_module(self.model).__dict__.pop("forward", None)
             vectors = self.model(features)["sentence_embedding"]
