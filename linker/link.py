@@ -67,9 +67,16 @@ class Candidate:
     retriever_score: float | None = None  # None only for hand-made candidates; the Linker always sets it
     confidence: float | None = None
 
+    def as_record(self) -> dict:
+        """Every field, the hierarchy as dicts: `dataclasses.asdict` without its deep copy of every string,
+        which cost the batch normaliser an eighth of its time."""
+        out = {name: getattr(self, name) for name in _CANDIDATE_FIELDS}
+        out["hierarchy"] = tuple(asdict(path) for path in self.hierarchy)
+        return out
+
     def to_dict(self) -> dict:
         """The JSON form shared by `linker link --json`, the normaliser and the HTTP service."""
-        out = asdict(self)
+        out = self.as_record()
         out["score"] = round(float(self.score), 6)
         if self.retriever_score is not None:
             out["retriever_score"] = round(float(self.retriever_score), 6)
@@ -80,6 +87,9 @@ class Candidate:
         if not self.hierarchy:
             del out["hierarchy"]  # only MedDRA candidates carry one
         return out
+
+
+_CANDIDATE_FIELDS = tuple(Candidate.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,7 @@ class Linker:
             raise ConfigError(f"--min-confidence needs a calibration of {index.folder} for this scorer; "
                               f"run `linker calibrate --index {index.folder} --dataset SPEC` first")
         self.min_confidence = min_confidence
-        self.stats = {"texts": 0, "retrieve_seconds": 0.0, "rerank_seconds": 0.0, "rerank_pairs": 0}
+        self.stats = {"texts": 0, "distinct_texts": 0, "retrieve_seconds": 0.0, "rerank_seconds": 0.0, "rerank_pairs": 0}
         table = index.concepts.table
         self._concepts = ConceptIndex(table.column("concept_id"))
         self._names: list[str] = table.column("name").to_pylist()
@@ -344,18 +354,23 @@ class Linker:
                 raise ConfigError(f"exclude: a mask of {len(self._names)} name rows expected, found {len(exclude)}")
             allowed = ~exclude if allowed is None else allowed & ~exclude
         fetch = k if self.reranker is None else max(k, self.rerank_k)
+        # A mention's result is a function of its text (and lang, k, exclude, fixed for this call), so each
+        # distinct text is linked once: batches from real streams repeat "nausea" and "headache" many times.
+        distinct = list(dict.fromkeys(mentions))
         started = time.perf_counter()
-        hits = top_concepts(self.index.names, self._concepts, list(mentions), fetch, allowed=allowed)
+        hits = top_concepts(self.index.names, self._concepts, distinct, fetch, allowed=allowed)
         retrieved = time.perf_counter()
         if self.reranker is None:
             finals = [h.scores for h in hits]
         else:
             weight = self.retriever_weight
-            finals = [r + np.float32(weight) * h.scores for r, h in zip(self._rerank(mentions, hits), hits)]
+            finals = [r + np.float32(weight) * h.scores for r, h in zip(self._rerank(distinct, hits), hits)]
         self.stats["texts"] += len(mentions)
+        self.stats["distinct_texts"] += len(distinct)
         self.stats["retrieve_seconds"] += retrieved - started
         self.stats["rerank_seconds"] += time.perf_counter() - retrieved
-        return [LinkResult(m, self._candidates(h, f, lang, k)) for m, h, f in zip(mentions, hits, finals)]
+        found = {m: self._candidates(h, f, lang, k) for m, h, f in zip(distinct, hits, finals)}
+        return [LinkResult(m, found[m]) for m in mentions]
 
     def explain(self, mention: str, candidate: Candidate) -> list:
         """Why `candidate` matched `mention`: the n-grams they share with their tf-idf weights
@@ -389,5 +404,5 @@ class Linker:
             rows = [i for i, row_lang in enumerate(langs) if row_lang == lang]
             for i, result in zip(rows, self.link([texts[i] for i in rows], k=k, lang=lang)):
                 results[i] = result
-        column = pa.array([[asdict(c) for c in r.candidates] for r in results], type=pa.list_(CANDIDATE_TYPE))
+        column = pa.array([[c.as_record() for c in r.candidates] for r in results], type=pa.list_(CANDIDATE_TYPE))
         return pa.RecordBatch.from_arrays([*batch.columns, column], names=[*batch.schema.names, "candidates"])

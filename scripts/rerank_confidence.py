@@ -393,7 +393,7 @@ def markdown(summary: dict) -> str:
         "fitted on the held-in dev split with `linker calibrate`; ECE on the test set (10 bins); *raw* = the score "
         "read as a probability (cosine clipped to [0, 1], re-ranker logit through the logistic function).",
         "",
-        "| dataset | subset | n | retriever Acc@1 | Acc@5 | + re-ranker Acc@1 | Acc@5 | gain Acc@1 | re-rank ms / mention (retrieve ms) |",
+        "| dataset | subset | n | retriever Acc@1 | Acc@5 | + re-ranker Acc@1 | Acc@5 | gain Acc@1 | re-rank ms / distinct mention (retrieve ms) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []

@@ -225,6 +225,29 @@ def test_version_and_manifest(linker, index_dir):
     assert linker.languages == ["en", "es"]
 
 
+def test_repeated_mentions_are_linked_once_with_the_same_result(linker):
+    mentions = ["nausea", "chest pain", "nausea", "vomiting", "nausea", "chest pain"]
+    before = dict(linker.stats)
+    results = linker.link(mentions, k=3)
+    assert (linker.stats["texts"] - before["texts"], linker.stats["distinct_texts"] - before["distinct_texts"]) == (6, 3)
+    assert [r.mention for r in results] == mentions
+    for mention, result in zip(mentions, results):
+        assert result == linker.link([mention], k=3)[0]  # as if linked alone
+
+
+def test_candidate_to_dict_equals_asdict_with_the_optional_fields_dropped(linker):
+    from dataclasses import asdict
+
+    [result] = linker.link(["chest pain"], k=1)
+    best = result.candidates[0]
+    expected = asdict(best)
+    expected["score"] = round(best.score, 6)
+    expected["retriever_score"] = round(best.retriever_score, 6)
+    del expected["confidence"]
+    assert best.to_dict() == expected and best.as_record() == asdict(best)
+    assert list(best.to_dict()) == list(expected)  # the JSON keeps its field order
+
+
 def test_link_batch_is_link_per_row(linker):
     batch = pa.RecordBatch.from_pydict({"id": ["a", "b", "c"], "text": ["nausea", "cefalea", "vomiting"],
                                         "lang": [None, "es", "en"]})
