@@ -161,6 +161,17 @@ def build_dense(data: Path, scratch: Path, names: int) -> tuple[Path, list[str]]
     return scratch / "dense", full.take(keep).column("name").to_pylist()
 
 
+def tfidf_label(index: Path) -> str:
+    """The tf-idf index as the report names it: its n-gram setting and size, from its manifest."""
+    manifest = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+    p = manifest["parameters"]
+    return f"tf-idf ({p['analyzer']} {p['ngram_min']}-{p['ngram_max']}, {manifest['counts']['names']:,} names)"
+
+
+def dense_label(names: int) -> str:
+    return f"dense (minilm flat, {names:,} MEDIC names)"
+
+
 def capacity(per_cpu_s: float) -> float:
     """Core-hours for 1e8 spans at this many spans per CPU second."""
     return 1e8 / per_cpu_s / 3600
@@ -285,7 +296,7 @@ def result_from_log(log: Path, args) -> dict:
         if match.group(1) == "0" and match.group(2) == args.contenders[0]:
             sections.append({"local": [], "ray-1": [], "ray-2": []})
         sections[-1][match.group(2)].append(json.loads(match.group(3)))
-    kinds = ["tf-idf (default, 150,749 names)", f"dense (minilm flat, {args.dense_names:,} MEDIC names)"]
+    kinds = [tfidf_label(args.index), dense_label(args.dense_names)]
     result = {"command": args.log_command, "runs": len(sections[0]["local"]),
               "dense_runs": len(sections[1]["local"]) if len(sections) > 1 else 0, "k": args.k, "indexes": {},
               "raw": {}}
@@ -351,13 +362,13 @@ def main() -> None:
         shards, whole = write_spans(scratch / "tfidf", mentions, names, args.tfidf_spans, args.shards)
         raw = contenders(args.index, shards, whole, scratch / "tfidf", args.runs, args.k, args.contenders)
         result["raw"]["tfidf"] = raw
-        result["indexes"]["tf-idf (default, 150,749 names)"] = {n: summarise(r) for n, r in raw.items()}
+        result["indexes"][tfidf_label(args.index)] = {n: summarise(r) for n, r in raw.items()}
         if not args.skip_dense:
             dense, dense_names = build_dense(args.data, scratch, args.dense_names)
             shards, whole = write_spans(scratch / "dense_spans", mentions, dense_names, args.dense_spans, args.shards)
             raw = contenders(dense, shards, whole, scratch / "dense_spans", args.dense_runs, args.k, args.contenders)
             result["raw"]["dense"] = raw
-            result["indexes"][f"dense (minilm flat, {args.dense_names:,} MEDIC names)"] = {
+            result["indexes"][dense_label(len(dense_names))] = {
                 n: summarise(r) for n, r in raw.items()}
     loads = [r["load_average"][i] for runs in result["raw"].values() for rows in runs.values() for r in rows
              for i in (0, 3)]
