@@ -4,6 +4,7 @@
     .venv/bin/python scripts/train_multilingual.py cantemist --biosyn-queries 0 --epochs 3 --with-train-names  # all
     .venv/bin/python scripts/train_multilingual.py mantra [--sap-pairs 1024] [--threads 1]
     .venv/bin/python scripts/train_multilingual.py codiesp [--threads 1]
+    .venv/bin/python scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 2 --threads 2  # all
 
 cantemist: dictionary = ICD-O names of valid-codes.tsv (built as scripts/eval_all.py does);
   `train_biosyn` of e5-small on a seeded sample of the Cantemist train mentions (embeddings and the
@@ -25,6 +26,10 @@ mantra: dictionary = HPO with its es/fr/nl/de translations (eval_all.py's hpo_tr
 codiesp: the same two encoders (e5-small, and e5-small + the mantra part's cross-lingual sap on HPO,
   trained first if missing) on CodiEsp-D test: Spanish mentions against the English ICD-10-CM names
   (eval_all.py's icd10cm table), Full and the training-set filters. Writes eval/train_codiesp_e5.md|json.
+  `--biosyn-queries 0` instead trains BioSyn on every unique CodiEsp-D train mention (Spanish) against
+  those English names (model models/codiesp-e5-biosyn-all, dev = devX watched per epoch, resumable as
+  for cantemist) and writes eval/train_codiesp_e5_all.md|json|_curve.png; the dictionary with the train
+  mentions added is scored by `scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-biosyn-all`.
 
 Every stage is skipped when its output exists, so an interrupted run resumes. Sizes are chosen for
 2 shared CPU cores; the numbers show what the code does at this size, not what the methods reach.
@@ -64,7 +69,9 @@ log = logging.getLogger("train_multilingual")
 PUBLISHED = {
     # Medical Crossing paper, Cantemist, SapBERT (XLM-R, all-lang) + target-language training:
     # Full / Filtered (train) / Filtered0.2 (train), Acc@1 / Acc@5
-    "codiesp": [("tf-idf, Medical Crossing paper", {"full": (20.55, 39.24)})],
+    "codiesp": [("tf-idf, Medical Crossing paper", {"full": (20.55, 39.24)}),
+                ("SapBERT+target, Medical Crossing paper (ICD-10-CM names + train mentions)",
+                 {"full": (67.18, None), "train": (47.62, None), "train0.2": (45.42, None)})],
     "cantemist": [("SapBERT+target, Medical Crossing paper", {"full": (79.45, 87.76), "train": (53.31, 68.54),
                                                                "train0.2": (51.48, 66.10)})],
 }
@@ -98,15 +105,15 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
-    full = args.part == "cantemist" and args.biosyn_queries == 0  # BioSyn on all train mentions
+    full = args.part in ("cantemist", "codiesp") and args.biosyn_queries == 0  # BioSyn on all train mentions
     name = f"train_{args.part}_e5" + ("_all" if full else "")
     state = {"part": args.part, "note": args.note, "full": full, "report_name": name,
              "command": " ".join(["python", "scripts/train_multilingual.py", *sys.argv[1:]]), "stage_seconds": {}, "load_average_after_stage": {}, "rows": [],
              "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "args": {k: str(v) for k, v in vars(args).items()},
              "hardware": {"cpu_count": os.cpu_count(), "torch_threads": args.threads, "machine": platform.machine(),
                           "torch": torch.__version__, "gpu": torch.cuda.is_available(),
-                          "note": "2 CPU cores shared with other jobs (a CI check and a second training script "
-                                  "ran beside it); times are wall-clock under that load"}}
+                          "note": "2 CPU cores shared with other jobs; times are wall-clock under that load "
+                                  "(load averages below; --note says what ran beside)"}}
     stage = Stages(args.out / f"{name}.json")  # keeps the timings of stages a re-run skips
     state["stage_seconds"], state["load_average_after_stage"] = stage.seconds, stage.load_after
 
@@ -151,7 +158,7 @@ def main() -> None:
         state["training"] = training_summary(model)
         if full:
             state["training"]["monitor"] = dev
-            curve(state["training"], args.out / f"{name}_curve.png")
+            curve(state["training"], args.out / f"{name}_curve.png", "Cantemist", "ICD-O names")
         if args.index_only == "train":  # the training section and curve only; rows come from a later run
             write(args.out, name, state, reports, data=args.data)
             return
@@ -169,7 +176,7 @@ def main() -> None:
             score(f"dense e5-small + {tag}, ICD-O names + train mentions",
                   dense(icdo_train, args.work / f"icdo_train_e5_{tag}", str(model)), test, train_spec=train,
                   filters=("all",))
-    else:
+    elif not full:  # mantra, and codiesp's HPO sap row (the BioSyn run above needs no sap model)
         hpo_dir = args.data / "hpo"
         hp_files = (sorted(hpo_dir.glob("hp.obo*")) + sorted(hpo_dir.glob("hp-*.babelon.tsv"))
                     + sorted(hpo_dir.glob("hp-*.synonyms.tsv")))
@@ -203,6 +210,23 @@ def main() -> None:
         state["dictionary"] = describe(icd)
         score("dense e5-small, ICD-10-CM names (en)", dense(icd, args.work / "icd10cm_e5", "e5-small"), test,
               train_spec=train, filters=("all",))
+        if full:  # BioSyn on every train mention against the English names: Spanish -> English by training
+            biosyn = args.models / "codiesp-e5-biosyn-all"
+            config = BiosynConfig(epochs=args.epochs, freeze_embeddings=True, freeze_layers=args.freeze_layers,
+                                  threads=args.threads, max_seconds=args.max_seconds)
+            dev = f"codiesp:{codiesp / 'devX.tsv'}#D"
+            stage("train_biosyn", (biosyn / "train_metrics.json").exists(),
+                  lambda: train_biosyn(train, icd, encoder="e5-small", out=biosyn, config=config,
+                                       monitor=load_dataset(dev), resume=common.checkpoint_dir(biosyn).exists()))
+            state["training"] = training_summary(biosyn) | {"monitor": dev}
+            curve(state["training"], args.out / f"{name}_curve.png", "CodiEsp-D", "ICD-10-CM names (en)")
+            score("dense e5-small + biosyn_all, ICD-10-CM names (en)",
+                  dense(icd, args.work / "icd10cm_e5_biosyn_all", str(biosyn)), test, train_spec=train,
+                  filters=("all",))
+            state["tfidf_rows"] = tfidf_rows(args.out / "summary.json", "codiesp_d")
+            write(args.out, name, state, reports, data=args.data)
+            print((args.out / f"{name}.md").read_text())
+            return
         score("dense e5-small + sap (HPO cross-lingual pairs), ICD-10-CM names (en)",
               dense(icd, args.work / "icd10cm_e5_sap", str(model)), test, train_spec=train, filters=("all",))
     state["tfidf_rows"] = tfidf_rows(args.out / "summary.json", {"codiesp": "codiesp_d"}.get(args.part, args.part))
@@ -251,7 +275,7 @@ def training_summary(model: Path) -> dict:
             "last_step_loss": steps[-1]["loss"] if steps else None}
 
 
-def curve(t: dict, path: Path) -> None:
+def curve(t: dict, path: Path, dataset: str, dictionary: str) -> None:
     """Dense Acc@1 of the watched (dev) mentions before each epoch and after the last: is more training worth it?"""
     import matplotlib
 
@@ -266,12 +290,12 @@ def curve(t: dict, path: Path) -> None:
     if stopped:  # the last epoch ended early: its point sits at the share of that epoch trained
         x[-1] = x[-2] + stopped["step_in_epoch"] / stopped["steps_per_epoch"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(x, [100 * p for p in points], marker="o", label="dev1 mentions (watched, not trained on)")
+    ax.plot(x, [100 * p for p in points], marker="o", label="dev mentions (watched, not trained on)")
     ax.plot(range(len(train)), [100 * p for p in train], marker="s", label="training queries")
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=not stopped))
     ax.set_xlabel("epochs trained")
-    ax.set_ylabel("dense Acc@1 vs ICD-O names (%)")
-    ax.set_title("BioSyn on all Cantemist train mentions: e5-small")
+    ax.set_ylabel(f"dense Acc@1 vs {dictionary} (%)")
+    ax.set_title(f"BioSyn on all {dataset} train mentions: e5-small")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -298,7 +322,9 @@ def markdown(s: dict, reports) -> str:
     title = {"cantemist": "Cantemist test: e5-small before / after BioSyn training "
                           + ("on all train mentions" if s.get("full") else "(CPU-sized)"),
              "mantra": "Mantra GSC: e5-small before / after SapBERT-style training (CPU-sized)",
-             "codiesp": "CodiEsp-D: e5-small before / after cross-lingual SapBERT-style training on HPO (CPU-sized)"}[s["part"]]
+             "codiesp": "CodiEsp-D: e5-small before / after "
+                        + ("BioSyn training on all train mentions" if s.get("full")
+                           else "cross-lingual SapBERT-style training on HPO (CPU-sized)")}[s["part"]]
     lines = [f"# {title}", "", f"Produced by `{s.get('command', 'scripts/train_multilingual.py ' + s['part'])}`. "
              "Acc@k in %; n = mentions.",
              "", (f"Dictionary: {d['path']}, {d['names']:,} names of {d['concepts']:,} concepts; names per language "
@@ -313,7 +339,8 @@ def markdown(s: dict, reports) -> str:
                        "so that tf-idf row (HPO + translations + DOID) is not the same dictionary.")]
     lines += ["", markdown_table(reports, reach=True) if reports else "(no evaluation finished)", ""]
     for label, cols in PUBLISHED.get(s["part"], []):
-        lines.append(f"Published: {label}: " + "; ".join(f"{k} {a1:.2f} / {a5:.2f}" for k, (a1, a5) in cols.items()))
+        lines.append(f"Published: {label}: " + "; ".join(f"{k} {a1:.2f}" + ("" if a5 is None else f" / {a5:.2f}")
+                                                        for k, (a1, a5) in cols.items()))
     for row in s.get("tfidf_rows", []):
         lines.append(f"tf-idf (eval/summary.json, same test set): {row}")
     if t:
@@ -328,7 +355,7 @@ def markdown(s: dict, reports) -> str:
             watched = [e["monitor_dense_acc1_before_epoch"] for e in t["epochs"]]
             watched.append(t["extra"]["monitor_dense_acc1_after_training"])
             lines += ["", f"Training curve (`{s['report_name']}_curve.png`): dense Acc@1 of the watched `{t['monitor']}` "
-                          "mentions against the training dictionary (ICD-O names), before each epoch and after the last: "
+                          "mentions against the training dictionary, before each epoch and after the last: "
                           + ", ".join(f"{100 * a:.2f}" for a in watched) + ". They are not trained on and choose nothing."]
     h = s["hardware"]
     lines += ["", (f"Hardware: {h['cpu_count']} CPU cores, no GPU (cuda: {h['gpu']}), torch {h['torch']} with "
