@@ -141,6 +141,17 @@ def available_cpus() -> int:
     return max(1, min(count, math.ceil(quota) if quota else count))
 
 
+def thread_budget(wanted: int) -> int:
+    """`wanted` threads, capped by this process's share of the machine: OMP_NUM_THREADS when set (Ray
+    sets it to an actor's CPU reservation, 1 for a normaliser worker, and a library that starts its
+    own threads must keep to it too) and the CPUs it may use."""
+    cap = available_cpus()
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        cap = min(cap, int(omp))
+    return max(1, min(wanted, cap))
+
+
 def _cgroup_quota() -> float | None:
     """CPUs allowed by cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``; None when unlimited."""
     try:

@@ -320,6 +320,24 @@ def test_maxscore_concept_search_equals_retrieve_over_exact_search(seed):
                 np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
 
 
+def test_a_ray_actors_one_cpu_caps_the_search_threads(monkeypatch):
+    import linker.index.tfidf as tfidf
+    import linker.precision
+
+    index = TfidfNameIndex.build(NAMES, TfidfConfig(threads=2))
+    used, real = [], tfidf.sp_matmul_topn
+    monkeypatch.setattr(tfidf, "sp_matmul_topn", lambda *a, **kw: used.append(kw["n_threads"]) or real(*a, **kw))
+    monkeypatch.setattr(tfidf, "MIN_ROWS_PER_THREAD", 1)  # two queries may use two threads
+    monkeypatch.setattr(linker.precision, "available_cpus", lambda: 2)  # as on a 2-core machine
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    expected = index.search(["chest pain", "nausea"], 3)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # Ray's setting in an actor with num_cpus=1
+    found = index.search(["chest pain", "nausea"], 3)
+    assert used[0] == 2 and set(used[1:]) == {1}
+    for a, b in zip(expected, found):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_search_method_is_chosen_by_size_and_recorded(tmp_path):
     assert TfidfNameIndex.build(NAMES).search_method == "exact"
     assert TfidfNameIndex.build(NAMES, TfidfConfig(exact_max_names=3)).search_method == "maxscore"

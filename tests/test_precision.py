@@ -73,6 +73,17 @@ def test_available_cpus_follow_affinity_and_cgroup_quota(monkeypatch):
     assert prec.available_cpus() == affinity
 
 
+def test_thread_budget_keeps_to_omp_num_threads_and_the_cpus(monkeypatch):
+    monkeypatch.setattr(prec, "available_cpus", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert [prec.thread_budget(n) for n in (1, 2, 8)] == [1, 2, 2]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Ray sets in an actor that reserved one CPU
+    assert prec.thread_budget(2) == 1
+    for ignored in ("", "0", "two"):
+        monkeypatch.setenv("OMP_NUM_THREADS", ignored)
+        assert prec.thread_budget(2) == 2
+
+
 def test_token_batches_respect_the_budget_and_the_count():
     lengths = np.array([2, 2, 3, 3, 3, 8, 20])
     batches = _token_batches(lengths, token_budget=9, max_batch=10)

@@ -63,6 +63,7 @@ from linker.index import maxscore
 from linker.progress import track
 from linker.fileio import native_read
 from linker.text import MODES, normalize
+from linker.precision import thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -424,6 +425,11 @@ class TfidfNameIndex:
         return method
 
     @property
+    def threads(self) -> int:
+        """Search threads: `config.threads`, capped by the process's budget (a Ray actor's one CPU)."""
+        return thread_budget(self.config.threads)
+
+    @property
     def exact(self) -> bool:
         """Whether `search` returns the exact top-k (every method but ``approximate``)."""
         return self.search_method != "approximate"
@@ -471,7 +477,7 @@ class TfidfNameIndex:
         for start in range(0, n, self.config.query_chunk):
             chunk = vectors[start : start + self.config.query_chunk]
             if method == "maxscore":
-                found = self.maxscore_searcher.search(chunk, k, self.config.threads, codes)
+                found = self.maxscore_searcher.search(chunk, k, self.threads, codes)
             else:
                 found = self._top(chunk, k) if method == "exact" else self._approximate(chunk, k)
             scores[start : start + chunk.shape[0]], rows[start : start + chunk.shape[0]] = found
@@ -482,7 +488,8 @@ class TfidfNameIndex:
         # sp_matmul_topn splits query rows between threads: a handful of rows gives the second thread
         # nothing to do but its start-up (one mention over 150k names, shared 2-core machine: p50
         # 14 ms with one thread, 36 ms with two).
-        threads = self.config.threads if vectors.shape[0] >= MIN_ROWS_PER_THREAD * self.config.threads else 1
+        threads = self.threads
+        threads = threads if vectors.shape[0] >= MIN_ROWS_PER_THREAD * threads else 1
         queries, scores, rows = [], [], []
         for first, shard in self.shards:
             product = sp_matmul_topn(vectors, shard, top_n=min(k, shard.shape[1]), sort=True, n_threads=threads)
