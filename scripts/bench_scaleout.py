@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SEED = 0
+BATCH = 1024  # spans per `Linker.link` call, local and in a Ray worker (linker.normalize.BATCH)
 CONTENDERS = ["local", "ray-1", "ray-2"]
 
 
@@ -85,17 +86,34 @@ def ncbi_mentions(data: Path) -> list[str]:
     return [a.text for a in read_pubtator(data / "ncbi_disease" / "NCBItestset_corpus.txt")]
 
 
-def write_spans(folder: Path, mentions: list[str], names: list[str], n: int, shards: int) -> tuple[Path, Path]:
-    """`shards` JSONL shards in folder/shards and the same spans in one file folder/all.jsonl."""
+def span_texts(mentions: list[str], names: list[str], n: int) -> list[str]:
+    """The benchmark's spans: odd ones drawn from `mentions`, even ones from `names` (seed 0, with replacement)."""
     rng = random.Random(SEED)
+    return [rng.choice(mentions) if i % 2 else rng.choice(names) for i in range(n)]
+
+
+def distinct_shares(texts: list[str], shards: int) -> dict:
+    """How repetitive the spans are: `Linker.link` links each distinct text of a batch once, so the
+    figures depend on it. Distinct share overall and per batch (local: one file, Ray: per shard)."""
+    def per_batch(chunks: list[list[str]]) -> float:
+        batches = [c[i : i + BATCH] for c in chunks for i in range(0, len(c), BATCH)]
+        return sum(len(set(b)) for b in batches) / len(texts)
+
+    per = -(-len(texts) // shards)
+    return {"spans": len(texts), "distinct": len(set(texts)), "distinct_share": len(set(texts)) / len(texts),
+            "distinct_per_batch_local": per_batch([texts]),
+            "distinct_per_batch_ray": per_batch([texts[s * per : (s + 1) * per] for s in range(shards)])}
+
+
+def write_spans(folder: Path, texts: list[str], shards: int) -> tuple[Path, Path]:
+    """`shards` JSONL shards in folder/shards and the same spans in one file folder/all.jsonl."""
     (folder / "shards").mkdir(parents=True)
-    per = -(-n // shards)
+    per = -(-len(texts) // shards)
     with (folder / "all.jsonl").open("w", encoding="utf-8") as whole:
         for s in range(shards):
             with (folder / "shards" / f"part-{s:03d}.jsonl").open("w", encoding="utf-8") as part:
-                for i in range(s * per, min(n, (s + 1) * per)):
-                    text = rng.choice(mentions) if i % 2 else rng.choice(names)
-                    line = json.dumps({"id": f"s{i}", "text": text}, ensure_ascii=False) + "\n"
+                for i in range(s * per, min(len(texts), (s + 1) * per)):
+                    line = json.dumps({"id": f"s{i}", "text": texts[i]}, ensure_ascii=False) + "\n"
                     part.write(line)
                     whole.write(line)
     return folder / "shards", folder / "all.jsonl"
@@ -146,8 +164,22 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
-def build_dense(data: Path, scratch: Path, names: int) -> tuple[Path, list[str]]:
-    """A flat minilm index over `names` MEDIC name rows (seed 0), built in the scratch folder."""
+def repetition_of(args) -> dict:
+    """`distinct_shares` of the spans a run with these arguments drew (they are seeded)."""
+    import pyarrow.parquet as pq
+
+    mentions = ncbi_mentions(args.data)
+    names = pq.read_table(args.index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
+    out = {"tfidf": distinct_shares(span_texts(mentions, names, args.tfidf_spans), args.shards)}
+    if not args.skip_dense:
+        with tempfile.TemporaryDirectory(prefix="linker-scaleout-") as tmp:
+            dense_names = medic_sample(args.data, Path(tmp), args.dense_names)
+        out["dense"] = distinct_shares(span_texts(mentions, dense_names, args.dense_spans), args.shards)
+    return out
+
+
+def medic_sample(data: Path, scratch: Path, names: int) -> list[str]:
+    """`names` MEDIC name rows (seed 0, all when fewer) written to scratch/medic_sample.parquet; their names."""
     import pyarrow.parquet as pq
 
     table = scratch / "medic.parquet"
@@ -156,9 +188,15 @@ def build_dense(data: Path, scratch: Path, names: int) -> tuple[Path, list[str]]
     full = pq.read_table(table)
     keep = sorted(random.Random(SEED).sample(range(full.num_rows), min(names, full.num_rows)))
     pq.write_table(full.take(keep), scratch / "medic_sample.parquet")
+    return full.take(keep).column("name").to_pylist()
+
+
+def build_dense(data: Path, scratch: Path, names: int) -> tuple[Path, list[str]]:
+    """A flat minilm index over `names` MEDIC name rows (seed 0), built in the scratch folder."""
+    sample = medic_sample(data, scratch, names)
     subprocess.run([sys.executable, "-m", "linker", "-q", "index", "build", "--dict", str(scratch / "medic_sample.parquet"),
                     "--kind", "dense", "--encoder", "minilm", "--out", str(scratch / "dense")], cwd=ROOT, check=True)
-    return scratch / "dense", full.take(keep).column("name").to_pylist()
+    return scratch / "dense", sample
 
 
 def tfidf_label(index: Path) -> str:
@@ -250,7 +288,17 @@ def write_report(result: dict, out: Path, command: str) -> None:
             lines.append(f"| {kind} | {name} | {r['spans']:,} | {r['wall_s']:.1f}{start} | {r['spans_per_s_wall']:,.0f} "
                          f"| {phase:,.0f} | {r['spans_per_link_cpu_s']:,.0f} | {r['load_s']:.1f} | {rss} |")
     lines += ["", "The Ray linking phase is the job from the first actor's start to `_SUCCESS` (actor start and index "
-              "load included); the local one is `normalize_jsonl` after `Linker.load`.", ""]
+              "load included); the local one is `normalize_jsonl` after `Linker.load`. The local process searches "
+              "and encodes with 2 threads; a Ray worker reserves 1 CPU and keeps to one thread (Ray sets "
+              "OMP_NUM_THREADS=1, which torch, FAISS and the tf-idf search follow).", ""]
+    for key, rep in result.get("repetition", {}).items():
+        lines.append(f"Repetition ({key} spans): {rep['distinct']:,} distinct texts of {rep['spans']:,} "
+                     f"({100 * rep['distinct_share']:.1f}%); `Linker.link` links each distinct text of a batch of "
+                     f"{BATCH:,} once, and {100 * rep['distinct_per_batch_local']:.1f}% (local) / "
+                     f"{100 * rep['distinct_per_batch_ray']:.1f}% (Ray, per shard) of the spans were a batch's "
+                     "distinct texts: the work actually done. A stream with fewer repeats costs more per span.")
+    if result.get("repetition"):
+        lines.append("")
     for kind, rows in result["indexes"].items():
         local = rows["local"]["spans_per_link_cpu_s"]
         shares = [f"{rows[n]['spans_per_link_cpu_s'] / local:.2f}× ({n})" for n in ("ray-1", "ray-2") if n in rows]
@@ -276,8 +324,8 @@ def write_report(result: dict, out: Path, command: str) -> None:
                    if local < 0.8 * min(ray) else
                    f"Here both spent about the same CPU per span ({local:,.0f} vs {', '.join(f'{r:,.0f}' for r in ray)} "
                    "spans per CPU-second)")
-            lines += ["", "A Ray actor with 1 CPU runs its libraries with one thread (Ray sets OMP_NUM_THREADS=1); the "
-                      f"local process lets torch use both cores. {gap}. The one-thread figure is the one to plan with."]
+            lines += ["", f"Dense: the local process lets torch use both cores, a Ray worker one. {gap}. The "
+                      "one-thread figure is the one to plan with."]
     lines += [""]
     lines += capacity_plan(result)
     out.with_suffix(".md").write_text(portable_paths("\n".join(lines) + "\n"), encoding="utf-8")
@@ -342,6 +390,8 @@ def main() -> None:
                      " (the report compares Ray with the local process)")
     if args.from_json:
         result = json.loads(args.from_json.read_text(encoding="utf-8"))
+        if "repetition" not in result and args.data.exists():  # a run from before it was recorded: the same draw
+            result["repetition"] = repetition_of(args)
         write_report(result, args.out, result["command"])
         return
     if args.from_log:
@@ -359,13 +409,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="linker-scaleout-") as tmp:
         scratch = Path(tmp)
         names = pq.read_table(args.index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
-        shards, whole = write_spans(scratch / "tfidf", mentions, names, args.tfidf_spans, args.shards)
+        texts = span_texts(mentions, names, args.tfidf_spans)
+        result["repetition"] = {"tfidf": distinct_shares(texts, args.shards)}
+        shards, whole = write_spans(scratch / "tfidf", texts, args.shards)
         raw = contenders(args.index, shards, whole, scratch / "tfidf", args.runs, args.k, args.contenders)
         result["raw"]["tfidf"] = raw
         result["indexes"][tfidf_label(args.index)] = {n: summarise(r) for n, r in raw.items()}
         if not args.skip_dense:
             dense, dense_names = build_dense(args.data, scratch, args.dense_names)
-            shards, whole = write_spans(scratch / "dense_spans", mentions, dense_names, args.dense_spans, args.shards)
+            texts = span_texts(mentions, dense_names, args.dense_spans)
+            result["repetition"]["dense"] = distinct_shares(texts, args.shards)
+            shards, whole = write_spans(scratch / "dense_spans", texts, args.shards)
             raw = contenders(dense, shards, whole, scratch / "dense_spans", args.dense_runs, args.k, args.contenders)
             result["raw"]["dense"] = raw
             result["indexes"][dense_label(len(dense_names))] = {
