@@ -5,7 +5,7 @@ LINKER := $(VENV)/bin/linker
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test
+.PHONY: setup demo test test-typer-floor
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,13 @@ demo: indexes/default
 
 test: setup
 	$(PY) -m pytest
+
+# The CLI against the lowest typer pyproject allows (installed beside, not into, the venv).
+TYPER_FLOOR = $(shell sed -n 's/.*"typer>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+test-typer-floor: setup
+	rm -rf .typer-floor && $(VENV)/bin/pip install -q --no-deps --target .typer-floor "typer==$(TYPER_FLOOR).*"
+	PYTHONPATH=.typer-floor $(PY) -c "import typer; print('CLI tests with typer', typer.__version__)"
+	PYTHONPATH=.typer-floor $(PY) -m pytest -q -p no:cacheprovider tests/test_link.py tests/test_normalize.py tests/test_first_hour.py
 
 # One target per benchmark or accuracy table of the README: each reruns the script that wrote the table's
 # report under eval/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).

@@ -10,7 +10,10 @@ import logging
 import sys
 
 import typer
-from typer import _click as typer_click  # typer vendors its own click
+try:
+    from typer import _click as typer_click  # typer >= 0.26 vendors its own click
+except ImportError:  # an older typer runs on the click package it depends on
+    import click as typer_click
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 import linker
