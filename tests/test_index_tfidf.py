@@ -325,8 +325,8 @@ def test_a_ray_actors_one_cpu_caps_the_search_threads(monkeypatch):
     import linker.precision
 
     index = TfidfNameIndex.build(NAMES, TfidfConfig(threads=2))
-    used, real = [], tfidf.sp_matmul_topn
-    monkeypatch.setattr(tfidf, "sp_matmul_topn", lambda *a, **kw: used.append(kw["n_threads"]) or real(*a, **kw))
+    used, real = [], tfidf.sorted_top_n
+    monkeypatch.setattr(tfidf, "sorted_top_n", lambda *a: used.append(a[3]) or real(*a))
     monkeypatch.setattr(tfidf, "MIN_ROWS_PER_THREAD", 1)  # two queries may use two threads
     monkeypatch.setattr(linker.precision, "available_cpus", lambda: 2)  # as on a 2-core machine
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -336,6 +336,32 @@ def test_a_ray_actors_one_cpu_caps_the_search_threads(monkeypatch):
     assert used[0] == 2 and set(used[1:]) == {1}
     for a, b in zip(expected, found):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_thread_top_n_is_sparse_dot_topns_own_result(dtype):
+    import scipy.sparse as sp
+    from sparse_dot_topn import sp_matmul_topn
+
+    import linker.index.tfidf as tfidf
+    from linker.index.tfidf import sorted_top_n
+
+    if not getattr(tfidf.sparse_dot_topn_core, "_has_openmp_support", False):
+        pytest.skip("this sparse_dot_topn build has no OpenMP kernel: sorted_top_n is the library's API itself")
+    rng = np.random.default_rng(0)
+    names = sp.random(500, 300, density=0.03, format="csr", random_state=1, dtype=dtype)
+    queries = sp.random(40, 300, density=0.05, format="csr", random_state=2, dtype=dtype)
+    no_ngram = sp.csr_matrix((1, 300), dtype=dtype)  # a query with no known n-gram
+    queries = sp.vstack([queries[:3], no_ngram, queries[3:]]).tocsr()
+    names = sp.csr_matrix(names.T @ sp.diags(rng.random(500).astype(dtype)) @ names)  # ties and dense rows
+    for top_n in (1, 7, 1000):
+        expected = sp_matmul_topn(queries, names.T.tocsr(), top_n=top_n, sort=True, n_threads=1)
+        found = sorted_top_n(queries, names.T.tocsr(), top_n, 1)
+        for field in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(found, field), getattr(expected, field))
+        assert found.shape == expected.shape and found.dtype == expected.dtype
+    empty = sp.csr_matrix((2, 300), dtype=dtype)
+    assert sorted_top_n(empty, names.T.tocsr(), 5, 1).nnz == 0
 
 
 def test_search_method_is_chosen_by_size_and_recorded(tmp_path):
