@@ -22,7 +22,7 @@ share its pages through the page cache. It stays a plain scipy ``.npz``; one wri
 (unaligned) is read into memory as before.
 
 Search is `sparse_dot_topn.sp_matmul_topn` (a multi-threaded sparse product that keeps only the
-top n per row), over chunks of queries so that memory stays bounded: a full scipy product
+top n per row; on one thread its OpenMP kernel, `sorted_top_n`), over chunks of queries so that memory stays bounded: a full scipy product
 followed by a sort materialises every non-zero query-name score (measured by the lead on 200k
 names: ~95 queries/s at 2.6 GiB, against ~600 queries/s at 0.3 GiB with sp_matmul_topn).
 The names are searched in shards of `SHARD_NAMES`, so that the array in which the product accumulates
