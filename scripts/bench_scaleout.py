@@ -238,6 +238,10 @@ def capacity_plan(result: dict) -> list[str]:
     tfidf = next(rows for kind, rows in result["indexes"].items() if kind.startswith("tf-idf"))
     worker = max(tfidf.get("ray-2", tfidf["local"]).get("worker_peak_rss_mib", [tfidf["local"]["peak_rss_mib"]]))
     dense_gib = 10e6 * DENSE_DIM * 4 / 2**30
+    dense = next((rows for kind, rows in result["indexes"].items() if kind.startswith("dense")), None)
+    dense_row = None if dense is None else dense.get("ray-2", dense["local"])
+    dense_worker = 0 if dense_row is None else max(dense_row.get("worker_peak_rss_mib", [dense_row["peak_rss_mib"]]))
+    dense_spans = 0 if dense_row is None else dense_row["spans"]
     lines += [
         "", "**A 10M-name dictionary (UMLS-sized), estimated, not measured.** Measured above: a tf-idf worker over the "
         f"150,749-name default index peaks at {worker:,.0f} MiB, most of it the Python process and its libraries. At "
@@ -252,7 +256,10 @@ def capacity_plan(result: dict) -> list[str]:
         "arrays) would leave about 2–3 GiB per worker, the design's next step. "
         f"A flat dense index holds 10M × {DENSE_DIM} × 4 B = {dense_gib:.1f} GiB of fp32 vectors, loaded as a "
         "memory-mapped `.npy` (`linker.index.dense`), read-only pages that every worker of a node shares through the "
-        "page cache: the node holds them once, and each worker adds its encoder (~100–500 MiB) and the concept table. "
+        "page cache: the node holds them once, and each worker adds its encoder and the concept table"
+        + (f" (a dense worker above peaked at {dense_worker:,.0f} MiB over a 76k-name index after "
+           f"{dense_spans:,} spans: its memory grows while it encodes, by more than the encoder's weights; "
+           "not isolated here)" if dense_worker else "") + ". "
         "FAISS IVF indexes are read with `IO_FLAG_MMAP` (their lists shared the same way); with FAISS 1.15 that flag "
         "left a flat FAISS file's vectors read into memory in a check here, and HNSW keeps its vectors in that same flat "
         "storage, so an HNSW index is still read into each worker.",
@@ -272,7 +279,8 @@ def write_report(result: dict, out: Path, command: str) -> None:
         + (f", {result['dense_runs']} for dense" if has_dense else "") + "); "
         "medians over the rounds. Load average (1/5/15 min) before "
         "and after each run is in the JSON; over the whole run it was "
-        f"{result['load_min']:.1f}–{result['load_max']:.1f} (1-minute). Spans: half NCBI-disease test mentions, half names "
+        f"{result['load_min']:.1f}–{result['load_max']:.1f} (1-minute)."
+        + (f" {result['note']}" if result.get("note") else "") + " Spans: half NCBI-disease test mentions, half names "
         "of the index's own dictionary (seed 0, with replacement), k = 5.", "",
         "**spans/s** over wall time depend on the load; **spans per linking CPU-second** (a worker's CPU time after "
         "its index is loaded) is the figure to plan with: a dedicated core gives that many spans per second.", "",
@@ -380,6 +388,7 @@ def main() -> None:
                         help="Comma-separated subset of local,ray-1,ray-2, run in this order (a long run may skip ray-1).")
     parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_scaleout")
     parser.add_argument("--from-json", type=Path, help="Only rewrite the report from an earlier run's JSON.")
+    parser.add_argument("--note", default="", help="What else ran on the machine (stored in the JSON, shown in the report).")
     parser.add_argument("--from-log", type=Path,
                         help="Only write the report from an earlier run's stderr (its `run N NAME: {...}` lines), e.g. "
                              "of a run stopped before its last rounds; the report says so.")
@@ -390,6 +399,7 @@ def main() -> None:
                      " (the report compares Ray with the local process)")
     if args.from_json:
         result = json.loads(args.from_json.read_text(encoding="utf-8"))
+        result["note"] = args.note or result.get("note", "")
         if "repetition" not in result and args.data.exists():  # a run from before it was recorded: the same draw
             result["repetition"] = repetition_of(args)
         write_report(result, args.out, result["command"])
@@ -405,7 +415,7 @@ def main() -> None:
     command = "python " + " ".join([Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute()
                                     else sys.argv[0], *sys.argv[1:]])
     mentions = ncbi_mentions(args.data)
-    result = {"command": command, "runs": args.runs, "dense_runs": args.dense_runs, "k": args.k, "indexes": {}, "raw": {}}
+    result = {"command": command, "note": args.note, "runs": args.runs, "dense_runs": args.dense_runs, "k": args.k, "indexes": {}, "raw": {}}
     with tempfile.TemporaryDirectory(prefix="linker-scaleout-") as tmp:
         scratch = Path(tmp)
         names = pq.read_table(args.index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
