@@ -312,9 +312,9 @@ def write(out: Path, name: str, state: dict, reports, *, data: Path) -> None:
             state[key] = {**old.get(key, {}), **state[key]}
     out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / f"{name}.json") as tmp:
-        tmp.write_text(portable_paths(json.dumps(state, indent=2, default=str), data=data))
+        tmp.write_text(portable_paths(json.dumps(state, indent=2, default=str), root=ROOT, data=data))
     with atomic_file(out / f"{name}.md") as tmp:
-        tmp.write_text(portable_paths(markdown(state, reports), data=data))
+        tmp.write_text(portable_paths(markdown(state, reports), root=ROOT, data=data))
 
 
 def markdown(s: dict, reports) -> str:
