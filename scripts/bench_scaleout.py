@@ -164,12 +164,17 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
-def repetition_of(args) -> dict:
-    """`distinct_shares` of the spans a run with these arguments drew (they are seeded)."""
+def index_names(index: Path) -> list[str]:
+    """The names of an index's concept table, which the tf-idf spans are half drawn from."""
     import pyarrow.parquet as pq
 
+    return pq.read_table(index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
+
+
+def repetition_of(args) -> dict:
+    """`distinct_shares` of the spans a run with these arguments drew (they are seeded)."""
     mentions = ncbi_mentions(args.data)
-    names = pq.read_table(args.index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
+    names = index_names(args.index)
     out = {"tfidf": distinct_shares(span_texts(mentions, names, args.tfidf_spans), args.shards)}
     if not args.skip_dense:
         with tempfile.TemporaryDirectory(prefix="linker-scaleout-") as tmp:
@@ -410,7 +415,6 @@ def main() -> None:
     if args.child:
         print(json.dumps(child_local(args) if args.child == "local" else child_ray(args)))
         return
-    import pyarrow.parquet as pq
 
     command = "python " + " ".join([Path(sys.argv[0]).relative_to(ROOT).as_posix() if Path(sys.argv[0]).is_absolute()
                                     else sys.argv[0], *sys.argv[1:]])
@@ -418,7 +422,7 @@ def main() -> None:
     result = {"command": command, "note": args.note, "runs": args.runs, "dense_runs": args.dense_runs, "k": args.k, "indexes": {}, "raw": {}}
     with tempfile.TemporaryDirectory(prefix="linker-scaleout-") as tmp:
         scratch = Path(tmp)
-        names = pq.read_table(args.index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
+        names = index_names(args.index)
         texts = span_texts(mentions, names, args.tfidf_spans)
         result["repetition"] = {"tfidf": distinct_shares(texts, args.shards)}
         shards, whole = write_spans(scratch / "tfidf", texts, args.shards)

@@ -140,6 +140,20 @@ def main() -> None:
         log.info("%s: Acc@1 %.2f Acc@5 %.2f (n=%d)", label, 100 * full.acc(1).value, 100 * full.acc(5).value, full.n)
         write(args.out, name, state, reports, data=args.data)  # partial results survive a cut-off run
 
+    def biosyn(model: Path, train: str, dictionary: Path, dev: str, dataset: str, names: str) -> None:
+        """BioSyn of e5-small on `train` against `dictionary` (the cantemist and codiesp parts); with every
+        train mention (`full`), `dev` is watched per epoch and drawn as the training curve."""
+        config = BiosynConfig(max_queries=args.biosyn_queries or None, epochs=args.epochs, freeze_embeddings=True,
+                              freeze_layers=args.freeze_layers, threads=args.threads, max_seconds=args.max_seconds)
+        stage("train_biosyn", (model / "train_metrics.json").exists(),
+              lambda: train_biosyn(train, dictionary, encoder="e5-small", out=model, config=config,
+                                   monitor=load_dataset(dev) if full else None,
+                                   resume=common.checkpoint_dir(model).exists()))
+        state["training"] = training_summary(model)
+        if full:
+            state["training"]["monitor"] = dev
+            curve(state["training"], args.out / f"{name}_curve.png", dataset, names)
+
     if args.part == "cantemist":
         cantemist = args.data / "cantemist"
         test, train = f"brat:{cantemist / 'test.zip'}#lang=es", f"brat:{cantemist / 'train.zip'}#lang=es"
@@ -148,17 +162,7 @@ def main() -> None:
         state["dictionary"] = describe(icdo)
         tag = "biosyn_all" if full else "biosyn"
         model = args.models / f"cantemist-e5-{tag.replace('_', '-')}"
-        config = BiosynConfig(max_queries=args.biosyn_queries or None, epochs=args.epochs, freeze_embeddings=True,
-                              freeze_layers=args.freeze_layers, threads=args.threads, max_seconds=args.max_seconds)
-        dev = f"brat:{cantemist / 'dev1.zip'}#lang=es"
-        stage("train_biosyn", (model / "train_metrics.json").exists(),
-              lambda: train_biosyn(train, icdo, encoder="e5-small", out=model, config=config,
-                                   monitor=load_dataset(dev) if full else None,
-                                   resume=common.checkpoint_dir(model).exists()))
-        state["training"] = training_summary(model)
-        if full:
-            state["training"]["monitor"] = dev
-            curve(state["training"], args.out / f"{name}_curve.png", "Cantemist", "ICD-O names")
+        biosyn(model, train, icdo, f"brat:{cantemist / 'dev1.zip'}#lang=es", "Cantemist", "ICD-O names")
         if args.index_only == "train":  # the training section and curve only; rows come from a later run
             write(args.out, name, state, reports, data=args.data)
             return
@@ -211,24 +215,14 @@ def main() -> None:
         score("dense e5-small, ICD-10-CM names (en)", dense(icd, args.work / "icd10cm_e5", "e5-small"), test,
               train_spec=train, filters=("all",))
         if full:  # BioSyn on every train mention against the English names: Spanish -> English by training
-            biosyn = args.models / "codiesp-e5-biosyn-all"
-            config = BiosynConfig(epochs=args.epochs, freeze_embeddings=True, freeze_layers=args.freeze_layers,
-                                  threads=args.threads, max_seconds=args.max_seconds)
-            dev = f"codiesp:{codiesp / 'devX.tsv'}#D"
-            stage("train_biosyn", (biosyn / "train_metrics.json").exists(),
-                  lambda: train_biosyn(train, icd, encoder="e5-small", out=biosyn, config=config,
-                                       monitor=load_dataset(dev), resume=common.checkpoint_dir(biosyn).exists()))
-            state["training"] = training_summary(biosyn) | {"monitor": dev}
-            curve(state["training"], args.out / f"{name}_curve.png", "CodiEsp-D", "ICD-10-CM names (en)")
+            model = args.models / "codiesp-e5-biosyn-all"
+            biosyn(model, train, icd, f"codiesp:{codiesp / 'devX.tsv'}#D", "CodiEsp-D", "ICD-10-CM names (en)")
             score("dense e5-small + biosyn_all, ICD-10-CM names (en)",
-                  dense(icd, args.work / "icd10cm_e5_biosyn_all", str(biosyn)), test, train_spec=train,
+                  dense(icd, args.work / "icd10cm_e5_biosyn_all", str(model)), test, train_spec=train,
                   filters=("all",))
-            state["tfidf_rows"] = tfidf_rows(args.out / "summary.json", "codiesp_d")
-            write(args.out, name, state, reports, data=args.data)
-            print((args.out / f"{name}.md").read_text())
-            return
-        score("dense e5-small + sap (HPO cross-lingual pairs), ICD-10-CM names (en)",
-              dense(icd, args.work / "icd10cm_e5_sap", str(model)), test, train_spec=train, filters=("all",))
+        else:
+            score("dense e5-small + sap (HPO cross-lingual pairs), ICD-10-CM names (en)",
+                  dense(icd, args.work / "icd10cm_e5_sap", str(model)), test, train_spec=train, filters=("all",))
     state["tfidf_rows"] = tfidf_rows(args.out / "summary.json", {"codiesp": "codiesp_d"}.get(args.part, args.part))
     write(args.out, name, state, reports, data=args.data)
     print((args.out / f"{name}.md").read_text())
