@@ -3,7 +3,7 @@
     .venv/bin/python scripts/rerank_confidence.py [--data ../shared/data] [--out eval] [--work indexes/rr]
         [--models models] [--datasets ncbi,cantemist,codiesp,ncbi-biosyn] [--rerank-k 16] [--train-seconds 5100]
         [--max-queries 1500] [--negatives 5] [--epochs 3] [--lr 3e-5] [--threads 1] [--rebuild]
-        [--biosyn-model models/ncbi-biosyn-minilm-biosyn] [--heldin-only]
+        [--biosyn-model models/ncbi-biosyn-minilm-biosyn] [--codiesp-model models/codiesp-e5-biosyn-all] [--heldin-only]
 
 For each dataset: a tf-idf retriever over the dictionary plus the training mentions (as in
 eval/ncbi_biosyn.md and eval/cantemist_tfidf_train.md; character uni+bigrams, the parameters these
@@ -40,8 +40,10 @@ retriever (`RerankConfig.mine_index`: a dense index of the training dictionary w
 ``ncbi-sapall-mined`` puts that re-ranker above the sap + BioSyn retriever (``--biosyn-model``
 models/ncbi-biosyn-minilm-sap-all-biosyn, from ``scripts/ncbi_biosyn.py --sap-pairs all``).
 ``cantemist-mined`` (and ``codiesp-mined``) is "cantemist" with the re-ranker's hard negatives mined by the
-retriever's own tf-idf parameters (`RerankConfig.mining`); ``--heldin-only`` stops after the held-in calibration, so that two recipes
-are compared on dev, never on test (the calibration is kept beside the index and reused by the full run).
+retriever's own tf-idf parameters (`RerankConfig.mining`). ``codiesp-biosyn`` puts the "codiesp-mined" re-ranker
+above the e5-small retriever that BioSyn trained on all CodiEsp-D train mentions (``--codiesp-model``).
+``--heldin-only`` stops after the held-in calibration, so that two recipes are compared on dev, never on test
+(the calibration is kept beside the index and reused by the full run).
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
 and one report per (dataset, system) (eval/rr_*.md/json/png, *.coverage.png).
 """
@@ -180,6 +182,13 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     }
     out["codiesp-mined"] = {**out["codiesp"], "title": "CodiEsp-D test, negatives mined by the retriever's tf-idf",
                             "mine_with_retriever": True}
+    # The CodiEsp-D full system: the e5-small retriever that BioSyn trained on every train mention
+    # (scripts/train_multilingual.py codiesp --biosyn-queries 0; ``--codiesp-model``) over the same dictionary, with
+    # the "codiesp-mined" re-ranker above. That encoder never saw devX, so the held-in choices are not biased.
+    out["codiesp-biosyn"] = {
+        **out["codiesp"], "title": "CodiEsp-D test, BioSyn-trained e5-small dense retriever", "kind": "dense",
+        "index_config": lambda args: DenseConfig(encoder=str(args.codiesp_model)), "reranker_of": "codiesp-mined",
+    }
     return out
 
 
@@ -199,6 +208,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--biosyn-model", type=Path, default=ROOT / "models" / "ncbi-biosyn-minilm-biosyn",
                         help="ncbi-biosyn's dense encoder (scripts/ncbi_biosyn.py --epochs 10 writes it)")
+    parser.add_argument("--codiesp-model", type=Path, default=ROOT / "models" / "codiesp-e5-biosyn-all",
+                        help="codiesp-biosyn's dense encoder (scripts/train_multilingual.py codiesp --biosyn-queries 0)")
     parser.add_argument("--systems", default="retriever,reranked",
                         help="retriever: tf-idf + calibration only (no re-ranker trained); reranked: also the re-ranker")
     parser.add_argument("--heldin-only", action="store_true",
