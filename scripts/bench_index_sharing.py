@@ -153,8 +153,8 @@ def write_report(result: dict, out: Path) -> None:
         "transposed shards, as large as the matrix here; maxscore's postings above 500,000 names), the concept table, "
         "the per-name lists and the libraries' heaps.",
     ]
-    out.with_suffix(".md").write_text(portable_paths("\n".join(lines) + "\n"), encoding="utf-8")
-    out.with_suffix(".json").write_text(portable_paths(json.dumps(result, indent=2)) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(portable_paths("\n".join(lines) + "\n", root=ROOT), encoding="utf-8")
+    out.with_suffix(".json").write_text(portable_paths(json.dumps(result, indent=2), root=ROOT) + "\n", encoding="utf-8")
 
 
 def main() -> None:

@@ -177,8 +177,8 @@ def main() -> None:
         "runs": results,
     }
     EVAL.mkdir(exist_ok=True)
-    (EVAL / "dict_build_benchmark.json").write_text(portable_paths(json.dumps(report, indent=2) + "\n", scratch=tmp), encoding="utf-8")
-    (EVAL / "dict_build_benchmark.md").write_text(portable_paths(markdown(report), scratch=tmp), encoding="utf-8")
+    (EVAL / "dict_build_benchmark.json").write_text(portable_paths(json.dumps(report, indent=2) + "\n", root=ROOT, scratch=tmp), encoding="utf-8")
+    (EVAL / "dict_build_benchmark.md").write_text(portable_paths(markdown(report), root=ROOT, scratch=tmp), encoding="utf-8")
     print(f"wrote {EVAL / 'dict_build_benchmark.md'} and .json")
 
 

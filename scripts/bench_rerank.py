@@ -81,7 +81,7 @@ def main() -> None:
     ])
     for path, text in ((args.out / f"{args.name}.json", json.dumps(result, indent=2)), (args.out / f"{args.name}.md", md)):
         with atomic_file(path) as tmp:
-            tmp.write_text(portable_paths(text, data=args.data), encoding="utf-8")
+            tmp.write_text(portable_paths(text, root=ROOT, data=args.data), encoding="utf-8")
     print(md)
 
 

@@ -341,8 +341,8 @@ def write_report(result: dict, out: Path, command: str) -> None:
                       "one-thread figure is the one to plan with."]
     lines += [""]
     lines += capacity_plan(result)
-    out.with_suffix(".md").write_text(portable_paths("\n".join(lines) + "\n"), encoding="utf-8")
-    out.with_suffix(".json").write_text(portable_paths(json.dumps(result, indent=2)) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(portable_paths("\n".join(lines) + "\n", root=ROOT), encoding="utf-8")
+    out.with_suffix(".json").write_text(portable_paths(json.dumps(result, indent=2), root=ROOT) + "\n", encoding="utf-8")
 
 
 def result_from_log(log: Path, args) -> dict:

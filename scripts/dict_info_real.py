@@ -142,10 +142,10 @@ def main() -> None:
         results = run(args.data, args.out_dir)
     report = {"python": platform.python_version(), "cpus": os.cpu_count(), "tables": results}
     with atomic_file(ROOT / "eval" / "dictionaries.json") as tmp:
-        tmp.write_text(portable_paths(json.dumps(report, ensure_ascii=False, indent=2, default=str) + "\n", data=args.data),
+        tmp.write_text(portable_paths(json.dumps(report, ensure_ascii=False, indent=2, default=str) + "\n", root=ROOT, data=args.data),
                        encoding="utf-8")
     with atomic_file(ROOT / "eval" / "dictionaries.md") as tmp:
-        tmp.write_text(portable_paths(markdown(results), data=args.data), encoding="utf-8")
+        tmp.write_text(portable_paths(markdown(results), root=ROOT, data=args.data), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -232,12 +232,12 @@ def write_summary(out: Path, results, load_before, seconds: float, *, data: Path
               f"{tuple(round(x, 2) for x in load_before)} at the start, {tuple(round(x, 2) for x in load_after)} "
               f"at the end; whole run {seconds:.0f}s including dictionary and index builds.", ""]
     with atomic_file(out / "summary.md") as tmp:
-        tmp.write_text(portable_paths("\n".join(lines), data=data), encoding="utf-8")
+        tmp.write_text(portable_paths("\n".join(lines), root=ROOT, data=data), encoding="utf-8")
     payload = {"load_average_start": load_before, "load_average_end": load_after, "seconds": seconds,
                "published": PUBLISHED,
                "evaluations": [{"group": g, "label": label, **rep.to_dict()} for g, label, rep in results]}
     with atomic_file(out / "summary.json") as tmp:
-        tmp.write_text(portable_paths(json.dumps(payload, ensure_ascii=False, indent=2, default=str) + "\n", data=data),
+        tmp.write_text(portable_paths(json.dumps(payload, ensure_ascii=False, indent=2, default=str) + "\n", root=ROOT, data=data),
                        encoding="utf-8")
 
 

@@ -232,9 +232,9 @@ def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: P
                      "load_average_at_end": list(os.getloadavg())},
     }
     with atomic_file(args.out / f"{name}.json") as tmp:
-        tmp.write_text(portable_paths(json.dumps(result, indent=2), data=args.data))
+        tmp.write_text(portable_paths(json.dumps(result, indent=2), root=ROOT, data=args.data))
     with atomic_file(args.out / f"{name}.md") as tmp:
-        tmp.write_text(portable_paths(markdown(result), data=args.data))
+        tmp.write_text(portable_paths(markdown(result), root=ROOT, data=args.data))
     print(markdown(result))
 
 

@@ -172,9 +172,9 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     with atomic_file(args.out / f"{args.report_name}.json") as tmp:
-        tmp.write_text(portable_paths(json.dumps(result, indent=2), data=args.data))
+        tmp.write_text(portable_paths(json.dumps(result, indent=2), root=ROOT, data=args.data))
     with atomic_file(args.out / f"{args.report_name}.md") as tmp:
-        tmp.write_text(portable_paths(markdown(result), data=args.data))
+        tmp.write_text(portable_paths(markdown(result), root=ROOT, data=args.data))
     curve(result, args.out / f"{args.report_name}_curve.png")
     print(markdown(result))
 

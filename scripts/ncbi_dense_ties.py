@@ -93,9 +93,9 @@ def main() -> None:
         result["disagree"] = len(differ)
         result["disagree_in_pool"] = sum(i in inside for i in differ)
     with atomic_file(args.out / "ncbi_dense_ties.json") as tmp:
-        tmp.write_text(portable_paths(json.dumps(result, indent=2), data=args.data))
+        tmp.write_text(portable_paths(json.dumps(result, indent=2), root=ROOT, data=args.data))
     with atomic_file(args.out / "ncbi_dense_ties.md") as tmp:
-        tmp.write_text(portable_paths(markdown(result), data=args.data))
+        tmp.write_text(portable_paths(markdown(result), root=ROOT, data=args.data))
     print(markdown(result))
 
 
