@@ -39,7 +39,7 @@ test-typer-floor: setup
 
 # One target per benchmark or accuracy table of the README: each reruns the script that wrote the table's
 # report under eval/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).
-.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-ncbi-biosyn-sap eval-multilingual eval-cantemist-biosyn eval-rerank eval-capabilities eval-hybrid-tuning
+.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-ncbi-biosyn-sap eval-multilingual eval-cantemist-biosyn eval-codiesp-biosyn eval-rerank eval-capabilities eval-hybrid-tuning
 
 bench-link: setup
 	$(PY) scripts/bench_link.py --medic-dense
@@ -76,6 +76,13 @@ eval-multilingual: setup
 eval-cantemist-biosyn: setup
 	$(PY) scripts/train_multilingual.py cantemist --biosyn-queries 0 --epochs 3 --max-seconds 3600 --threads 2
 	$(PY) scripts/hybrid_tuning.py cantemist --encoder models/cantemist-e5-biosyn-all
+
+# BioSyn on every CodiEsp-D train mention against the English ICD-10-CM names (~12 min an epoch on 2 quiet cores),
+# then dense / tf-idf / tuned hybrid with it on ICD-10-CM + train mentions, then the CodiEsp-D re-ranker above it.
+eval-codiesp-biosyn: setup
+	$(PY) scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 3 --threads 2
+	$(PY) scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-biosyn-all
+	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined,codiesp-biosyn --rerank-k 16 --epochs 1 --train-seconds 3000 --threads 2
 
 eval-hybrid-tuning: setup
 	$(PY) scripts/hybrid_tuning.py ncbi
