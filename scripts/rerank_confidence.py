@@ -41,7 +41,8 @@ retriever (`RerankConfig.mine_index`: a dense index of the training dictionary w
 models/ncbi-biosyn-minilm-sap-all-biosyn, from ``scripts/ncbi_biosyn.py --sap-pairs all``).
 ``cantemist-mined`` (and ``codiesp-mined``) is "cantemist" with the re-ranker's hard negatives mined by the
 retriever's own tf-idf parameters (`RerankConfig.mining`). ``codiesp-biosyn`` puts the "codiesp-mined" re-ranker
-above the e5-small retriever that BioSyn trained on all CodiEsp-D train mentions (``--codiesp-model``).
+above the e5-small retriever that BioSyn trained on all CodiEsp-D train mentions (``--codiesp-model``);
+``codiesp-biosyn-mined`` gives it its own re-ranker, negatives mined by that retriever.
 ``--heldin-only`` stops after the held-in calibration, so that two recipes are compared on dev, never on test
 (the calibration is kept beside the index and reused by the full run).
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
@@ -188,6 +189,12 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     out["codiesp-biosyn"] = {
         **out["codiesp"], "title": "CodiEsp-D test, BioSyn-trained e5-small dense retriever", "kind": "dense",
         "index_config": lambda args: DenseConfig(encoder=str(args.codiesp_model)), "reranker_of": "codiesp-mined",
+    }
+    # Its own re-ranker, hard negatives mined by that dense retriever over the training dictionary: the tf-idf-mined
+    # one never saw the semantically close English names a dense retriever returns.
+    out["codiesp-biosyn-mined"] = {
+        **out["codiesp-biosyn"], "title": "CodiEsp-D test, BioSyn-trained e5-small dense retriever, re-ranker "
+        "negatives mined by it", "reranker_of": None, "mine_index": True,
     }
     return out
 
