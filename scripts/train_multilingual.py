@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="BioSyn epochs (cantemist)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="BioSyn time budget per run: stop after the step that passes it and save the model")
+    parser.add_argument("--max-length", type=int, default=25, help="BioSyn tokens per mention or name (BioSyn: 25)")
     parser.add_argument("--freeze-layers", type=int, default=4)  # Medical Crossing froze embeddings + 4 or 10 layers
     parser.add_argument("--sap-pairs", type=int, default=1024)
     parser.add_argument("--sap-batch", type=int, default=64)  # 256 pairs/step of the paper do not fit the time box
@@ -144,7 +145,8 @@ def main() -> None:
         """BioSyn of e5-small on `train` against `dictionary` (the cantemist and codiesp parts); with every
         train mention (`full`), `dev` is watched per epoch and drawn as the training curve."""
         config = BiosynConfig(max_queries=args.biosyn_queries or None, epochs=args.epochs, freeze_embeddings=True,
-                              freeze_layers=args.freeze_layers, threads=args.threads, max_seconds=args.max_seconds)
+                              freeze_layers=args.freeze_layers, threads=args.threads, max_seconds=args.max_seconds,
+                              max_length=args.max_length)
         stage("train_biosyn", (model / "train_metrics.json").exists(),
               lambda: train_biosyn(train, dictionary, encoder="e5-small", out=model, config=config,
                                    monitor=load_dataset(dev) if full else None,

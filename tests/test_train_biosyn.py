@@ -144,14 +144,16 @@ def test_cli_biosyn(tmp_path, tiny_encoder_dir, biosyn_dict, capsys):
 
     out = tmp_path / "cli-biosyn"
     main(["train", "biosyn", "--train", TRAIN, "--train", TRAIN, "--dict", str(biosyn_dict), "--encoder",
-          str(tiny_encoder_dir), "--out", str(out), "--topk", "4", "--epochs", "1", "--batch-size", "8", "--threads", "1"])
+          str(tiny_encoder_dir), "--out", str(out), "--topk", "4", "--epochs", "1", "--batch-size", "8", "--threads", "1",
+          "--max-length", "12"])
     summary = json.loads(capsys.readouterr().out)
     # the same file twice (as train + dev would be): its mentions twice, deduplicated into the same queries
     from linker.eval.datasets import load_dataset
 
     assert summary["queries"]["mentions"] == 2 * len(load_dataset(TRAIN))
     assert summary["steps"] == 2 and (out / "biosyn.json").is_file()
-    assert json.loads((out / "train_config.json").read_text())["data"]["train"] == [TRAIN, TRAIN]
+    run_config = json.loads((out / "train_config.json").read_text())
+    assert run_config["data"]["train"] == [TRAIN, TRAIN] and run_config["config"]["max_length"] == 12
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "biosyn", "--train", TRAIN, "--dict", str(biosyn_dict), "--encoder", str(tiny_encoder_dir),
               "--out", str(out), "--dense-ratio", "2"])

@@ -33,6 +33,7 @@ def biosyn_cli(
     freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Freeze the token embeddings."),
     max_queries: int = typer.Option(None, "--max-queries", help="Train on a seeded sample of this many mentions."),
     max_seconds: float = typer.Option(None, "--max-seconds", help="Time budget: stop after the step that passes it and save the model."),
+    max_length: int = typer.Option(25, "--max-length", help="Tokens per mention or name in training (BioSyn: 25; longer names are truncated)."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
@@ -48,7 +49,7 @@ def biosyn_cli(
     config = BiosynConfig(
         lr=lr, batch_size=batch_size, epochs=epochs, topk=topk, dense_ratio=dense_ratio,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, max_queries=max_queries,
-        max_seconds=max_seconds, seed=seed, device=device, threads=threads, precision=precision,
+        max_seconds=max_seconds, max_length=max_length, seed=seed, device=device, threads=threads, precision=precision,
     )
     summary = train_biosyn(list(train), dict_path, encoder=encoder, out=out, config=config, resume=resume,
                            show_progress=on_terminal(), overwrite=overwrite)
