@@ -77,10 +77,10 @@ eval-cantemist-biosyn: setup
 	$(PY) scripts/train_multilingual.py cantemist --biosyn-queries 0 --epochs 3 --max-seconds 3600 --threads 2
 	$(PY) scripts/hybrid_tuning.py cantemist --encoder models/cantemist-e5-biosyn-all
 
-# BioSyn on every CodiEsp-D train mention against the English ICD-10-CM names (~12 min an epoch on 2 quiet cores),
+# BioSyn on every CodiEsp-D train mention against the English ICD-10-CM names (~15 min an epoch on 2 quiet cores),
 # then dense / tf-idf / tuned hybrid with it on ICD-10-CM + train mentions, then the CodiEsp-D re-ranker above it.
 eval-codiesp-biosyn: setup
-	$(PY) scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 3 --threads 2
+	$(PY) scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 4 --threads 2
 	$(PY) scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-biosyn-all
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined,codiesp-biosyn --rerank-k 16 --epochs 1 --train-seconds 3000 --threads 2
 

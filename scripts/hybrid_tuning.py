@@ -167,6 +167,12 @@ def main() -> None:
         DEFAULT_GRID if args.grid is None else parse_grid(args.grid))
 
 
+def index_stamp(manifest: dict) -> tuple:
+    """When an index was built and tuned: a report's copy of the manifest has its paths made portable, so the
+    manifests themselves do not compare."""
+    return manifest.get("built_at"), (manifest.get("sparse_weight_tuning") or {}).get("tuned_at")
+
+
 def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: Path, timings: dict, stage,
         grid) -> None:
     from linker.eval.datasets import load_dataset as load
@@ -207,7 +213,10 @@ def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: P
             tmp.write_text(json.dumps(scores, indent=1))
 
     test_report = args.out / f"{name}_test.json"
-    stage("eval_test", test_report.exists(),
+    # Current only when written from this very index (as built and tuned): a committed report of an earlier model
+    # of the same name must not stand for a retrained one.
+    stage("eval_test", test_report.exists() and index_stamp(json.loads(test_report.read_text())["config"].get(
+              "index_manifest", {})) == index_stamp(manifest),
           lambda: evaluate(index_dir, cfg["test"], train_spec=cfg["train"], filters=("full", "train", "train0.2"),
                            ks=(1, 5), composite=cfg["composite"], report_dir=args.out, name=f"{name}_test",
                            overwrite=True))
