@@ -77,7 +77,7 @@ eval-cantemist-biosyn: setup
 	$(PY) scripts/train_multilingual.py cantemist --biosyn-queries 0 --epochs 3 --max-seconds 3600 --threads 2
 	$(PY) scripts/hybrid_tuning.py cantemist --encoder models/cantemist-e5-biosyn-all
 
-# BioSyn on every CodiEsp-D train mention against the English ICD-10-CM names (~15 min an epoch on 2 quiet cores),
+# BioSyn on every CodiEsp-D train mention against the English ICD-10-CM names (~16 min an epoch on 2 cores at load 2-3),
 # then dense / tf-idf / tuned hybrid with it on ICD-10-CM + train mentions, then the CodiEsp-D re-ranker above it.
 eval-codiesp-biosyn: setup
 	$(PY) scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 4 --threads 2

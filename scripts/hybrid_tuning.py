@@ -215,8 +215,9 @@ def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: P
     test_report = args.out / f"{name}_test.json"
     # Current only when written from this very index (as built and tuned): a committed report of an earlier model
     # of the same name must not stand for a retrained one.
-    stage("eval_test", test_report.exists() and index_stamp(json.loads(test_report.read_text())["config"].get(
-              "index_manifest", {})) == index_stamp(manifest),
+    current = test_report.exists() and index_stamp(
+        json.loads(test_report.read_text())["config"].get("index_manifest", {})) == index_stamp(manifest)
+    stage("eval_test", current,
           lambda: evaluate(index_dir, cfg["test"], train_spec=cfg["train"], filters=("full", "train", "train0.2"),
                            ks=(1, 5), composite=cfg["composite"], report_dir=args.out, name=f"{name}_test",
                            overwrite=True))
