@@ -80,7 +80,7 @@ eval-cantemist-biosyn: setup
 # BioSyn on every CodiEsp-D train mention against the English ICD-10-CM names (~16 min an epoch on 2 cores at load 2-3),
 # then dense / tf-idf / tuned hybrid with it on ICD-10-CM + train mentions, then the CodiEsp-D re-ranker above it.
 eval-codiesp-biosyn: setup
-	$(PY) scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 4 --threads 2
+	$(PY) scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 5 --threads 2
 	$(PY) scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-biosyn-all
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined,codiesp-biosyn --rerank-k 16 --epochs 1 --train-seconds 3000 --threads 2
 

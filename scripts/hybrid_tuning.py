@@ -52,7 +52,7 @@ from linker.index.hybrid import DEFAULT_SPARSE_WEIGHT, HybridConfig
 from linker.index.manifest import read_manifest
 from linker.index.tfidf import TfidfConfig
 from linker.text import icd10cm_code
-from stages import Stages  # scripts/stages.py (this script's folder is on sys.path)
+from stages import Stages, index_current  # scripts/stages.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("hybrid_tuning")
@@ -157,8 +157,8 @@ def main() -> None:
     stage("dictionary", dictionary.exists(), lambda: build_dictionary_with_train_names(cfg, dictionary))
     index_dir = work / f"hybrid_{slug}"
     config = HybridConfig(tfidf=cfg["tfidf"], dense=DenseConfig(encoder=encoder, threads=args.threads))
-    stage("index", (index_dir / "manifest.json").exists(),
-          lambda: build_index(dictionary, kind="hybrid", out=index_dir, config=config, overwrite=args.rebuild))
+    stage("index", index_current(index_dir, encoder),
+          lambda: build_index(dictionary, kind="hybrid", out=index_dir, config=config, overwrite=True))
     if args.build_only:
         return
     from linker.eval.tune import DEFAULT_GRID, parse_grid
@@ -195,8 +195,8 @@ def run(args, cfg: dict, encoder: str, name: str, index_dir: Path, dictionary: P
 
     scores_path = index_dir.parent / f"{name}.scores.json"  # per-split scores, kept to resume (not in the index)
     scores = json.loads(scores_path.read_text()) if scores_path.exists() and not args.rebuild else {}
-    if scores.get("systems") != [list(w) for _, w in systems]:
-        scores = {"systems": [list(w) for _, w in systems]}
+    if scores.get("systems") != [list(w) for _, w in systems] or scores.get("index") != list(index_stamp(manifest)):
+        scores = {"systems": [list(w) for _, w in systems], "index": list(index_stamp(manifest))}
     linker_ = None
     for split in ("dev", "test"):
         if split in scores and (split == "dev" or "subsets" in scores[split][0]):

@@ -65,6 +65,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from eval_all import mention_names, table  # noqa: E402  (the dictionaries eval_all.py builds)
+from stages import index_current  # noqa: E402
 
 from linker.dictionary import SourceSpec  # noqa: E402
 from linker.eval.calibrate import calibrate  # noqa: E402
@@ -241,9 +242,9 @@ def main() -> None:
             mine_index = None
             if spec.get("mine_index"):  # the retriever's kind and parameters over the training dictionary
                 mine_index = args.work / f"{name}_mining_{spec['kind']}"
-                if args.rebuild or not (mine_index / "manifest.json").exists():
+                if args.rebuild or not index_current(mine_index, dense_encoder(spec, args)):
                     build_index(train_dict, kind=spec["kind"], out=mine_index, config=spec["index_config"](args),
-                                overwrite=args.rebuild)
+                                overwrite=True)
             config = RerankConfig(max_queries=args.max_queries, negatives=args.negatives, epochs=args.epochs, lr=args.lr,
                                   threads=args.threads, max_seconds=args.train_seconds, checkpoint_every=50,
                                   mining=spec["index_config"](args) if spec.get("mine_with_retriever") else None,
@@ -255,9 +256,9 @@ def main() -> None:
         reranked = args.work / f"{name}_{spec['kind']}_rerank"
         folders = {"retriever": (retriever, None), "reranked": (reranked, model)}
         for folder, bound in (folders[s] for s in systems):
-            if args.rebuild or not (folder / "manifest.json").exists():
+            if args.rebuild or not index_current(folder, dense_encoder(spec, args), bound):
                 build_index(index_dict, kind=spec["kind"], out=folder, config=spec["index_config"](args),
-                            reranker=bound, overwrite=args.rebuild)
+                            reranker=bound, overwrite=True)
         entry = {"title": spec["title"], "command": " ".join(["python", "scripts/rerank_confidence.py", *sys.argv[1:]]),
                  "test": spec["test"], "heldin": spec["heldin"], "train": spec["train"],
                  "dictionary": str(index_dict.relative_to(ROOT) if index_dict.is_relative_to(ROOT) else index_dict),
@@ -325,17 +326,24 @@ def main() -> None:
     print(markdown(summary))
 
 
+def dense_encoder(spec: dict, args) -> str | None:
+    """The encoder a dense retriever's index is built with (None for tf-idf), to notice a retrained one."""
+    return spec["index_config"](args).encoder if spec["kind"] == "dense" else None
+
+
 def heldin_calibration(folder: Path, spec: dict, args) -> dict:
     """`calibrate` on the held-in set, kept beside the index (`<index>.heldin.json`) so that a `--heldin-only`
     comparison run is not repeated by the full run (the index keeps the calibration it wrote)."""
     cached = folder.with_name(folder.name + ".heldin.json")
+    built_at = json.loads((folder / "manifest.json").read_text())["built_at"]  # a rebuilt index is fitted afresh
     if cached.exists() and not args.rebuild:
         saved = json.loads(cached.read_text())
-        if saved["rerank_k"] == args.rerank_k and saved["dataset"] == spec["heldin"]:
+        if (saved["rerank_k"], saved["dataset"], saved.get("index_built_at")) == (args.rerank_k, spec["heldin"], built_at):
             return saved["summary"]
     cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k, composite=spec["eval"].get("composite", "all"))
     with atomic_file(cached) as tmp:
-        tmp.write_text(json.dumps({"rerank_k": args.rerank_k, "dataset": spec["heldin"], "summary": cal}, indent=1))
+        tmp.write_text(json.dumps({"rerank_k": args.rerank_k, "dataset": spec["heldin"], "index_built_at": built_at,
+                                   "summary": cal}, indent=1))
     return cal
 
 

@@ -1,7 +1,8 @@
 """Resumable stages of the long evaluation scripts (ncbi_biosyn.py, hybrid_tuning.py, train_multilingual.py).
 
 A stage whose output exists is skipped (unless `rebuild`); the others are timed, with the load
-average after each. Timings of the stages a re-run skips are kept from the script's previous
+average after each. An index is "existing" only when built from the encoder and re-ranker as they
+are now (`index_current`). Timings of the stages a re-run skips are kept from the script's previous
 report, so a resumed run still reports every stage.
 """
 
@@ -33,3 +34,25 @@ class Stages:
         self.seconds[label] = round(time.perf_counter() - started, 1)
         self.load_after[label] = [round(x, 2) for x in os.getloadavg()]
         log.info("stage %s: %.0fs (load %s)", label, self.seconds[label], self.load_after[label])
+
+
+def index_current(folder: Path, encoder: str | None = None, reranker: Path | None = None) -> bool:
+    """An index in `folder` exists and was built with `encoder` and the bound `reranker` as they are now:
+    retraining a model folder of the same path (more epochs) makes every index built from it stale."""
+    path = folder / "manifest.json"
+    if not path.exists():
+        return False
+    manifest = json.loads(path.read_text())
+    stale = []
+    if encoder is not None:
+        from linker.encoders import resolve_encoder
+
+        stale += [encoder] if manifest["encoder"]["revision"] != resolve_encoder(encoder).revision else []
+    if reranker is not None:
+        from linker.dictionary import sha256_file
+        from linker.rerank import weights_file
+
+        stale += [str(reranker)] if (manifest.get("reranker") or {}).get("sha256") != sha256_file(weights_file(reranker)) else []
+    if stale:
+        log.info("%s: built with another version of %s, rebuilt", folder, " and ".join(stale))
+    return not stale

@@ -16,7 +16,9 @@ cantemist: dictionary = ICD-O names of valid-codes.tsv (built as scripts/eval_al
   from its last finished epoch (BioSyn checkpoints after each), and the dev1 mentions are watched
   before every epoch and after the last (dense Acc@1 against the training dictionary, a curve in
   eval/<report>_curve.png; dev1 is not trained on, and nothing is chosen by it). A run stopped after
-  epoch e finishes with `--epochs e` from that checkpoint; `--max-seconds` stops training after the
+  epoch e finishes with `--epochs e` from that checkpoint; a finished model asked for more `--epochs` is
+  trained on from its weights with a fresh optimizer (its checkpoint is gone; the report's training section
+  records the epochs where the optimizer restarted); `--max-seconds` stops training after the
   step that passes this budget and saves the model (on shared CPUs, to end by a given time).
 mantra: dictionary = HPO with its es/fr/nl/de translations (eval_all.py's hpo_translations table;
   the Disease Ontology is left out with --no-doid, the default here, because one e5-small pass over
@@ -62,7 +64,7 @@ from linker.eval.datasets import load_dataset
 from linker.train import common
 from linker.train.biosyn import BiosynConfig, train_biosyn
 from linker.train.sap import SapConfig, train_sap
-from stages import Stages  # scripts/stages.py (this script's folder is on sys.path)
+from stages import Stages, index_current  # scripts/stages.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("train_multilingual")
@@ -121,8 +123,9 @@ def main() -> None:
     def dense(dict_path: Path, folder: Path, encoder: str) -> Path:
         if args.index_only and (encoder == "e5-small") != (args.index_only == "base"):
             return folder
-        stage(f"index_{folder.name}", (folder / "manifest.json").exists(),
-              lambda: build_index(dict_path, kind="dense", out=folder, config=DenseConfig(encoder=encoder)))
+        stage(f"index_{folder.name}", index_current(folder, encoder),
+              lambda: build_index(dict_path, kind="dense", out=folder, config=DenseConfig(encoder=encoder),
+                                  overwrite=True))
         return folder
 
     reports = []
@@ -147,10 +150,13 @@ def main() -> None:
         config = BiosynConfig(max_queries=args.biosyn_queries or None, epochs=args.epochs, freeze_embeddings=True,
                               freeze_layers=args.freeze_layers, threads=args.threads, max_seconds=args.max_seconds,
                               max_length=args.max_length)
-        stage("train_biosyn", (model / "train_metrics.json").exists(),
+        # A finished model with fewer epochs than asked is trained on (a fresh optimizer: its checkpoint is gone).
+        finished = common.finished_metrics(model)
+        done = finished is not None and ("stopped_at_time_budget" in finished.extra or len(finished.epochs) >= args.epochs)
+        stage("train_biosyn", done,
               lambda: train_biosyn(train, dictionary, encoder="e5-small", out=model, config=config,
                                    monitor=load_dataset(dev) if full else None,
-                                   resume=common.checkpoint_dir(model).exists()))
+                                   resume=finished is not None or common.checkpoint_dir(model).exists()))
         state["training"] = training_summary(model)
         if full:
             state["training"]["monitor"] = dev
@@ -304,8 +310,9 @@ def write(out: Path, name: str, state: dict, reports, *, data: Path) -> None:
     state["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if (out / f"{name}.json").exists():  # another process (--index-only) may have timed other stages meanwhile
         old = json.loads((out / f"{name}.json").read_text())
-        for key in ("stage_seconds", "load_average_after_stage"):
-            state[key] = {**old.get(key, {}), **state[key]}
+        for key in ("stage_seconds", "load_average_after_stage"):  # in place: `stage` keeps adding to these dicts
+            for label, value in old.get(key, {}).items():
+                state[key].setdefault(label, value)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / f"{name}.json") as tmp:
         tmp.write_text(portable_paths(json.dumps(state, indent=2, default=str), root=ROOT, data=data))
@@ -347,6 +354,10 @@ def markdown(s: dict, reports) -> str:
         if stopped:
             lines.append(f"Stopped by the time budget (--max-seconds) after step {stopped['step_in_epoch']} of "
                          f"{stopped['steps_per_epoch']} of epoch {stopped['epoch']}.")
+        restarted = t["extra"].get("optimizer_restarted_before_epoch")
+        if restarted:
+            lines.append(f"The finished model was trained on for more epochs: a fresh optimizer (Adam state reset) before "
+                         f"epoch {', '.join(map(str, restarted))}, so not the same as an uninterrupted run.")
         if t.get("monitor"):
             watched = [e["monitor_dense_acc1_before_epoch"] for e in t["epochs"]]
             watched.append(t["extra"]["monitor_dense_acc1_after_training"])

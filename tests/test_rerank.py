@@ -334,3 +334,20 @@ def test_time_budget_stops_and_saves(tmp_path, tiny_encoder_dir, meddra_table):
     assert summary["stopped_at_time_budget"] == {"epoch": 1, "step_in_epoch": 1,
                                                  "steps_per_epoch": -(-summary["data"]["groups"] // 4)}
     assert CrossEncoder.load(out).score(["hair loss"], ["Alopecia"]).shape == (1,)
+
+
+def test_an_index_with_a_bound_reranker_goes_stale_when_the_reranker_is_retrained(tmp_path, meddra_table, reranker):
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from stages import index_current  # scripts/stages.py: the long scripts' "rebuild when stale"
+
+    model = tmp_path / "rr"
+    shutil.copytree(reranker, model)
+    build_index(meddra_table, kind="tfidf", out=tmp_path / "index", reranker=model)
+    assert index_current(tmp_path / "index", reranker=model) and index_current(tmp_path / "index")
+    train_rerank(meddra_table, encoder=str(model), out=tmp_path / "again", train_specs=(HELDIN,),
+                 config=dataclasses.replace(TINY, epochs=1))
+    shutil.rmtree(model)
+    shutil.copytree(tmp_path / "again", model)  # same path, other weights
+    assert not index_current(tmp_path / "index", reranker=model)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +196,24 @@ def test_time_budget_stops_after_the_step_that_passes_it_and_saves(tmp_path, tin
     assert (out / "biosyn.json").is_file() and not (tmp_path / "budget.checkpoint").exists()
     with pytest.raises(ConfigError, match="--max-seconds must be positive"):
         BiosynConfig(max_seconds=0)
+
+
+def test_resume_on_a_finished_model_trains_it_on_with_a_fresh_optimizer(tmp_path, tiny_encoder_dir, biosyn_dict):
+    enc, out = str(tiny_encoder_dir), tmp_path / "model"
+    one = BiosynConfig(lr=1e-3, batch_size=8, epochs=1, topk=4, threads=1, seed=4)
+    train_biosyn(TRAIN, biosyn_dict, encoder=enc, out=out, config=one)
+    before = load_encoder(str(out)).encode(["alopecia"], role="query")
+    summary = train_biosyn(TRAIN, biosyn_dict, encoder=enc, out=out, config=replace(one, epochs=2), resume=True)
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert summary["optimizer_restarted_before_epoch"] == [2] and summary["steps"] == len(metrics["steps"])
+    assert not np.allclose(load_encoder(str(out)).encode(["alopecia"], role="query"), before)
+    assert json.loads((out / "train_config.json").read_text())["config"]["epochs"] == 2
+
+
+def test_a_finished_model_stopped_inside_an_epoch_is_not_continued(tmp_path, tiny_encoder_dir, biosyn_dict):
+    enc, out = str(tiny_encoder_dir), tmp_path / "model"
+    config = BiosynConfig(lr=1e-3, batch_size=8, epochs=2, topk=4, threads=1, max_seconds=1e-9)
+    train_biosyn(TRAIN, biosyn_dict, encoder=enc, out=out, config=config)
+    with pytest.raises(ConfigError, match="stopped by --max-seconds inside epoch 1"):
+        train_biosyn(TRAIN, biosyn_dict, encoder=enc, out=out, config=replace(config, max_seconds=None), resume=True)

@@ -38,7 +38,8 @@ def biosyn_cli(
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
     precision: str = typer.Option("auto", "--precision", help=_PRECISION_HELP),
-    resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch; "
+                                "on a finished --out, train it on to --epochs (a fresh optimizer)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a model folder that linker wrote."),
 ) -> None:
     """Fine-tune an encoder BioSyn-style (synonym marginalisation, candidates refreshed every epoch)."""

@@ -19,6 +19,7 @@ encoders, each recorded in train_config.json:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -33,6 +34,7 @@ from tqdm import tqdm
 
 from linker.dictionary import alternative_ids, read_concept_table
 from linker.errors import ConfigError, LinkerError
+from linker.fileio import native_read
 from linker.index.tfidf import PRESETS, TfidfNameIndex
 from linker.precision import autocast, check_precision
 from linker.text import code_key, normalize
@@ -200,13 +202,19 @@ def train_biosyn(
     that linker wrote). `monitor` (mentions, e.g. a held-out split) gets its dense Acc@1 against the
     training dictionary recorded before each epoch and after the last, for a training curve; it
     reuses the dictionary vectors each epoch encodes anyway, so only the final point costs an
-    extra encoding. Nothing is chosen by it.
+    extra encoding. Nothing is chosen by it. `resume` continues from `<out>.checkpoint`, or continues a
+    finished `out` for more `config.epochs` (fresh optimizer, recorded as optimizer_restarted_before_epoch).
     """
     from linker.encoders import load_encoder
 
     out, dict_path = Path(out), Path(dict_path)
     train_specs = [train_spec] if isinstance(train_spec, str) else list(train_spec)
-    common.check_train_output(out, encoder=encoder, dict_path=dict_path, train_specs=train_specs, overwrite=overwrite)
+    finished = common.finished_metrics(out) if resume else None
+    if finished is not None and "stopped_at_time_budget" in finished.extra:
+        raise ConfigError(f"{out}: stopped by --max-seconds inside epoch {finished.extra['stopped_at_time_budget']['epoch']} "
+                          "and its checkpoint is gone, so that epoch cannot be finished; train again without --resume")
+    common.check_train_output(out, encoder=encoder, dict_path=dict_path, train_specs=train_specs,
+                              overwrite=overwrite or finished is not None)
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -237,7 +245,7 @@ def train_biosyn(
     metrics = common.Metrics(extra={"queries": query_stats, "dictionary_names": len(dictionary.names)})
     sparse_weight = torch.nn.Parameter(torch.tensor(float(config.initial_sparse_weight), device=device))
     saved = None
-    if resume:
+    if resume and finished is None:
         model_dir, trainer_state, tensors, groups = common.load_checkpoint(out)
         from sentence_transformers import SentenceTransformer
 
@@ -247,6 +255,19 @@ def train_biosyn(
         with torch.no_grad():
             sparse_weight.copy_(tensors["extra.sparse_weight"].to(device))
         saved = (tensors, groups)
+    elif finished is not None:
+        # A finished folder continued for more epochs: its weights and sparse weight, but its optimizer state went
+        # with the checkpoint, so Adam starts afresh here (recorded, since that is not an uninterrupted run).
+        from sentence_transformers import SentenceTransformer
+
+        base.model.load_state_dict(SentenceTransformer(str(out), device=device).state_dict())
+        state = {"epoch": len(finished.epochs), "step": len(finished.steps)}
+        metrics = finished
+        metrics.extra.setdefault("optimizer_restarted_before_epoch", []).append(state["epoch"] + 1)
+        with native_read(out / SPARSE_WEIGHT_FILE, "JSON with the learned sparse_weight", fix="train again"):
+            learned = float(json.loads((out / SPARSE_WEIGHT_FILE).read_text())["sparse_weight"])
+        with torch.no_grad():
+            sparse_weight.fill_(learned)
     model = base.model.to(device)
     query_prefix, name_prefix = base.spec.query_prefix or "", base.spec.passage_prefix or ""
     original_max_length = model.max_seq_length

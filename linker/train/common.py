@@ -9,7 +9,9 @@ Checkpoints: after each epoch the model, the optimizer state and the trainer sta
 the sibling folder ``<out>.checkpoint`` (replaced whole, atomically), without pickle: the model as
 safetensors (``model.save``), AdamW's moments as ``optimizer.safetensors`` with its param groups
 as JSON. ``--resume`` continues from the epoch after the last completed one with the very same
-optimizer state. The checkpoint is removed once the final folder is written.
+optimizer state. The checkpoint is removed once the final folder is written; BioSyn's ``--resume``
+on a finished folder then continues it for more ``--epochs`` from its weights with a fresh optimizer
+(recorded in its metrics), which is not the same run as an uninterrupted longer one.
 """
 
 from __future__ import annotations
@@ -230,6 +232,15 @@ def load_checkpoint(out: Path) -> tuple[Path, dict, dict[str, torch.Tensor], lis
     with native_read(folder / OPTIMIZER_GROUPS_FILE, "a JSON list of optimizer groups", fix=fix):
         groups = json.loads((folder / OPTIMIZER_GROUPS_FILE).read_text())
     return folder / "model", state, tensors, groups
+
+
+def finished_metrics(out: Path) -> Metrics | None:
+    """The metrics of a finished model folder (its checkpoint already removed), or None without one."""
+    path = out / METRICS_FILE
+    if checkpoint_dir(out).exists() or not path.is_file():
+        return None
+    with native_read(path, "JSON training metrics", fix="train again without --resume"):
+        return Metrics.from_json(json.loads(path.read_text()))
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], groups: list) -> None:
