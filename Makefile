@@ -82,7 +82,7 @@ eval-cantemist-biosyn: setup
 eval-codiesp-biosyn: setup
 	$(PY) scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 5 --threads 2
 	$(PY) scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-biosyn-all
-	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined,codiesp-biosyn --rerank-k 16 --epochs 1 --train-seconds 3000 --threads 2
+	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined,codiesp-biosyn --rerank-k 16 --epochs 2 --train-seconds 2700 --threads 2
 
 eval-hybrid-tuning: setup
 	$(PY) scripts/hybrid_tuning.py ncbi
@@ -95,6 +95,8 @@ eval-rerank: setup
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-biosyn --rerank-k 16
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-biosyn-protocol --systems reranked --rerank-k 16
 	$(PY) scripts/rerank_confidence.py --datasets cantemist --rerank-k 16 --epochs 1 --train-seconds 3600
+	# negatives mined by the retriever's own tf-idf, two epochs (~27 min on 2 cores)
+	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets codiesp --systems retriever
 
 # Capability suites (eval/capabilities_*.md): the indexes once, then the reports and the suite-driven fix.
