@@ -45,7 +45,7 @@ from linker.index.hybrid import HybridConfig
 from linker.index.tfidf import TfidfConfig
 from linker.train.biosyn import SPARSE_WEIGHT_FILE, BiosynConfig, train_biosyn
 from linker.train.sap import SapConfig, train_sap
-from stages import Stages  # scripts/stages.py (this script's folder is on sys.path)
+from stages import Stages, index_current  # scripts/stages.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("ncbi_biosyn")
@@ -131,8 +131,9 @@ def main() -> None:
     rows = []
     for label, name, kind, config in systems:
         folder = work / name
-        stage(f"index_{name}", (folder / "manifest.json").exists(),
-              lambda: build_index(medic_td, kind=kind, out=folder, config=config))
+        encoder = config.encoder if kind == "dense" else config.dense.encoder if kind == "hybrid" else None
+        stage(f"index_{name}", index_current(folder, encoder),
+              lambda: build_index(medic_td, kind=kind, out=folder, config=config, overwrite=True))
         row = {"system": label, "index": str(folder)}
         report = evaluate(folder, test_spec, train_spec=train_specs, filters=("full", "train0.2"), ks=(1, 5),
                           composite=("any", "all"), report_dir=args.out, name=f"{args.report_name}_{name}",
