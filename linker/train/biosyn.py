@@ -19,7 +19,6 @@ encoders, each recorded in train_config.json:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -34,7 +33,6 @@ from tqdm import tqdm
 
 from linker.dictionary import alternative_ids, read_concept_table
 from linker.errors import ConfigError, LinkerError
-from linker.fileio import native_read
 from linker.index.tfidf import PRESETS, TfidfNameIndex
 from linker.precision import autocast, check_precision
 from linker.text import code_key, normalize
@@ -244,30 +242,26 @@ def train_biosyn(
     state = {"epoch": 0, "step": 0}
     metrics = common.Metrics(extra={"queries": query_stats, "dictionary_names": len(dictionary.names)})
     sparse_weight = torch.nn.Parameter(torch.tensor(float(config.initial_sparse_weight), device=device))
-    saved = None
+    saved, weights_from = None, None
     if resume and finished is None:
-        model_dir, trainer_state, tensors, groups = common.load_checkpoint(out)
-        from sentence_transformers import SentenceTransformer
-
-        base.model.load_state_dict(SentenceTransformer(str(model_dir), device=device).state_dict())
+        weights_from, trainer_state, tensors, groups = common.load_checkpoint(out)
         state = {"epoch": trainer_state["epoch"], "step": trainer_state["step"]}
         metrics = common.Metrics.from_json(trainer_state["metrics"])
-        with torch.no_grad():
-            sparse_weight.copy_(tensors["extra.sparse_weight"].to(device))
+        learned = tensors["extra.sparse_weight"]
         saved = (tensors, groups)
     elif finished is not None:
         # A finished folder continued for more epochs: its weights and sparse weight, but its optimizer state went
         # with the checkpoint, so Adam starts afresh here (recorded, since that is not an uninterrupted run).
+        weights_from, metrics = out, finished
+        state = {"epoch": len(finished.epochs), "step": len(finished.steps)}
+        learned = torch.tensor(finished.extra["sparse_weight"])
+        metrics.extra.setdefault("optimizer_restarted_before_epoch", []).append(state["epoch"] + 1)
+    if weights_from is not None:
         from sentence_transformers import SentenceTransformer
 
-        base.model.load_state_dict(SentenceTransformer(str(out), device=device).state_dict())
-        state = {"epoch": len(finished.epochs), "step": len(finished.steps)}
-        metrics = finished
-        metrics.extra.setdefault("optimizer_restarted_before_epoch", []).append(state["epoch"] + 1)
-        with native_read(out / SPARSE_WEIGHT_FILE, "JSON with the learned sparse_weight", fix="train again"):
-            learned = float(json.loads((out / SPARSE_WEIGHT_FILE).read_text())["sparse_weight"])
+        base.model.load_state_dict(SentenceTransformer(str(weights_from), device=device).state_dict())
         with torch.no_grad():
-            sparse_weight.fill_(learned)
+            sparse_weight.copy_(learned.to(device))
     model = base.model.to(device)
     query_prefix, name_prefix = base.spec.query_prefix or "", base.spec.passage_prefix or ""
     original_max_length = model.max_seq_length
