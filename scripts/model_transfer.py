@@ -1,0 +1,135 @@
+"""Move a trained model folder through a channel with small file-size limits (the lent GPU machine's).
+
+    python scripts/model_transfer.py pack models/NAME DIR [--shard-mb 15] [--dtype fp16]
+    python scripts/model_transfer.py unpack DIR models/NAME
+
+`pack` writes the folder's float weights as `--dtype` safetensors shards of at most `--shard-mb` MiB,
+every other file into `files.tar`, and `transfer.json` (the tensors' original dtypes, each original
+file's sha256). `unpack` rebuilds the folder with the weights cast back to their original dtypes, into
+a fresh folder (never over an existing one). fp16 keeps 11 significant bits: the round trip changes a
+weight by at most 2^-11 of its size, which the caller should check by scoring the unpacked model
+(ncbi_biosyn.py records the watched Acc@1 on both machines). Nothing here unpickles anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+WEIGHTS = "model.safetensors"
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pack(folder: Path, out: Path, *, shard_mb: float, dtype: str) -> dict:
+    if not (folder / WEIGHTS).is_file():
+        raise SystemExit(f"{folder}: no {WEIGHTS} (expected a sentence-transformers model folder)")
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(folder / WEIGHTS)
+    # Shards filled in turn; a tensor that does not fit the rest of a shard is split into row blocks
+    # (joined again by unpack), so every shard but the last is full and the count is the least possible.
+    limit, shards, current, size, parts = int(shard_mb * 2**20), [], {}, 0, {}
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        rest = tensor.to(DTYPES[dtype]) if tensor.is_floating_point() else tensor
+        row_bytes = rest[0].numel() * rest.element_size() if rest.dim() else rest.element_size()
+        if row_bytes > limit:
+            raise SystemExit(f"{name}: one row is {row_bytes} bytes, more than --shard-mb {shard_mb}")
+        pieces = []
+        while True:
+            fits = (limit - size) // row_bytes
+            if rest.dim() == 0 or rest.shape[0] <= fits:
+                pieces.append(rest)
+                break
+            if fits == 0:
+                shards.append(current)
+                current, size = {}, 0
+                continue
+            head, rest = rest[:fits], rest[fits:]
+            pieces.append(head)
+            key = f"{name}#{len(pieces) - 1}"
+            current[key] = head.contiguous()
+            shards.append(current)
+            current, size = {}, 0
+        if len(pieces) > 1:
+            parts[name] = [f"{name}#{i}" for i in range(len(pieces))]
+        key = parts[name][-1] if len(pieces) > 1 else name
+        if current and size + row_bytes * (pieces[-1].shape[0] if pieces[-1].dim() else 1) > limit:
+            shards.append(current)
+            current, size = {}, 0
+        current[key] = pieces[-1].contiguous()
+        size += pieces[-1].numel() * pieces[-1].element_size()
+    shards.append(current)
+    names = [f"weights-{i + 1:02d}-of-{len(shards):02d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        save_file(shard, out / name)
+    others = sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != WEIGHTS)
+    with tarfile.open(out / "files.tar", "w") as tar:
+        for path in others:
+            tar.add(path, arcname=path.relative_to(folder).as_posix())
+    manifest = {"folder": folder.name, "dtype": dtype, "shards": names, "split": parts,
+                "original_dtypes": {k: str(v.dtype).removeprefix("torch.") for k, v in tensors.items()},
+                "sha256": {p.relative_to(folder).as_posix(): sha256(p) for p in [folder / WEIGHTS, *others]}}
+    (out / "transfer.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def unpack(packed: Path, folder: Path) -> dict:
+    manifest = json.loads((packed / "transfer.json").read_text())
+    if folder.exists():
+        raise SystemExit(f"{folder}: exists; unpack into a new folder")
+    partial = folder.with_name(folder.name + ".partial")
+    partial.mkdir(parents=True)
+    with tarfile.open(packed / "files.tar") as tar:
+        tar.extractall(partial, filter="data")  # the "data" filter refuses absolute paths, links out and devices
+    tensors = {}
+    for shard in manifest["shards"]:
+        tensors.update(load_file(packed / shard))
+    for name, keys in manifest["split"].items():
+        tensors[name] = torch.cat([tensors.pop(key) for key in keys])
+    for name, dtype in manifest["original_dtypes"].items():
+        tensors[name] = tensors[name].to(getattr(torch, dtype))
+    save_file(tensors, partial / WEIGHTS)
+    partial.rename(folder)
+    changed = sorted(p for p, digest in manifest["sha256"].items() if p != WEIGHTS and sha256(folder / p) != digest)
+    if changed:
+        raise SystemExit(f"{folder}: files differ from the packed ones: {', '.join(changed)}")
+    return manifest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack")
+    p.add_argument("folder", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--shard-mb", type=float, default=15.0)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    u = sub.add_parser("unpack")
+    u.add_argument("packed", type=Path)
+    u.add_argument("folder", type=Path)
+    args = parser.parse_args()
+    if args.command == "pack":
+        manifest = pack(args.folder, args.out, shard_mb=args.shard_mb, dtype=args.dtype)
+        print(f"{args.folder} -> {args.out}: {len(manifest['shards'])} {args.dtype} shards + files.tar")
+    else:
+        unpack(args.packed, args.folder)
+        print(f"{args.packed} -> {args.folder}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
