@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import sys
 import tarfile
 from pathlib import Path
@@ -42,38 +43,29 @@ def pack(folder: Path, out: Path, *, shard_mb: float, dtype: str) -> dict:
     tensors = load_file(folder / WEIGHTS)
     # Shards filled in turn; a tensor that does not fit the rest of a shard is split into row blocks
     # (joined again by unpack), so every shard but the last is full and the count is the least possible.
-    limit, shards, current, size, parts = int(shard_mb * 2**20), [], {}, 0, {}
+    limit, shards, size, parts = int(shard_mb * 2**20), [{}], 0, {}
     for name in sorted(tensors):
         tensor = tensors[name]
         rest = tensor.to(DTYPES[dtype]) if tensor.is_floating_point() else tensor
-        row_bytes = rest[0].numel() * rest.element_size() if rest.dim() else rest.element_size()
+        row_bytes = max(1, math.prod(rest.shape[1:]) * rest.element_size())  # a 0-d tensor is one "row"
         if row_bytes > limit:
             raise SystemExit(f"{name}: one row is {row_bytes} bytes, more than --shard-mb {shard_mb}")
-        pieces = []
-        while True:
+        placed = []  # (shard index, piece)
+        while rest is not None:
             fits = (limit - size) // row_bytes
-            if rest.dim() == 0 or rest.shape[0] <= fits:
-                pieces.append(rest)
-                break
-            if fits == 0:
-                shards.append(current)
-                current, size = {}, 0
+            if fits == 0:  # this shard is full: start the next
+                shards.append({})
+                size = 0
                 continue
-            head, rest = rest[:fits], rest[fits:]
-            pieces.append(head)
-            key = f"{name}#{len(pieces) - 1}"
-            current[key] = head.contiguous()
-            shards.append(current)
-            current, size = {}, 0
-        if len(pieces) > 1:
-            parts[name] = [f"{name}#{i}" for i in range(len(pieces))]
-        key = parts[name][-1] if len(pieces) > 1 else name
-        if current and size + row_bytes * (pieces[-1].shape[0] if pieces[-1].dim() else 1) > limit:
-            shards.append(current)
-            current, size = {}, 0
-        current[key] = pieces[-1].contiguous()
-        size += pieces[-1].numel() * pieces[-1].element_size()
-    shards.append(current)
+            whole = rest.dim() == 0 or rest.shape[0] <= fits
+            piece, rest = (rest, None) if whole else (rest[:fits], rest[fits:])
+            placed.append((len(shards) - 1, piece))
+            size += piece.numel() * piece.element_size()
+        keys = [name] if len(placed) == 1 else [f"{name}#{i}" for i in range(len(placed))]
+        if len(placed) > 1:
+            parts[name] = keys
+        for key, (shard, piece) in zip(keys, placed):
+            shards[shard][key] = piece.contiguous()
     names = [f"weights-{i + 1:02d}-of-{len(shards):02d}.safetensors" for i in range(len(shards))]
     for name, shard in zip(names, shards):
         save_file(shard, out / name)

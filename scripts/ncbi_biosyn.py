@@ -105,8 +105,8 @@ def main() -> None:
     test_spec = f"pubtator:{ncbi / 'NCBItestset_corpus.txt'}{prep}"
     train_specs = [f"pubtator:{ncbi / name}{prep}" for name in ("NCBItrainset_corpus.txt", "NCBIdevelopset_corpus.txt")]
     medic_txt = ncbi / "medic_06Jul2012.txt"  # its OMIM ids become xrefs: alternatives of the MeSH disease
-    stage = Stages(args.out / f"{args.report_name}.json", rebuild=args.rebuild)  # keeps skipped stages' timings
     previous = args.out / f"{args.report_name}.json"
+    stage = Stages(previous, rebuild=args.rebuild)  # keeps skipped stages' timings
     stage_note = json.loads(previous.read_text()).get("stage_seconds_note") if previous.exists() else None
     timings = stage.seconds
 
@@ -147,10 +147,11 @@ def main() -> None:
                                     dev_spec=dev_spec, dictionary=medic, encoder=str(sap_model or base),
                                     work=work / "grid", max_seconds=args.grid_seconds, workers=args.grid_workers,
                                     data=args.data))
-        chosen = json.loads(grid_json.read_text())["chosen"]
+        grid = {**json.loads(grid_json.read_text()), "report": str(grid_json)}
         if args.choose_epochs:
-            chosen = chosen_with_epochs(json.loads(grid_json.read_text()))
-            log.info("chosen on dev with its epochs: %s", chosen)
+            grid["chosen_with_epochs"] = chosen_with_epochs(grid)
+            log.info("chosen on dev with its epochs: %s", grid["chosen_with_epochs"])
+        chosen = grid.get("chosen_with_epochs") or grid["chosen"]
         biosyn_config = replace(biosyn_config, **chosen["params"], **({"epochs": chosen["epochs"]} if args.choose_epochs else {}))
     # The test mentions are watched during training only to draw the curve; the protocol fixes the
     # epochs, so nothing is chosen by them (train+dev are both trained on: no untouched dev split).
@@ -229,9 +230,7 @@ def main() -> None:
                        "resumed": bio_metrics["extra"].get("resumed"),
                        "monitor_acc1_recomputed_here": (json.loads(recheck.read_text())["watched_dense_acc1_here"]
                                                         if recheck.exists() else None)},
-            "grid": {**json.loads(grid_json.read_text()), "report": str(grid_json),
-                     **({"chosen_with_epochs": chosen_with_epochs(json.loads(grid_json.read_text()))}
-                        if args.choose_epochs else {})} if args.grid else None,
+            "grid": grid if args.grid else None,
         },
         "stage_seconds": timings,
         "stage_seconds_note": stage_note,
@@ -291,6 +290,11 @@ def grid_key(params: dict) -> str:
     return "_".join(f"{k}{v}" for k, v in sorted(params.items()))
 
 
+def dev_curve(point: dict) -> list[float]:
+    """A grid point's dev Acc@1 after epochs 1..n (its first recorded value is before any training)."""
+    return [*point["dev_acc1_before_epoch"][1:], point["dev_acc1"]]
+
+
 def chosen_with_epochs(report: dict) -> dict:
     """The best (dev Acc@1) point and epoch count over every epoch of every scored point; ties: fewer epochs,
     then the point listed first."""
@@ -298,8 +302,7 @@ def chosen_with_epochs(report: dict) -> dict:
     for i, (key, p) in enumerate(report["points"].items()):
         if p.get("dev_acc1") is None:
             continue
-        curve = [*p["dev_acc1_before_epoch"][1:], p["dev_acc1"]]  # after epochs 1..n
-        for epoch, acc in enumerate(curve, start=1):
+        for epoch, acc in enumerate(dev_curve(p), start=1):
             if best is None or (acc, -epoch, -i) > best[0]:
                 best = ((acc, -epoch, -i), {"key": key, "params": p["params"], "epochs": epoch, "dev_acc1": acc})
     if best is None:
@@ -317,7 +320,7 @@ def grid_done(path: Path, grid: list[dict]) -> bool:
 
 def choose_on_dev(grid: list[dict], path: Path, *, base_config: BiosynConfig, train_spec: str, dev_spec: str,
                   dictionary: Path, encoder: str, work: Path, max_seconds: float | None, workers: int = 1,
-                  root: Path = ROOT, data: Path | None = None) -> None:
+                  data: Path | None = None) -> None:
     """Train BioSyn once per grid point (train split only), score each by dense Acc@1 of the dev mentions
     against the training dictionary after the last epoch; write the points and the chosen one to `path`.
 
@@ -343,10 +346,10 @@ def choose_on_dev(grid: list[dict], path: Path, *, base_config: BiosynConfig, tr
         # spawn: CUDA cannot be used in a forked child
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             for future in as_completed([pool.submit(run_grid_point, *job) for job in jobs]):
-                record_grid_point(report, future.result(), grid, path, root, data)
+                record_grid_point(report, future.result(), grid, path, data)
     else:
         for job in jobs:
-            record_grid_point(report, run_grid_point(*job), grid, path, root, data)
+            record_grid_point(report, run_grid_point(*job), grid, path, data)
     if report.get("chosen") is None:
         raise SystemExit(f"{path}: no grid point was run")
 
@@ -372,7 +375,7 @@ def run_grid_point(params: dict, config: BiosynConfig, train_spec: str, dev_spec
     return point
 
 
-def record_grid_point(report: dict, point: dict, grid: list[dict], path: Path, root: Path, data: Path | None) -> None:
+def record_grid_point(report: dict, point: dict, grid: list[dict], path: Path, data: Path | None) -> None:
     """Add a finished point, choose again (ties: the point listed first), rewrite the grid report."""
     report["points"][grid_key(point["params"])] = point
     report["points"] = {grid_key(p): report["points"][grid_key(p)] for p in grid if grid_key(p) in report["points"]}
@@ -381,7 +384,7 @@ def record_grid_point(report: dict, point: dict, grid: list[dict], path: Path, r
     report["chosen"] = {"key": best, **report["points"][best]} if best else None
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as tmp:
-        tmp.write_text(portable_paths(json.dumps(report, indent=2), root=root, data=data))
+        tmp.write_text(portable_paths(json.dumps(report, indent=2), root=ROOT, data=data))
 
 
 def trained_key(sap_model: Path | None) -> str:
@@ -444,15 +447,15 @@ def watched_acc1(model: Path, dictionary: Path, spec: str, config: BiosynConfig)
     """train_biosyn's `monitor` number (dense Acc@1 of the single-concept mentions of `spec` against `dictionary`,
     names cut at the training max_length), computed afresh from the model folder as it is on this machine."""
     from linker.encoders import load_encoder
-    from linker.train.biosyn import Query, dense_top, load_dictionary, training_queries
+    from linker.train.biosyn import acc_at_1, dense_top, load_dictionary, watched_queries
 
     names = load_dictionary(dictionary)
-    queries = [Query(q.text, names.resolve(q.gold)) for q in training_queries(load_dataset(spec), config)[0]]
+    queries = watched_queries(load_dataset(spec), names, config)
     encoder = load_encoder(str(model), threads=config.threads)
     encoder.model.max_seq_length = config.max_length
     top = dense_top(encoder.encode([q.text for q in queries], role="passage"),
                     encoder.encode(list(names.names), role="passage"), 1)[:, 0]
-    return round(float(sum(names.keys[r] in q.gold for q, r in zip(queries, top)) / len(queries)), 4)
+    return round(acc_at_1(queries, names.keys, top), 4)
 
 
 def trained_on(bio: dict) -> str:
@@ -489,7 +492,7 @@ def grid_lines(grid: dict | None) -> list[str]:
         if p.get("dev_acc1") is None:
             lines.append(f"| {q['lr']} | {q['batch_size']} | {q['topk']} | not run: {p.get('not_run')} | | | | |")
             continue
-        curve = [*p["dev_acc1_before_epoch"][1:], p["dev_acc1"]]  # after epochs 1..n
+        curve = dev_curve(p)
         best = max(range(len(curve)), key=lambda i: (curve[i], -i))
         mark = "**" if key == chosen["key"] else ""
         lines.append(f"| {mark}{q['lr']}{mark} | {mark}{q['batch_size']}{mark} | {mark}{q['topk']}{mark} "

@@ -70,13 +70,13 @@ def test_the_best_dev_point_is_chosen_ties_to_the_first_listed_and_unrun_points_
 
     # finished out of order (parallel workers); the report keeps the grid's order
     for p in (point(5e-5, 0.80), point(2e-5, 0.82), point(1e-5, 0.82)):
-        ncbi_biosyn.record_grid_point(report, p, grid, path, tmp_path, None)
+        ncbi_biosyn.record_grid_point(report, p, grid, path, None)
     written = json.loads(path.read_text())
     assert list(written["points"]) == [ncbi_biosyn.grid_key(p) for p in grid]
     assert written["chosen"]["params"] == {"lr": 1e-5}  # a tie: the first listed
     assert ncbi_biosyn.grid_done(path, grid) and not ncbi_biosyn.grid_done(path, grid + [{"lr": 1e-4}])
     report = {"points": {}}
-    ncbi_biosyn.record_grid_point(report, point(1e-5, None), grid, path, tmp_path, None)
+    ncbi_biosyn.record_grid_point(report, point(1e-5, None), grid, path, None)
     assert report["chosen"] is None and json.loads(path.read_text())["points"]["lr1e-05"]["not_run"] == "time"
 
 

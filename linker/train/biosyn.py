@@ -145,6 +145,18 @@ def training_queries(mentions, config: BiosynConfig) -> tuple[list[Query], dict]
     return queries, stats
 
 
+def watched_queries(mentions, dictionary: Dictionary, config: BiosynConfig) -> list[Query]:
+    """The queries a `monitor` split is scored on: each single-concept mention once (never a --max-queries
+    sample), its gold widened by the dictionary's alternative ids."""
+    queries = training_queries(mentions, replace(config, max_queries=None))[0]
+    return [Query(q.text, dictionary.resolve(q.gold)) for q in queries]
+
+
+def acc_at_1(queries: Sequence[Query], keys: Sequence[str], top: np.ndarray) -> float:
+    """Share of `queries` whose top name row (`top[i]`, an index into `keys`) is of a gold concept."""
+    return float(np.mean([keys[r] in q.gold for q, r in zip(queries, top)]))
+
+
 def dense_top(q: np.ndarray, d: np.ndarray, k: int, chunk: int = 256) -> np.ndarray:
     """(n_queries, k) name rows of the highest cosine, best first (ties by lower row).
 
@@ -229,8 +241,7 @@ def train_biosyn(
     resolved = [Query(q.text, dictionary.resolve(q.gold)) for q in queries]
     query_stats["gold_widened_by_xrefs"] = sum(len(r.gold) > len(q.gold) for q, r in zip(queries, resolved))
     queries = resolved
-    watch = ([Query(q.text, dictionary.resolve(q.gold)) for q in training_queries(monitor, replace(config, max_queries=None))[0]]
-             if monitor else [])
+    watch = watched_queries(monitor, dictionary, config) if monitor else []
     if len(dictionary.names) < config.topk:
         raise ConfigError(f"{dict_path}: {len(dictionary.names)} names, fewer than --topk {config.topk}")
 
@@ -289,7 +300,7 @@ def train_biosyn(
         if not watch:
             return None
         top = dense_top(common.embed_no_grad(model, watch_texts, device, precision), name_vectors, 1)[:, 0]
-        return round(float(np.mean([name_keys[r] in q.gold for q, r in zip(watch, top)])), 4)
+        return round(acc_at_1(watch, name_keys, top), 4)
 
     timer = common.Timer()
     steps_per_epoch = math.ceil(len(queries) / config.batch_size)
@@ -304,7 +315,7 @@ def train_biosyn(
         positive = np.array(
             [[r >= 0 and name_keys[r] in q.gold for r in row] for q, row in zip(queries, candidates)], dtype=bool
         )
-        dense_acc1 = float(np.mean([name_keys[r] in q.gold for q, r in zip(queries, dense_rows[:, 0])]))
+        dense_acc1 = acc_at_1(queries, name_keys, dense_rows[:, 0])
         watch_acc1 = monitor_acc1(name_vectors)
         no_positive = int((~positive.any(axis=1)).sum())
         candidate_seconds = refresh.seconds
