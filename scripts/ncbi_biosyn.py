@@ -53,7 +53,7 @@ from linker.index import build_index
 from linker.index.dense import DenseConfig
 from linker.index.hybrid import HybridConfig
 from linker.index.tfidf import TfidfConfig
-from linker.train.biosyn import SPARSE_WEIGHT_FILE, BiosynConfig, train_biosyn
+from linker.train.biosyn import SPARSE_WEIGHT_FILE, BiosynConfig, train_biosyn, watched_acc1
 from linker.train.sap import SapConfig, train_sap
 from stages import Stages, index_current  # scripts/stages.py (this script's folder is on sys.path)
 
@@ -441,21 +441,6 @@ def curve(r: dict, path: Path) -> None:
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
-
-
-def watched_acc1(model: Path, dictionary: Path, spec: str, config: BiosynConfig) -> float:
-    """train_biosyn's `monitor` number (dense Acc@1 of the single-concept mentions of `spec` against `dictionary`,
-    names cut at the training max_length), computed afresh from the model folder as it is on this machine."""
-    from linker.encoders import load_encoder
-    from linker.train.biosyn import acc_at_1, dense_top, load_dictionary, watched_queries
-
-    names = load_dictionary(dictionary)
-    queries = watched_queries(load_dataset(spec), names, config)
-    encoder = load_encoder(str(model), threads=config.threads)
-    encoder.model.max_seq_length = config.max_length
-    top = dense_top(encoder.encode([q.text for q in queries], role="passage"),
-                    encoder.encode(list(names.names), role="passage"), 1)[:, 0]
-    return round(acc_at_1(queries, names.keys, top), 4)
 
 
 def trained_on(bio: dict) -> str:

@@ -5,6 +5,10 @@
     .venv/bin/python scripts/train_multilingual.py mantra [--sap-pairs 1024] [--threads 1]
     .venv/bin/python scripts/train_multilingual.py codiesp [--threads 1]
     .venv/bin/python scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 2 --threads 2  # all
+    # full size (Makefile eval-multilingual-full; trained on a lent GPU by scripts/gpu_multilingual.sh):
+    .venv/bin/python scripts/train_multilingual.py mantra --sap-pairs 0 --doid --sap-batch 256
+    .venv/bin/python scripts/train_multilingual.py codiesp --biosyn-queries 0 --epochs 10 \
+        --sap-model models/mantra-e5-sap-all-doid
 
 cantemist: dictionary = ICD-O names of valid-codes.tsv (built as scripts/eval_all.py does);
   `train_biosyn` of e5-small on a seeded sample of the Cantemist train mentions (embeddings and the
@@ -32,6 +36,12 @@ codiesp: the same two encoders (e5-small, and e5-small + the mantra part's cross
   those English names (model models/codiesp-e5-biosyn-all, dev = devX watched per epoch, resumable as
   for cantemist) and writes eval/train_codiesp_e5_all.md|json|_curve.png; the dictionary with the train
   mentions added is scored by `scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-biosyn-all`.
+
+Full size: `mantra --sap-pairs 0` trains sap on every pair (SapBERT's cap of 50 per concept; with --doid
+the Disease Ontology's synonyms too, model models/mantra-e5-sap-all-doid, report
+eval/train_mantra_e5_all_doid.md), and `--sap-model` starts the cantemist / codiesp BioSyn runs from it (models
+<part>-e5-sap-biosyn-all, reports eval/train_<part>_e5_sap_all.md). A BioSyn model trained on another kind of
+machine has its watched dev number recomputed here from the carried weights (`watched_acc1`).
 
 Every stage is skipped when its output exists, so an interrupted run resumes. Sizes are chosen for
 2 shared CPU cores; the numbers show what the code does at this size, not what the methods reach.
@@ -62,7 +72,7 @@ from linker.index import build_index
 from linker.index.dense import DenseConfig
 from linker.eval.datasets import load_dataset
 from linker.train import common
-from linker.train.biosyn import BiosynConfig, train_biosyn
+from linker.train.biosyn import BiosynConfig, train_biosyn, watched_acc1
 from linker.train.sap import SapConfig, train_sap
 from stages import Stages, index_current  # scripts/stages.py (this script's folder is on sys.path)
 
@@ -94,22 +104,37 @@ def main() -> None:
                         help="BioSyn time budget per run: stop after the step that passes it and save the model")
     parser.add_argument("--max-length", type=int, default=25, help="BioSyn tokens per mention or name (BioSyn: 25)")
     parser.add_argument("--freeze-layers", type=int, default=4)  # Medical Crossing froze embeddings + 4 or 10 layers
-    parser.add_argument("--sap-pairs", type=int, default=1024)
+    parser.add_argument("--sap-pairs", type=int, default=1024, help="0: every synonym and translation pair "
+                        "(SapBERT's cap of 50 pairs per concept); model models/mantra-e5-sap-all")
     parser.add_argument("--sap-batch", type=int, default=64)  # 256 pairs/step of the paper do not fit the time box
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--with-train-names", action="store_true", help="cantemist: also the dict + train mentions variant")
-    parser.add_argument("--doid", action="store_true", help="mantra: add the Disease Ontology to the dictionary")
+    parser.add_argument("--doid", action="store_true",
+                        help="mantra: add the Disease Ontology to the dictionary, and to sap's pairs (model name -doid)")
+    parser.add_argument("--sap-model", type=Path, default=None,
+                        help="cantemist / codiesp with --biosyn-queries 0: start BioSyn from this cross-lingual sap "
+                             "model (the mantra part's) instead of e5-small; model <part>-e5-sap-biosyn-all")
     parser.add_argument("--note", default="", help="free text for the report (how the stages were run)")
     parser.add_argument("--index-only", choices=["base", "trained", "train"], default=None,
                         help="only build that dense index and exit: run 'base' and 'trained' as two 1-thread "
                              "processes to use both cores, then run without it to evaluate; 'train': only "
-                             "train (cantemist)")
+                             "build the dictionaries and train (on a GPU machine: scripts/gpu_multilingual.sh)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     full = args.part in ("cantemist", "codiesp") and args.biosyn_queries == 0  # BioSyn on all train mentions
-    name = f"train_{args.part}_e5" + ("_all" if full else "")
+    if args.sap_model is not None and not full:
+        raise SystemExit("--sap-model starts BioSyn on every train mention: use it with cantemist / codiesp "
+                         "and --biosyn-queries 0")
+    if args.sap_model is not None and not (args.sap_model / "train_metrics.json").is_file():
+        raise SystemExit(f"--sap-model {args.sap_model}: no finished model there (train_metrics.json missing); "
+                         "train it first: scripts/train_multilingual.py mantra --sap-pairs 0 --doid")
+    sap_tag = ("_all" if args.sap_pairs == 0 else "") + ("_doid" if args.doid else "")  # mantra's sap run
+    if args.part == "mantra":
+        name = f"train_mantra_e5{sap_tag}"
+    else:
+        name = f"train_{args.part}_e5" + ("_sap" if args.sap_model else "") + ("_all" if full else "")
     state = {"part": args.part, "note": args.note, "full": full, "report_name": name,
              "command": " ".join(["python", "scripts/train_multilingual.py", *sys.argv[1:]]), "stage_seconds": {}, "load_average_after_stage": {}, "rows": [],
              "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "args": {k: str(v) for k, v in vars(args).items()},
@@ -150,17 +175,31 @@ def main() -> None:
         config = BiosynConfig(max_queries=args.biosyn_queries or None, epochs=args.epochs, freeze_embeddings=True,
                               freeze_layers=args.freeze_layers, threads=args.threads, max_seconds=args.max_seconds,
                               max_length=args.max_length)
+        start = str(args.sap_model) if args.sap_model else "e5-small"
         # A finished model with fewer epochs than asked is trained on (a fresh optimizer: its checkpoint is gone).
         finished = common.finished_metrics(model)
         done = finished is not None and ("stopped_at_time_budget" in finished.extra or len(finished.epochs) >= args.epochs)
-        stage("train_biosyn", done,
-              lambda: train_biosyn(train, dictionary, encoder="e5-small", out=model, config=config,
+        stage("train_biosyn", done or args.index_only in ("base", "trained"),
+              lambda: train_biosyn(train, dictionary, encoder=start, out=model, config=config,
                                    monitor=load_dataset(dev) if full else None,
                                    resume=finished is not None or common.checkpoint_dir(model).exists()))
+        if not common.finished_metrics(model):  # --index-only base: nothing trained yet
+            return
         state["training"] = training_summary(model)
-        if full:
+        if full and args.index_only != "train":  # a GPU machine that only trains may lack matplotlib
             state["training"]["monitor"] = dev
-            curve(state["training"], args.out / f"{name}_curve.png", dataset, names)
+            curve(state["training"], args.out / f"{name}_curve.png", dataset, names,
+                  "e5-small + cross-lingual sap" if args.sap_model else "e5-small")
+            if state["training"]["extra"]["hardware"].get("device", "cpu") != ("cuda" if torch.cuda.is_available() else "cpu"):
+                # Trained on a lent GPU and carried back in fp16 (scripts/model_transfer.py): the watched number again
+                # from the weights as they are here, to show that the hand-off changed nothing that counts.
+                recheck = args.work / f"{model.name}_watched_here.json"
+
+                def watched() -> None:
+                    with atomic_file(recheck) as tmp:
+                        tmp.write_text(json.dumps({"watched_dense_acc1_here": watched_acc1(model, dictionary, dev, config)}))
+                stage("recheck_watched_acc1", recheck.exists(), watched)
+                state["training"]["monitor_acc1_recomputed_here"] = json.loads(recheck.read_text())["watched_dense_acc1_here"]
 
     if args.part == "cantemist":
         cantemist = args.data / "cantemist"
@@ -168,15 +207,15 @@ def main() -> None:
         icdo = reuse(args.eval_indexes / "icdo.parquet", args.work / "icdo.parquet",
                      [SourceSpec("icdo", (cantemist / "valid-codes.tsv",))])
         state["dictionary"] = describe(icdo)
-        tag = "biosyn_all" if full else "biosyn"
+        tag = ("sap_" if args.sap_model else "") + ("biosyn_all" if full else "biosyn")
         model = args.models / f"cantemist-e5-{tag.replace('_', '-')}"
         biosyn(model, train, icdo, f"brat:{cantemist / 'dev1.zip'}#lang=es", "Cantemist", "ICD-O names")
         if args.index_only == "train":  # the training section and curve only; rows come from a later run
-            write(args.out, name, state, reports, data=args.data)
-            return
+            return write(args.out, name, state, reports, data=args.data)
         score("dense e5-small, ICD-O names (es)", dense(icdo, args.work / "icdo_e5", "e5-small"), test,
               train_spec=train, filters=("all",))
-        score(f"dense e5-small + {tag}, ICD-O names (es)", dense(icdo, args.work / f"icdo_e5_{tag}", str(model)), test,
+        label = tag.replace("_", " + ", 1) if args.sap_model else tag  # "sap + biosyn_all"
+        score(f"dense e5-small + {label}, ICD-O names (es)", dense(icdo, args.work / f"icdo_e5_{tag}", str(model)), test,
               train_spec=train, filters=("all",))
         if args.with_train_names:
             icdo_train = args.eval_indexes / "icdo_train.parquet"  # eval_all.py: ICD-O names + train mentions
@@ -185,7 +224,7 @@ def main() -> None:
             state["dictionary_with_train_names"] = describe(icdo_train)
             score("dense e5-small, ICD-O names + train mentions", dense(icdo_train, args.work / "icdo_train_e5", "e5-small"),
                   test, train_spec=train, filters=("all",))
-            score(f"dense e5-small + {tag}, ICD-O names + train mentions",
+            score(f"dense e5-small + {label}, ICD-O names + train mentions",
                   dense(icdo_train, args.work / f"icdo_train_e5_{tag}", str(model)), test, train_spec=train,
                   filters=("all",))
     elif not full:  # mantra, and codiesp's HPO sap row (the BioSyn run above needs no sap model)
@@ -194,13 +233,6 @@ def main() -> None:
                     + sorted(hpo_dir.glob("hp-*.synonyms.tsv")))
         hp = reuse(args.eval_indexes / "hpo_translations.parquet", args.work / "hpo_translations.parquet",
                    [SourceSpec("obo", tuple(hp_files))])
-        model = args.models / "mantra-e5-sap"  # cross-lingual sap on HPO + translations, shared by both parts
-        config = SapConfig(max_pairs=args.sap_pairs, batch_size=args.sap_batch, freeze_embeddings=True,
-                           threads=args.threads)
-        stage("train_sap", (model / "train_metrics.json").exists(),
-              lambda: train_sap(hp, encoder="e5-small", out=model, config=config))
-        state["training"] = training_summary(model)
-    if args.part == "mantra":
         dictionary = hp
         if args.doid:
             doid = reuse(args.eval_indexes / "doid.parquet", args.work / "doid.parquet",
@@ -208,12 +240,24 @@ def main() -> None:
             dictionary = args.work / "hpo_doid.parquet"
             if not dictionary.exists():
                 merge_tables([hp, doid], dictionary)
+        # cross-lingual sap on the synonym and translation pairs of that dictionary, shared by both parts
+        model = args.models / f"mantra-e5-sap{sap_tag.replace('_', '-')}"
+        config = SapConfig(max_pairs=args.sap_pairs or None, batch_size=args.sap_batch, freeze_embeddings=True,
+                           threads=args.threads)
+        stage("train_sap", (model / "train_metrics.json").exists() or args.index_only in ("base", "trained"),
+              lambda: train_sap(dictionary, encoder="e5-small", out=model, config=config))
+        if (model / "train_metrics.json").exists():
+            state["training"] = training_summary(model)
+        if args.index_only == "train":
+            state["dictionary"] = describe(dictionary if args.part == "mantra" else hp)
+            return write(args.out, name, state, reports, data=args.data)
+    if args.part == "mantra":
         state["dictionary"] = describe(dictionary)
         test = f"brat:{args.data / 'mantra_gsc' / 'Mantra-GSC-brat.zip'}"
         tag = dictionary.stem
         score(f"dense e5-small, {tag}", dense(dictionary, args.work / f"{tag}_e5", "e5-small"), test,
               filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
-        score(f"dense e5-small + sap, {tag}", dense(dictionary, args.work / f"{tag}_e5_sap", str(model)), test,
+        score(f"dense e5-small + sap, {tag}", dense(dictionary, args.work / f"{tag}_e5_sap{sap_tag}", str(model)), test,
               filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
     elif args.part == "codiesp":
         codiesp = args.data / "codiesp"
@@ -223,10 +267,13 @@ def main() -> None:
         score("dense e5-small, ICD-10-CM names (en)", dense(icd, args.work / "icd10cm_e5", "e5-small"), test,
               train_spec=train, filters=("all",))
         if full:  # BioSyn on every train mention against the English names: Spanish -> English by training
-            model = args.models / "codiesp-e5-biosyn-all"
+            tag = ("sap_" if args.sap_model else "") + "biosyn_all"
+            model = args.models / f"codiesp-e5-{tag.replace('_', '-')}"
             biosyn(model, train, icd, f"codiesp:{codiesp / 'devX.tsv'}#D", "CodiEsp-D", "ICD-10-CM names (en)")
-            score("dense e5-small + biosyn_all, ICD-10-CM names (en)",
-                  dense(icd, args.work / "icd10cm_e5_biosyn_all", str(model)), test, train_spec=train,
+            if args.index_only == "train":
+                return write(args.out, name, state, reports, data=args.data)
+            score(f"dense e5-small + {tag.replace('_', ' + ', 1) if args.sap_model else tag}, ICD-10-CM names (en)",
+                  dense(icd, args.work / f"icd10cm_e5_{tag}", str(model)), test, train_spec=train,
                   filters=("all",))
         else:
             score("dense e5-small + sap (HPO cross-lingual pairs), ICD-10-CM names (en)",
@@ -277,7 +324,7 @@ def training_summary(model: Path) -> dict:
             "last_step_loss": steps[-1]["loss"] if steps else None}
 
 
-def curve(t: dict, path: Path, dataset: str, dictionary: str) -> None:
+def curve(t: dict, path: Path, dataset: str, dictionary: str, start: str) -> None:
     """Dense Acc@1 of the watched (dev) mentions before each epoch and after the last: is more training worth it?"""
     import matplotlib
 
@@ -297,7 +344,7 @@ def curve(t: dict, path: Path, dataset: str, dictionary: str) -> None:
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=not stopped))
     ax.set_xlabel("epochs trained")
     ax.set_ylabel(f"dense Acc@1 vs {dictionary} (%)")
-    ax.set_title(f"BioSyn on all {dataset} train mentions: e5-small")
+    ax.set_title(f"BioSyn on all {dataset} train mentions from {start}")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -322,11 +369,14 @@ def write(out: Path, name: str, state: dict, reports, *, data: Path) -> None:
 
 def markdown(s: dict, reports) -> str:
     d, t = s["dictionary"], s.get("training", {})
+    sap_all = (t.get("config") or {}).get("max_pairs", 0) is None  # sap on every pair
+    from_sap = " from the cross-lingual sap model" if s["args"].get("sap_model") not in (None, "None") else ""
     title = {"cantemist": "Cantemist test: e5-small before / after BioSyn training "
-                          + ("on all train mentions" if s.get("full") else "(CPU-sized)"),
-             "mantra": "Mantra GSC: e5-small before / after SapBERT-style training (CPU-sized)",
+                          + (f"on all train mentions{from_sap}" if s.get("full") else "(CPU-sized)"),
+             "mantra": "Mantra GSC: e5-small before / after SapBERT-style training "
+                       + ("on every cross-lingual synonym pair" if sap_all else "(CPU-sized)"),
              "codiesp": "CodiEsp-D: e5-small before / after "
-                        + ("BioSyn training on all train mentions" if s.get("full")
+                        + (f"BioSyn training on all train mentions{from_sap}" if s.get("full")
                            else "cross-lingual SapBERT-style training on HPO (CPU-sized)")}[s["part"]]
     lines = [f"# {title}", "", f"Produced by `{s.get('command', 'scripts/train_multilingual.py ' + s['part'])}`. "
              "Acc@k in %; n = mentions.",
@@ -364,6 +414,9 @@ def markdown(s: dict, reports) -> str:
             lines += ["", f"Training curve (`{s['report_name']}_curve.png`): dense Acc@1 of the watched `{t['monitor']}` "
                           "mentions against the training dictionary, before each epoch and after the last: "
                           + ", ".join(f"{100 * a:.2f}" for a in watched) + ". They are not trained on and choose nothing."]
+            if t.get("monitor_acc1_recomputed_here") is not None:
+                lines.append(f"Trained on {t['extra']['hardware'].get('device')} and carried here: the last of these "
+                             f"recomputed here from the carried weights reads {100 * t['monitor_acc1_recomputed_here']:.2f}.")
     h = s["hardware"]
     lines += ["", (f"Hardware: {h['cpu_count']} CPU cores, no GPU (cuda: {h['gpu']}), torch {h['torch']} with "
                    f"{h['torch_threads']} thread(s) in the run that wrote this report. {h['note']}."),

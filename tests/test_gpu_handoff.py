@@ -51,6 +51,80 @@ def test_unpack_never_writes_over_a_folder_and_notices_a_changed_file(tmp_path, 
         model_transfer.unpack(packed, tmp_path / "model")
 
 
+def test_tensors_equal_to_a_base_model_stay_behind_and_come_back_exact(tmp_path, tiny_encoder_dir):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    trained = tmp_path / "trained"
+    shutil.copytree(tiny_encoder_dir, trained)
+    weights = load_file(trained / "model.safetensors")
+    changed = sorted(name for name in weights if "encoder.layer.0." in name)
+    assert changed and len(changed) < len(weights)
+    for name in changed:  # a run that froze everything but the first layer
+        weights[name] = weights[name] + 0.01
+    save_file(weights, trained / "model.safetensors")
+    packed = tmp_path / "packed"
+    manifest = model_transfer.pack(trained, packed, shard_mb=15, dtype="fp16", base=tiny_encoder_dir)
+    assert sorted(set(weights) - set(manifest["from_base"])) == changed
+    sent = {}
+    for shard in manifest["shards"]:
+        sent.update(load_file(packed / shard))
+    assert sorted(sent) == changed
+    with pytest.raises(SystemExit, match="--base"):
+        model_transfer.unpack(packed, tmp_path / "no_base")
+    other = tmp_path / "other_base"
+    shutil.copytree(tiny_encoder_dir, other)
+    frozen = load_file(other / "model.safetensors")
+    left_out = next(iter(manifest["from_base"]))
+    frozen[left_out] = frozen[left_out] + 1
+    save_file(frozen, other / "model.safetensors")
+    with pytest.raises(SystemExit, match="not the one"):  # another base: the left-out tensors would be wrong
+        model_transfer.unpack(packed, tmp_path / "wrong_base", base=other)
+    assert not (tmp_path / "wrong_base").exists() and not (tmp_path / "wrong_base.partial").exists()
+    model_transfer.unpack(packed, tmp_path / "model", base=tiny_encoder_dir)
+    back = load_file(tmp_path / "model" / "model.safetensors")
+    base = load_file(tiny_encoder_dir / "model.safetensors")
+    assert back.keys() == weights.keys()
+    for name, tensor in weights.items():
+        if name in changed:
+            assert torch.allclose(back[name], tensor, rtol=2**-10, atol=1e-7)
+        else:
+            assert torch.equal(back[name], base[name])
+
+
+def test_a_base_that_itself_came_through_fp16_matches_by_its_rounded_digest(tmp_path, tiny_encoder_dir):
+    """sap trained on the GPU machine, carried back in fp16, then BioSyn from it there: the BioSyn package
+    leaves out the layers it froze, and the base here holds them only as fp16 rounded them."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    sap_there = tiny_encoder_dir
+    biosyn = tmp_path / "biosyn"
+    shutil.copytree(sap_there, biosyn)
+    weights = load_file(biosyn / "model.safetensors")
+    trained = sorted(name for name in weights if "encoder.layer.1." in name)
+    for name in trained:
+        weights[name] = weights[name] + 0.01
+    save_file(weights, biosyn / "model.safetensors")
+    model_transfer.pack(sap_there, tmp_path / "sap_packed", shard_mb=15, dtype="fp16")
+    model_transfer.unpack(tmp_path / "sap_packed", tmp_path / "sap_here")  # fp16-rounded
+    manifest = model_transfer.pack(biosyn, tmp_path / "packed", shard_mb=15, dtype="fp16", base=sap_there)
+    assert all(set(d) == {"sha256", "sha256_fp16"} for d in manifest["from_base"].values())
+    model_transfer.unpack(tmp_path / "packed", tmp_path / "model", base=tmp_path / "sap_here")
+    back = load_file(tmp_path / "model" / "model.safetensors")
+    sap_here = load_file(tmp_path / "sap_here" / "model.safetensors")
+    for name in manifest["from_base"]:
+        assert torch.equal(back[name], sap_here[name])
+    # a manifest with exact digests only (as written before the rounded one existed) needs --unchecked-base
+    manifest["from_base"] = {name: d["sha256"] for name, d in manifest["from_base"].items()}
+    (tmp_path / "packed" / "transfer.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit, match="not the one"):
+        model_transfer.unpack(tmp_path / "packed", tmp_path / "strict", base=tmp_path / "sap_here")
+    model_transfer.unpack(tmp_path / "packed", tmp_path / "unchecked", base=tmp_path / "sap_here", unchecked_base=True)
+
+
 def test_the_grid_is_every_combination_in_the_order_written():
     grid = ncbi_biosyn.grid_arg("topk=20,40 lr=1e-5,2e-5")
     assert grid == [{"topk": 20, "lr": 1e-5}, {"topk": 20, "lr": 2e-5}, {"topk": 40, "lr": 1e-5},

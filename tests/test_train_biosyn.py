@@ -15,7 +15,7 @@ from linker.encoders import load_encoder
 from linker.errors import ConfigError, LinkerError, MissingInputError
 from linker.eval.datasets import Mention, load_dataset
 from linker.train.biosyn import (
-    BiosynConfig, dense_top, load_dictionary, merge_candidates, train_biosyn, training_queries,
+    BiosynConfig, dense_top, load_dictionary, merge_candidates, train_biosyn, training_queries, watched_acc1,
 )
 from linker.train.losses import marginal_nll
 
@@ -97,6 +97,18 @@ def test_biosyn_training_improves_mention_retrieval(tmp_path, tiny_encoder_dir, 
     assert weight == metrics["extra"]["sparse_weight"] != 0.0  # learned from BioSyn's initial 0
     config_json = json.loads((out / "train_config.json").read_text())
     assert config_json["config"]["topk"] == 8 and str(FIX / "mentions.tsv") in config_json["data_sha256"]
+
+
+def test_the_watched_number_is_recomputed_from_a_saved_model_with_its_prompts(tmp_path, tiny_e5_encoder_dir,
+                                                                                  biosyn_dict):
+    """A model trained on a lent GPU is checked here by recomputing its logged monitor number from the folder:
+    mentions as queries ("query: "), names as passages, as training encodes them."""
+    out = tmp_path / "watched"
+    config = BiosynConfig(lr=1e-3, batch_size=4, epochs=1, topk=8, threads=1, seed=1, precision="fp32")
+    train_biosyn(TRAIN, biosyn_dict, encoder=str(tiny_e5_encoder_dir), out=out, config=config,
+                 monitor=load_dataset(TRAIN))
+    logged = json.loads((out / "train_metrics.json").read_text())["extra"]["monitor_dense_acc1_after_training"]
+    assert watched_acc1(out, biosyn_dict, TRAIN, config) == logged
 
 
 def test_freezing_layers_keeps_them_fixed(tmp_path, tiny_encoder_dir, biosyn_dict):

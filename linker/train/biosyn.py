@@ -157,6 +157,22 @@ def acc_at_1(queries: Sequence[Query], keys: Sequence[str], top: np.ndarray) -> 
     return float(np.mean([keys[r] in q.gold for q, r in zip(queries, top)]))
 
 
+def watched_acc1(model: str | Path, dictionary: str | Path, spec: str, config: BiosynConfig) -> float:
+    """`train_biosyn`'s `monitor` number (dense Acc@1 of the single-concept mentions of dataset `spec` against
+    `dictionary`, texts cut at the training max_length), computed afresh from a model folder as it is on this
+    machine: a model trained on a lent GPU and carried back in fp16 is checked against the number it logged."""
+    from linker.encoders import load_encoder
+    from linker.eval.datasets import load_dataset
+
+    names = load_dictionary(dictionary)
+    queries = watched_queries(load_dataset(spec), names, config)
+    encoder = load_encoder(str(model), threads=config.threads)
+    encoder.model.max_seq_length = config.max_length
+    top = dense_top(encoder.encode([q.text for q in queries], role="query"),
+                    encoder.encode(list(names.names), role="passage"), 1)[:, 0]
+    return round(acc_at_1(queries, names.keys, top), 4)
+
+
 def dense_top(q: np.ndarray, d: np.ndarray, k: int, chunk: int = 256) -> np.ndarray:
     """(n_queries, k) name rows of the highest cosine, best first (ties by lower row).
 
