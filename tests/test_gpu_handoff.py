@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import model_transfer  # noqa: E402
 import ncbi_biosyn  # noqa: E402
+import stages  # noqa: E402
 
 
 def test_a_model_folder_round_trips_through_fp16_shards_no_larger_than_asked(tmp_path, tiny_encoder_dir):
@@ -123,6 +124,25 @@ def test_a_base_that_itself_came_through_fp16_matches_by_its_rounded_digest(tmp_
     with pytest.raises(SystemExit, match="not the one"):
         model_transfer.unpack(tmp_path / "packed", tmp_path / "strict", base=tmp_path / "sap_here")
     model_transfer.unpack(tmp_path / "packed", tmp_path / "unchecked", base=tmp_path / "sap_here", unchecked_base=True)
+
+
+def test_a_model_trained_on_another_kind_of_machine_is_rechecked_here_once(tmp_path):
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    stage, calls = stages.Stages(tmp_path / "report.json"), []
+
+    def compute() -> dict:
+        calls.append(1)
+        return {"watched_dense_acc1_here": 0.55, "hardware": "here"}
+
+    for device, model in (("tpu", tmp_path / "carried"), (here, tmp_path / "local")):
+        model.mkdir()
+        (model / "train_metrics.json").write_text(json.dumps({"extra": {"hardware": {"device": device}}}))
+    assert stages.recheck_carried(stage, tmp_path / "local", tmp_path / "local.json", compute) is None
+    assert calls == [] and not (tmp_path / "local.json").exists()
+    for _ in range(2):  # the second time the kept record answers
+        assert stages.recheck_carried(stage, tmp_path / "carried", tmp_path / "carried.json", compute) == 0.55
+    assert calls == [1] and "recheck_watched_acc1" in stage.seconds
+    assert json.loads((tmp_path / "carried.json").read_text())["hardware"] == "here"
 
 
 def test_the_grid_is_every_combination_in_the_order_written():
