@@ -89,6 +89,11 @@ eval-multilingual-full: setup
 	$(PY) scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-sap-biosyn-all
 	$(PY) scripts/train_multilingual.py cantemist --biosyn-queries 0 --sap-model models/mantra-e5-sap-all-doid --epochs 10 --threads 2
 	$(PY) scripts/hybrid_tuning.py cantemist --encoder models/cantemist-e5-sap-biosyn-all
+	# the tf-idf-mined Cantemist re-ranker of eval-rerank above its retriever; then a re-ranker started from it,
+	# chosen on dev1 first (--heldin-only), then scored on test
+	$(PY) scripts/rerank_confidence.py --datasets cantemist-sapbiosyn --systems reranked --rerank-k 16 --threads 2
+	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2 --heldin-only
+	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2
 
 # BioSyn on every Cantemist train mention (resumes from its last epoch); the time budget is the committed run's, on
 # 2 shared cores: raise --max-seconds (or drop it) on a quiet machine. Then dense / tf-idf / tuned hybrid with it.
@@ -113,9 +118,16 @@ eval-rerank: setup
 	# the full system: needs models/ncbi-biosyn-minilm-biosyn (make eval-ncbi-biosyn) and the ncbi re-ranker above
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-biosyn --rerank-k 16
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-biosyn-protocol --systems reranked --rerank-k 16
+	# a re-ranker started from the sap encoder (make eval-ncbi-biosyn-sap), chosen on dev first, then above the
+	# dev-chosen sap + BioSyn retriever (make eval-ncbi-biosyn-dev)
+	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapinit --systems reranked --rerank-k 16 --threads 2 --heldin-only
+	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapinit --systems reranked --rerank-k 16 --threads 2
+	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapall-sapinit --systems reranked --rerank-k 16 --threads 2 --biosyn-model models/ncbi-biosyn-minilm-sap-all-biosyn-devgrid-epochs
 	$(PY) scripts/rerank_confidence.py --datasets cantemist --rerank-k 16 --epochs 1 --train-seconds 3600
 	# negatives mined by the retriever's own tf-idf, two epochs (~27 min on 2 cores)
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2
+	# the same for three epochs, compared with it on dev1 only (~36 min)
+	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-e3 --systems reranked --rerank-k 16 --train-seconds 4200 --threads 2 --heldin-only
 	$(PY) scripts/rerank_confidence.py --datasets codiesp --systems retriever
 
 # Capability suites (eval/capabilities_*.md): the indexes once, then the reports and the suite-driven fix.

@@ -43,6 +43,12 @@ models/ncbi-biosyn-minilm-sap-all-biosyn, from ``scripts/ncbi_biosyn.py --sap-pa
 retriever's own tf-idf parameters (`RerankConfig.mining`). ``codiesp-biosyn`` puts the "codiesp-mined" re-ranker
 above the e5-small retriever that BioSyn trained on all CodiEsp-D train mentions (``--codiesp-model``);
 ``codiesp-biosyn-mined`` gives it its own re-ranker, negatives mined by that retriever.
+``cantemist-mined-e3`` trains the "cantemist-mined" recipe for three epochs, ``cantemist-mined-sapinit`` (and
+``codiesp-mined-sapinit``) from the full-size sap + BioSyn bi-encoder instead of e5-small; ``ncbi-sapinit`` is
+"ncbi" from MiniLM after sap on MEDIC (``ncbi-sapall-sapinit``: that re-ranker above the sap + BioSyn retriever of
+``--biosyn-model``).
+``cantemist-sapbiosyn`` puts the "cantemist-mined" re-ranker above the full-size sap + BioSyn retriever
+(models/cantemist-e5-sap-biosyn-all from scripts/train_multilingual.py).
 ``--heldin-only`` stops after the held-in calibration, so that two recipes are compared on dev, never on test
 (the calibration is kept beside the index and reused by the full run).
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
@@ -68,7 +74,7 @@ from eval_all import mention_names, table  # noqa: E402  (the dictionaries eval_
 from stages import index_current  # noqa: E402
 
 from linker.dictionary import SourceSpec  # noqa: E402
-from linker.eval.calibrate import calibrate  # noqa: E402
+from linker.eval.calibrate import RETRIEVER_WEIGHTS, calibrate  # noqa: E402
 from linker.eval.report import evaluate  # noqa: E402
 from linker.fileio import atomic_file, portable_paths  # noqa: E402
 from linker.index import build_index  # noqa: E402
@@ -127,6 +133,16 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         **out["ncbi-biosyn-mined"], "title": "NCBI-disease test (BioSyn preprocessing), sap + BioSyn dense retriever, "
         "the re-ranker of the row above", "reranker_of": "ncbi-biosyn-mined", "mine_index": False,
     }
+    # The "ncbi" recipe from a domain-adapted transformer: MiniLM after sap on every MEDIC synonym pair
+    # (eval/ncbi_biosyn_sapall.md's first stage; no mention seen, so the dev split stays held-in).
+    out["ncbi-sapinit"] = {**out["ncbi"], "init": "ncbi-biosyn-minilm-sap-all", "title": "NCBI-disease test (BioSyn "
+                           "preprocessing), re-ranker initialised from the sap encoder"}
+    # ...and above the sap + BioSyn dense retriever (``--biosyn-model``): the full system with that re-ranker.
+    out["ncbi-sapall-sapinit"] = {
+        **out["ncbi-sapall-mined"], "reranker_of": "ncbi-sapinit",
+        "title": "NCBI-disease test (BioSyn preprocessing), sap + BioSyn dense retriever, the sap-initialised "
+        "re-ranker",
+    }
     n_dev = out["ncbi"]["heldin"]
 
     def ncbi_protocol_dicts() -> tuple[Path, Path]:
@@ -166,6 +182,16 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     # library's default tf-idf.
     out["cantemist-mined"] = {**out["cantemist"], "title": "Cantemist test, negatives mined by the retriever's tf-idf",
                               "mine_with_retriever": True}
+    # The same recipe for three epochs (dev1 still rose from the first epoch to the second): compared with the
+    # two-epoch one on dev1 first (`--heldin-only`), whatever `--epochs` says.
+    out["cantemist-mined-e3"] = {**out["cantemist-mined"], "epochs": 3,
+                                 "title": "Cantemist test, negatives mined by the retriever's tf-idf, three epochs"}
+    # The same recipe from a domain-adapted transformer (xMEN initialises its cross-encoder from SapBERT): the full-size
+    # bi-encoder of eval/train_cantemist_e5_sap_all.md (cross-lingual sap on HPO + DOID, then BioSyn on the train
+    # mentions; dev1 unseen by it), its weights under a fresh one-output head.
+    out["cantemist-mined-sapinit"] = {**out["cantemist-mined"], "init": "cantemist-e5-sap-biosyn-all",
+                                      "title": "Cantemist test, negatives mined by the retriever's tf-idf, re-ranker "
+                                      "initialised from the sap + BioSyn encoder"}
     x_train = f"codiesp:{codiesp / 'trainX.tsv'}#D"
 
     def codiesp_dicts() -> tuple[Path, Path]:
@@ -184,6 +210,9 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     }
     out["codiesp-mined"] = {**out["codiesp"], "title": "CodiEsp-D test, negatives mined by the retriever's tf-idf",
                             "mine_with_retriever": True}
+    out["codiesp-mined-sapinit"] = {**out["codiesp-mined"], "init": "codiesp-e5-sap-biosyn-all",
+                                    "title": "CodiEsp-D test, negatives mined by the retriever's tf-idf, re-ranker "
+                                    "initialised from the sap + BioSyn encoder"}
     # The CodiEsp-D full system: the e5-small retriever that BioSyn trained on every train mention
     # (scripts/train_multilingual.py codiesp --biosyn-queries 0; ``--codiesp-model``) over the same dictionary, with
     # the "codiesp-mined" re-ranker above. That encoder never saw devX, so the held-in choices are not biased.
@@ -196,6 +225,14 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     out["codiesp-biosyn-mined"] = {
         **out["codiesp-biosyn"], "title": "CodiEsp-D test, BioSyn-trained e5-small dense retriever, re-ranker "
         "negatives mined by it", "reranker_of": None, "mine_index": True,
+    }
+    # The full-size retriever of eval/train_cantemist_e5_sap_all.md (cross-lingual sap on HPO + DOID, then BioSyn for
+    # 10 epochs on every train mention, on a lent GPU; scripts/gpu_multilingual.sh) over the same dictionary, with the
+    # tf-idf-mined re-ranker above: does a re-ranker still add to the best retriever?
+    out["cantemist-sapbiosyn"] = {
+        **out["cantemist"], "title": "Cantemist test, sap + BioSyn e5-small dense retriever (full size)",
+        "kind": "dense", "reranker_of": "cantemist-mined",
+        "index_config": lambda args: DenseConfig(encoder=str(args.models / "cantemist-e5-sap-biosyn-all")),
     }
     return out
 
@@ -245,12 +282,17 @@ def main() -> None:
                 if args.rebuild or not index_current(mine_index, dense_encoder(spec, args)):
                     build_index(train_dict, kind=spec["kind"], out=mine_index, config=spec["index_config"](args),
                                 overwrite=True)
-            config = RerankConfig(max_queries=args.max_queries, negatives=args.negatives, epochs=args.epochs, lr=args.lr,
-                                  threads=args.threads, max_seconds=args.train_seconds, checkpoint_every=50,
+            config = RerankConfig(max_queries=args.max_queries, negatives=args.negatives,
+                                  epochs=spec.get("epochs", args.epochs), lr=args.lr, threads=args.threads,
+                                  max_seconds=args.train_seconds, checkpoint_every=50,
                                   mining=spec["index_config"](args) if spec.get("mine_with_retriever") else None,
                                   mine_index=None if mine_index is None else str(mine_index))
             resume = model.with_name(model.name + ".checkpoint").exists()
-            train_rerank(train_dict, encoder=spec["encoder"], out=model, train_specs=spec["train"], config=config,
+            base = str(args.models / spec["init"]) if spec.get("init") else spec["encoder"]
+            if spec.get("init") and not Path(base).is_dir():
+                raise SystemExit(f"{name}: the re-ranker starts from {base}, which is missing (see the comment on "
+                                 f"{name} in this script for the command that trains it)")
+            train_rerank(train_dict, encoder=base, out=model, train_specs=spec["train"], config=config,
                          resume=resume, overwrite=args.rebuild)
         retriever = args.work / f"{name}_{spec['kind']}"
         reranked = args.work / f"{name}_{spec['kind']}_rerank"
@@ -338,12 +380,14 @@ def heldin_calibration(folder: Path, spec: dict, args) -> dict:
     built_at = json.loads((folder / "manifest.json").read_text())["built_at"]  # a rebuilt index is fitted afresh
     if cached.exists() and not args.rebuild:
         saved = json.loads(cached.read_text())
-        if (saved["rerank_k"], saved["dataset"], saved.get("index_built_at")) == (args.rerank_k, spec["heldin"], built_at):
+        same_grid = "mixing" not in saved["summary"] or saved.get("weights") == list(RETRIEVER_WEIGHTS)
+        if (saved["rerank_k"], saved["dataset"], saved.get("index_built_at")) == (args.rerank_k, spec["heldin"],
+                                                                                   built_at) and same_grid:
             return saved["summary"]
     cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k, composite=spec["eval"].get("composite", "all"))
     with atomic_file(cached) as tmp:
         tmp.write_text(json.dumps({"rerank_k": args.rerank_k, "dataset": spec["heldin"], "index_built_at": built_at,
-                                   "summary": cal}, indent=1))
+                                   "weights": list(RETRIEVER_WEIGHTS), "summary": cal}, indent=1))
     return cal
 
 
@@ -382,7 +426,8 @@ def training_summary(model: Path) -> dict:
     metrics = json.loads((model / "train_metrics.json").read_text())
     out = {k: metrics["extra"].get(k) for k in ("data", "train_seconds", "steps", "bf16", "stopped_at_time_budget",
                                                 "parameters")}
-    out["config"] = json.loads((model / "train_config.json").read_text())["config"]
+    run = json.loads((model / "train_config.json").read_text())
+    out["config"], out["base_encoder"] = run["config"], run.get("base_encoder")
     out["first_loss"] = metrics["steps"][0]["loss"] if metrics["steps"] else None
     tail = metrics["steps"][-50:]
     out["last_50_steps_loss"] = sum(s["loss"] for s in tail) / max(len(tail), 1)
@@ -515,7 +560,9 @@ def markdown(summary: dict) -> str:
         done = (f"stopped by the time budget at step {stop['step_in_epoch']:,} of {stop['steps_per_epoch']:,} "
                 f"(epoch {stop['epoch']})" if stop else "all epochs")
         lines.append(
-            f"- **{entry['title']}**: `{entry['reranker']}`, training data {json.dumps(t['data'])}; {t['steps']:,} steps of {t['config']['batch_size']} queries x "
+            f"- **{entry['title']}**: `{entry['reranker']}`"
+            + (f" (from `{t['base_encoder']}`)" if t.get("base_encoder") else "")
+            + f", training data {json.dumps(t['data'])}; {t['steps']:,} steps of {t['config']['batch_size']} queries x "
             f"(1 + {t['config']['negatives']}) pairs, lr {t['config']['lr']}, bf16 {t['bf16']}, {t['train_seconds']:.0f} s, "
             f"{done}; first step loss {t['first_loss']:.3f}, last 50 steps loss {t['last_50_steps_loss']:.3f}, "
             f"batch accuracy {t['last_50_steps_batch_acc']:.3f}."

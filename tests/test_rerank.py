@@ -161,9 +161,30 @@ def test_mix_orders_by_reranker_plus_weighted_retriever_score():
     ranked = Ranked(("B", "C", "A"), ("A", "B", "C"), 3.0, float("nan"), (3.0, 3.0, 1.0), (0.5, 0.4, 0.9))
     assert mix(ranked, 0.0).ids == ("B", "C", "A") and mix(ranked, 0.0).top_score == 3.0
     heavy = mix(ranked, RETRIEVER_WEIGHTS[-1])
-    assert heavy.ids == ranked.retriever_ids and heavy.top_score == pytest.approx(1.0 + 900.0)
+    assert heavy.ids == ranked.retriever_ids and heavy.top_score == pytest.approx(1.0 + 0.9 * RETRIEVER_WEIGHTS[-1])
     assert heavy.retriever_scores == (0.9, 0.5, 0.4)  # scores travel with their concepts
     assert mix(Ranked((), (), float("-inf"), float("-inf")), 1.0).ids == ()
+
+
+def test_cross_encoder_from_a_trained_encoder_folder_keeps_its_transformer(tiny_encoder_dir):
+    # `train rerank --encoder models/<sap or BioSyn model>` must start from that model's weights, not a random
+    # transformer with the folder's shape (only the one-output head is new).
+    from safetensors.torch import load_file
+
+    from linker.rerank import init_cross_encoder
+
+    saved = load_file(str(tiny_encoder_dir / "model.safetensors"))
+    loaded = dict(init_cross_encoder(str(tiny_encoder_dir)).model.named_parameters())
+    for key in ("embeddings.word_embeddings.weight", "encoder.layer.1.output.dense.weight"):
+        assert np.array_equal(loaded[f"bert.{key}"].detach().numpy(), saved[key].numpy())
+
+
+def test_heaviest_mix_is_the_retriever_order_even_for_dense_near_ties():
+    # A dense retriever's top cosines 0.002 apart: weight 1000 still lets a logit gap of 10 reorder them, so the
+    # grid's last weight must reach the retriever's own order (calibrate can then never choose below it).
+    ranked = Ranked(("B", "A"), ("A", "B"), 10.0, float("nan"), (10.0, 0.0), (0.900, 0.902))
+    assert mix(ranked, 1000.0).ids == ("B", "A")
+    assert mix(ranked, RETRIEVER_WEIGHTS[-1]).ids == ranked.retriever_ids
 
 
 def test_trained_folder_is_safetensors_with_metrics(reranker):

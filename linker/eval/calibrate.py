@@ -8,9 +8,12 @@ without any candidate are left out (they are "no link" whatever the map says).
 
 With a re-ranker, the same held-in set first chooses how its logit and the retriever's score mix
 (`RETRIEVER_WEIGHTS`, final = logit + weight x retriever score, the weight with the best Acc@1;
-the smallest on a tie): from the re-ranker alone (0) to, in effect, the retriever's order with the
-re-ranker breaking its ties (1000 against cosines in [0, 1]). The map is then fitted on the mixed
-score. A re-ranker that does not beat the retriever's own order there is reported with a warning.
+the smallest on a tie): from the re-ranker alone (0) to the retriever's order with the re-ranker
+breaking its ties (1e6: a dense retriever's top cosines can lie within 0.01 of each other, so 1000
+still lets a logit gap of 10 overturn them; at 1e6 only gaps below 1e-5 are the re-ranker's to
+decide). So the chosen mix is never below the retriever's own held-in Acc@1 but for such near-ties.
+The map is then fitted on the mixed score. A re-ranker that does not beat the retriever's own order
+there is reported with a warning.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from linker.eval.report import Ranked, gold_matcher, predict, top_of
 
 log = logging.getLogger(__name__)
 
-RETRIEVER_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1000.0)
+RETRIEVER_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1000.0, 4000.0, 1e6)
 
 
 def mix(ranked: Ranked, weight: float) -> Ranked:
