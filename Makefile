@@ -89,11 +89,13 @@ eval-multilingual-full: setup
 	$(PY) scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-sap-biosyn-all
 	$(PY) scripts/train_multilingual.py cantemist --biosyn-queries 0 --sap-model models/mantra-e5-sap-all-doid --epochs 10 --threads 2
 	$(PY) scripts/hybrid_tuning.py cantemist --encoder models/cantemist-e5-sap-biosyn-all
-	# the tf-idf-mined Cantemist re-ranker of eval-rerank above its retriever; then a re-ranker started from it,
-	# chosen on dev1 first (--heldin-only), then scored on test
+	# the tf-idf-mined Cantemist re-ranker of eval-rerank above its retriever; then re-rankers started from these
+	# encoders, each chosen on dev first (--heldin-only), then scored on test
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-sapbiosyn --systems reranked --rerank-k 16 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2 --heldin-only
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2
+	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 4500 --threads 2 --heldin-only
+	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 4500 --threads 2
 
 # BioSyn on every Cantemist train mention (resumes from its last epoch); the time budget is the committed run's, on
 # 2 shared cores: raise --max-seconds (or drop it) on a quiet machine. Then dense / tf-idf / tuned hybrid with it.
