@@ -135,8 +135,10 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     }
     # The "ncbi" recipe from a domain-adapted transformer: MiniLM after sap on every MEDIC synonym pair
     # (eval/ncbi_biosyn_sapall.md's first stage; no mention seen, so the dev split stays held-in).
-    out["ncbi-sapinit"] = {**out["ncbi"], "init": "ncbi-biosyn-minilm-sap-all", "title": "NCBI-disease test (BioSyn "
-                           "preprocessing), re-ranker initialised from the sap encoder"}
+    out["ncbi-sapinit"] = {
+        **out["ncbi"], "init": ("ncbi-biosyn-minilm-sap-all", "make eval-ncbi-biosyn-sap"),
+        "title": "NCBI-disease test (BioSyn preprocessing), re-ranker initialised from the sap encoder",
+    }
     # ...and above the sap + BioSyn dense retriever (``--biosyn-model``): the full system with that re-ranker.
     out["ncbi-sapall-sapinit"] = {
         **out["ncbi-sapall-mined"], "reranker_of": "ncbi-sapinit",
@@ -189,9 +191,11 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     # The same recipe from a domain-adapted transformer (xMEN initialises its cross-encoder from SapBERT): the full-size
     # bi-encoder of eval/train_cantemist_e5_sap_all.md (cross-lingual sap on HPO + DOID, then BioSyn on the train
     # mentions; dev1 unseen by it), its weights under a fresh one-output head.
-    out["cantemist-mined-sapinit"] = {**out["cantemist-mined"], "init": "cantemist-e5-sap-biosyn-all",
-                                      "title": "Cantemist test, negatives mined by the retriever's tf-idf, re-ranker "
-                                      "initialised from the sap + BioSyn encoder"}
+    out["cantemist-mined-sapinit"] = {
+        **out["cantemist-mined"], "init": ("cantemist-e5-sap-biosyn-all", "make eval-multilingual-full"),
+        "title": "Cantemist test, negatives mined by the retriever's tf-idf, re-ranker initialised from the sap + "
+        "BioSyn encoder",
+    }
     x_train = f"codiesp:{codiesp / 'trainX.tsv'}#D"
 
     def codiesp_dicts() -> tuple[Path, Path]:
@@ -210,9 +214,11 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     }
     out["codiesp-mined"] = {**out["codiesp"], "title": "CodiEsp-D test, negatives mined by the retriever's tf-idf",
                             "mine_with_retriever": True}
-    out["codiesp-mined-sapinit"] = {**out["codiesp-mined"], "init": "codiesp-e5-sap-biosyn-all",
-                                    "title": "CodiEsp-D test, negatives mined by the retriever's tf-idf, re-ranker "
-                                    "initialised from the sap + BioSyn encoder"}
+    out["codiesp-mined-sapinit"] = {
+        **out["codiesp-mined"], "init": ("codiesp-e5-sap-biosyn-all", "make eval-multilingual-full"),
+        "title": "CodiEsp-D test, negatives mined by the retriever's tf-idf, re-ranker initialised from the sap + "
+        "BioSyn encoder",
+    }
     # The CodiEsp-D full system: the e5-small retriever that BioSyn trained on every train mention
     # (scripts/train_multilingual.py codiesp --biosyn-queries 0; ``--codiesp-model``) over the same dictionary, with
     # the "codiesp-mined" re-ranker above. That encoder never saw devX, so the held-in choices are not biased.
@@ -288,10 +294,13 @@ def main() -> None:
                                   mining=spec["index_config"](args) if spec.get("mine_with_retriever") else None,
                                   mine_index=None if mine_index is None else str(mine_index))
             resume = model.with_name(model.name + ".checkpoint").exists()
-            base = str(args.models / spec["init"]) if spec.get("init") else spec["encoder"]
-            if spec.get("init") and not Path(base).is_dir():
-                raise SystemExit(f"{name}: the re-ranker starts from {base}, which is missing (see the comment on "
-                                 f"{name} in this script for the command that trains it)")
+            base = spec["encoder"]
+            if spec.get("init"):  # (a model folder under --models, the command that trains it)
+                folder, made_by = spec["init"]
+                base = str(args.models / folder)
+                if not Path(base).is_dir():
+                    raise SystemExit(f"{name}: the re-ranker starts from {base}, which is missing; `{made_by}` "
+                                     "trains it")
             train_rerank(train_dict, encoder=base, out=model, train_specs=spec["train"], config=config,
                          resume=resume, overwrite=args.rebuild)
         retriever = args.work / f"{name}_{spec['kind']}"
