@@ -145,6 +145,21 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         "title": "NCBI-disease test (BioSyn preprocessing), sap + BioSyn dense retriever, the sap-initialised "
         "re-ranker",
     }
+    # "ncbi-sapinit" at the sizes a GPU affords (scripts/gpu_rerank.sh; 10 to 40 min each on 2 cores): 7 hard
+    # negatives a query instead of 5, and either 6,000 synonym queries for 4 epochs (a fifth of the groups are the
+    # 1,405 distinct train mentions) or every concept's two synonym queries (~24,000, the mentions diluted to 6%) for
+    # 2; and the 6,000 one with negatives mined by the retriever's own tf-idf (which helped Cantemist). Dev chooses.
+    full = {"init": out["ncbi-sapinit"]["init"], "title": out["ncbi-sapinit"]["title"] + ", full size"}
+    out["ncbi-sapinit-q6k"] = {**out["ncbi"], **full,
+                               "recipe": {"max_queries": 6000, "negatives": 7, "epochs": 4}}
+    out["ncbi-sapinit-qall"] = {**out["ncbi"], **full,
+                                "recipe": {"max_queries": None, "negatives": 7, "epochs": 2}}
+    out["ncbi-sapinit-q6k-mined"] = {**out["ncbi-sapinit-q6k"], "mine_with_retriever": True}
+    # None of those beat "ncbi-sapinit" on dev (its groups are half train mentions): a second GPU call keeps its 1,500
+    # synonym queries and trains longer (4 epochs, 7 negatives), with 15 negatives, or on the train mentions alone.
+    out["ncbi-sapinit-e4"] = {**out["ncbi"], **full, "recipe": {"max_queries": 1500, "negatives": 7, "epochs": 4}}
+    out["ncbi-sapinit-n15"] = {**out["ncbi"], **full, "recipe": {"max_queries": 1500, "negatives": 15, "epochs": 3}}
+    out["ncbi-sapinit-mentions"] = {**out["ncbi"], **full, "recipe": {"max_queries": 0, "negatives": 7, "epochs": 8}}
     n_dev = out["ncbi"]["heldin"]
 
     def ncbi_protocol_dicts() -> tuple[Path, Path]:
@@ -186,7 +201,7 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
                               "mine_with_retriever": True}
     # The same recipe for three epochs (dev1 still rose from the first epoch to the second): compared with the
     # two-epoch one on dev1 first (`--heldin-only`), whatever `--epochs` says.
-    out["cantemist-mined-e3"] = {**out["cantemist-mined"], "epochs": 3,
+    out["cantemist-mined-e3"] = {**out["cantemist-mined"], "recipe": {"epochs": 3},
                                  "title": "Cantemist test, negatives mined by the retriever's tf-idf, three epochs"}
     # The same recipe from a domain-adapted transformer (xMEN initialises its cross-encoder from SapBERT): the full-size
     # bi-encoder of eval/train_cantemist_e5_sap_all.md (cross-lingual sap on HPO + DOID, then BioSyn on the train
@@ -257,6 +272,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="training steps between checkpoints")
     parser.add_argument("--biosyn-model", type=Path, default=ROOT / "models" / "ncbi-biosyn-minilm-biosyn",
                         help="ncbi-biosyn's dense encoder (scripts/ncbi_biosyn.py --epochs 10 writes it)")
     parser.add_argument("--codiesp-model", type=Path, default=ROOT / "models" / "codiesp-e5-biosyn-all",
@@ -265,6 +281,9 @@ def main() -> None:
                         help="retriever: tf-idf + calibration only (no re-ranker trained); reranked: also the re-ranker")
     parser.add_argument("--heldin-only", action="store_true",
                         help="stop after the held-in calibration (to compare recipes on dev, never on test)")
+    parser.add_argument("--import-heldin", type=Path, nargs="*", default=[], metavar="JSON",
+                        help="first add the held-in comparisons of these rerank_confidence.json files (another "
+                             "machine's --heldin-only runs, e.g. scripts/gpu_rerank.sh's) to this one's")
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -272,6 +291,9 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     summary_path = args.out / "rerank_confidence.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"datasets": {}}
+    if args.import_heldin:
+        for other in args.import_heldin:
+            summary.setdefault("heldin_only", {}).update(json.loads(other.read_text()).get("heldin_only", {}))
     specs = datasets(args.data, args.work, args.rebuild)
     for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         spec = specs[name]
@@ -288,9 +310,10 @@ def main() -> None:
                 if args.rebuild or not index_current(mine_index, dense_encoder(spec, args)):
                     build_index(train_dict, kind=spec["kind"], out=mine_index, config=spec["index_config"](args),
                                 overwrite=True)
-            config = RerankConfig(max_queries=args.max_queries, negatives=args.negatives,
-                                  epochs=spec.get("epochs", args.epochs), lr=args.lr, threads=args.threads,
-                                  max_seconds=args.train_seconds, checkpoint_every=50,
+            recipe = {"max_queries": args.max_queries, "negatives": args.negatives, "epochs": args.epochs,
+                      **spec.get("recipe", {})}  # a dataset's own recipe wins over the command line's
+            config = RerankConfig(**recipe, lr=args.lr, threads=args.threads, max_seconds=args.train_seconds,
+                                  checkpoint_every=args.checkpoint_every,
                                   mining=spec["index_config"](args) if spec.get("mine_with_retriever") else None,
                                   mine_index=None if mine_index is None else str(mine_index))
             resume = model.with_name(model.name + ".checkpoint").exists()
@@ -366,15 +389,22 @@ def main() -> None:
                          "torch": torch.__version__, "gpu": torch.cuda.is_available(),
                          "load_average_at_end": list(os.getloadavg())},
         })
-        with atomic_file(summary_path) as tmp:
-            tmp.write_text(json.dumps(summary, indent=2, default=str))
-        with atomic_file(args.out / "rerank_confidence.md") as tmp:
-            tmp.write_text(markdown(summary))
-        for path in [summary_path, args.out / "rerank_confidence.md", *args.out.glob(f"rr_{name}_*.json"),
-                     *args.out.glob(f"rr_{name}_*.md")]:
+        write_summary(summary, summary_path, args)
+        for path in [*args.out.glob(f"rr_{name}_*.json"), *args.out.glob(f"rr_{name}_*.md")]:
             relative_paths(path, args.data)
         log.info("%s done in %.0fs", name, entry["seconds"])
+    write_summary(summary, summary_path, args)  # also after --import-heldin alone, or a changed report layout
     print(markdown(summary))
+
+
+def write_summary(summary: dict, path: Path, args) -> None:
+    """eval/rerank_confidence.{json,md}, with portable paths."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+    with atomic_file(args.out / "rerank_confidence.md") as tmp:
+        tmp.write_text(markdown(summary))
+    for written in (path, args.out / "rerank_confidence.md"):
+        relative_paths(written, args.data)
 
 
 def dense_encoder(spec: dict, args) -> str | None:
@@ -437,6 +467,7 @@ def training_summary(model: Path) -> dict:
                                                 "parameters")}
     run = json.loads((model / "train_config.json").read_text())
     out["config"], out["base_encoder"] = run["config"], run.get("base_encoder")
+    out["device"] = (metrics["extra"].get("hardware") or {}).get("gpu") or "CPU"
     out["first_loss"] = metrics["steps"][0]["loss"] if metrics["steps"] else None
     tail = metrics["steps"][-50:]
     out["last_50_steps_loss"] = sum(s["loss"] for s in tail) / max(len(tail), 1)
@@ -548,31 +579,46 @@ def markdown(summary: dict) -> str:
                 f"{_pct(best.get('f1'))} at {best.get('threshold', float('nan')):.3f} | {_pct(n['linked_accuracy_at_1'])} |")
     compared = summary.get("heldin_only") or {}
     if compared:
-        lines += ["", "## Recipe comparison on the held-in set (`--heldin-only`, never on test)", "",
-                  "| run | re-ranker | negatives mined with | steps | held-in mentions | retriever order Acc@1 | "
-                  "re-ranker alone Acc@1 | chosen mix Acc@1 (weight) |", "|---|---|---|---|---|---|---|---|"]
-        for key, entry in compared.items():
+        # the held-in-only runs beside every re-ranker that went on to test (its dataset entry), trained by that entry
+        rows = [(key, entry, "yes") for key, entry in summary["datasets"].items()
+                if f"/rr-{key}-" in entry["reranker"] and "reranked" in entry["systems"]]
+        rows += [(key, entry, "no") for key, entry in compared.items()]
+        lines += ["", "## Recipe comparison on the held-in set", "",
+                  "Every re-ranker on its held-in set: those with `--heldin-only` were compared there and never run "
+                  "on test; *scored on test* = the dataset's row above.", "",
+                  "| run | re-ranker | negatives mined with | synonym queries + train mentions | negatives | steps "
+                  "(epochs) | trained on | held-in mentions | retriever order Acc@1 | re-ranker alone Acc@1 | "
+                  "chosen mix Acc@1 (weight) | scored on test |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for key, entry, tested in rows:
             mixing = entry["systems"]["reranked"]["calibration_fit"]["mixing"]
             by_weight = {float(w): a for w, a in mixing["accuracy_at_1_by_weight"].items()}
             t = entry["training"]
-            lines.append(f"| {key} | `{entry['reranker']}` | {t['data']['negatives_from']} | {t['steps']:,} | "
+            stop = t.get("stopped_at_time_budget")
+            epochs = (f"{stop['epoch'] - 1 + stop['step_in_epoch'] / stop['steps_per_epoch']:.1f} of "
+                      f"{t['config']['epochs']}" if stop else f"{t['config']['epochs']}")
+            lines.append(f"| {key} | `{entry['reranker']}` | {t['data']['negatives_from']} | "
+                         f"{t['data']['synonym_queries']:,} + {t['data']['labelled_unique']:,} | "
+                         f"{t['config']['negatives']} | {t['steps']:,} ({epochs}) | {t.get('device', 'CPU')} | "
                          f"{entry['systems']['reranked']['calibration_fit']['with_candidate']:,} | "
                          f"{_pct(mixing['accuracy_at_1_retriever_order'])} | {_pct(by_weight[0.0])} | "
-                         f"{_pct(by_weight[float(mixing['retriever_weight'])])} ({mixing['retriever_weight']:g}) |")
+                         f"{_pct(by_weight[float(mixing['retriever_weight'])])} ({mixing['retriever_weight']:g}) | "
+                         f"{tested} |")
     lines += ["", "## Re-ranker training", ""]
-    for entry in [*summary["datasets"].values(), *(e for k, e in compared.items() if k not in summary["datasets"])]:
+    for key, entry in [*summary["datasets"].items(), *((k, e) for k, e in compared.items()
+                                                        if k not in summary["datasets"])]:
         t = entry["training"]
         if t is None:
-            lines.append(f"- **{entry['title']}**: no re-ranker trained.")
+            lines.append(f"- **{entry['title']}** (`{key}`): no re-ranker trained.")
             continue
         stop = t.get("stopped_at_time_budget")
         done = (f"stopped by the time budget at step {stop['step_in_epoch']:,} of {stop['steps_per_epoch']:,} "
                 f"(epoch {stop['epoch']})" if stop else "all epochs")
         lines.append(
-            f"- **{entry['title']}**: `{entry['reranker']}`"
+            f"- **{entry['title']}** (`{key}`): `{entry['reranker']}`"
             + (f" (from `{t['base_encoder']}`)" if t.get("base_encoder") else "")
             + f", training data {json.dumps(t['data'])}; {t['steps']:,} steps of {t['config']['batch_size']} queries x "
-            f"(1 + {t['config']['negatives']}) pairs, lr {t['config']['lr']}, bf16 {t['bf16']}, {t['train_seconds']:.0f} s, "
+            f"(1 + {t['config']['negatives']}) pairs, lr {t['config']['lr']}, bf16 {t['bf16']}, {t['train_seconds']:.0f} s on "
+            f"{t.get('device', 'CPU')}, "
             f"{done}; first step loss {t['first_loss']:.3f}, last 50 steps loss {t['last_50_steps_loss']:.3f}, "
             f"batch accuracy {t['last_50_steps_batch_acc']:.3f}."
             + (f" Re-ranks the top {entry['rerank_k']}." if "reranked" in entry["systems"] else
