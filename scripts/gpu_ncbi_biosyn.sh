@@ -15,18 +15,8 @@
 # --stop-after (Makefile: eval-ncbi-biosyn-dev), which skips the stages done here.
 set -euo pipefail
 out=${1:?usage: gpu_ncbi_biosyn.sh OUT}
-py=${PY:-python3}
 mkdir -p "$out"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-# the same data path as on the machine that scores, so the reports name ../shared/data on both
-mkdir -p ../shared/data
-[ -d ../shared/data/ncbi_disease ] || cp -r .device/ncbi_disease ../shared/data/
-[ -d models/ncbi-biosyn-minilm-sap-all ] || $py scripts/model_transfer.py unpack .device/sap models/ncbi-biosyn-minilm-sap-all
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+source "$(dirname "$0")/gpu_ncbi_setup.sh"  # wheels, ../shared/data/ncbi_disease, the sap model; sets $py
 $py scripts/ncbi_biosyn.py --sap-pairs all --epochs "${EPOCHS:-10}" --report-name ncbi_biosyn_sapall_dev \
   --work indexes/ncbi_biosyn_sapall --out "$out" \
   --grid "${GRID:-topk=20,40 batch=16,32 lr=1e-5,2e-5,5e-5}" --grid-workers "${WORKERS:-4}" \

@@ -17,18 +17,8 @@
 # comparison made here with --import-heldin.
 set -euo pipefail
 out=${1:?usage: gpu_rerank.sh OUT}
-py=${PY:-python3}
 mkdir -p "$out"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-# the same data path as on the machine that scores, so the reports name ../shared/data on both
-mkdir -p ../shared/data
-[ -d ../shared/data/ncbi_disease ] || cp -r .device/ncbi_disease ../shared/data/
-[ -d models/ncbi-biosyn-minilm-sap-all ] || $py scripts/model_transfer.py unpack .device/sap models/ncbi-biosyn-minilm-sap-all
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+source "$(dirname "$0")/gpu_ncbi_setup.sh"  # wheels, ../shared/data/ncbi_disease, the sap model; sets $py
 recipes=${RECIPES:-ncbi-sapinit-q6k ncbi-sapinit-qall ncbi-sapinit-q6k-mined}
 # the dictionaries first, once: the recipes' processes would otherwise write the same parquet files at once
 $py -c "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; from rerank_confidence import datasets
