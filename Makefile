@@ -126,8 +126,10 @@ eval-rerank: setup
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapinit --systems reranked --rerank-k 16 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapall-sapinit --systems reranked --rerank-k 16 --threads 2 --biosyn-model models/ncbi-biosyn-minilm-sap-all-biosyn-devgrid-epochs
 	# larger recipes from the same start, compared on dev only: the committed figures came from scripts/gpu_rerank.sh on
-	# a lent GPU (each stopped at 300 s, which cut q6k, q6k-mined and qall short); here whole, 10 to 40 min each on 2 cores
-	for recipe in ncbi-sapinit-q6k ncbi-sapinit-qall ncbi-sapinit-q6k-mined ncbi-sapinit-e4 ncbi-sapinit-n15 ncbi-sapinit-mentions; do \
+	# a lent GPU (each stopped at 300 s, which cut q6k, q6k-mined and qall short); here whole, 10 to 40 min each on 2 cores;
+	# then the ncbi-sapinit re-ranker re-scoring the top 8 or 32 (dev only, a few minutes)
+	for recipe in ncbi-sapinit-q6k ncbi-sapinit-qall ncbi-sapinit-q6k-mined ncbi-sapinit-e4 ncbi-sapinit-n15 ncbi-sapinit-mentions \
+	    ncbi-sapinit-k8 ncbi-sapinit-k32; do \
 	  $(PY) scripts/rerank_confidence.py --datasets $$recipe --systems reranked --rerank-k 16 --threads 2 --checkpoint-every 200 --heldin-only || exit 1; done
 	$(PY) scripts/rerank_confidence.py --datasets cantemist --rerank-k 16 --epochs 1 --train-seconds 3600
 	# negatives mined by the retriever's own tf-idf, two epochs (~27 min on 2 cores)

@@ -160,6 +160,10 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     out["ncbi-sapinit-e4"] = {**out["ncbi"], **full, "recipe": {"max_queries": 1500, "negatives": 7, "epochs": 4}}
     out["ncbi-sapinit-n15"] = {**out["ncbi"], **full, "recipe": {"max_queries": 1500, "negatives": 15, "epochs": 3}}
     out["ncbi-sapinit-mentions"] = {**out["ncbi"], **full, "recipe": {"max_queries": 0, "negatives": 7, "epochs": 8}}
+    # ...and the one knob left at its default: how many of the retriever's candidates it re-scores (dev only first).
+    for k in (8, 32):
+        out[f"ncbi-sapinit-k{k}"] = {**out["ncbi-sapinit"], "reranker_of": "ncbi-sapinit", "rerank_k": k,
+                                     "title": out["ncbi-sapinit"]["title"] + f", re-ranking the top {k}"}
     n_dev = out["ncbi"]["heldin"]
 
     def ncbi_protocol_dicts() -> tuple[Path, Path]:
@@ -298,6 +302,7 @@ def main() -> None:
     for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         spec = specs[name]
         started = time.perf_counter()
+        k = rerank_k(spec, args)
         train_dict, index_dict = spec["dicts"]()
         systems = [s.strip() for s in args.systems.split(",") if s.strip()]
         model = args.models / f"rr-{spec.get('reranker_of') or name}-{spec['encoder']}"
@@ -337,7 +342,7 @@ def main() -> None:
                  "test": spec["test"], "heldin": spec["heldin"], "train": spec["train"],
                  "dictionary": str(index_dict.relative_to(ROOT) if index_dict.is_relative_to(ROOT) else index_dict),
                  "reranker": str(model.relative_to(ROOT) if model.is_relative_to(ROOT) else model),
-                 "rerank_k": args.rerank_k, "systems": {}, "training": None}
+                 "rerank_k": k, "systems": {}, "training": None}
         if spec["kind"] == "dense":  # which trained encoder retrieves: the title names only its kind
             entry["retriever_encoder"] = spec["index_config"](args).encoder
         if (model / "train_metrics.json").exists():  # also a re-ranker trained but not evaluated (too few steps)
@@ -356,11 +361,11 @@ def main() -> None:
                 continue
             threshold, heldin_nil = 0.5, None
             if spec["nil"]:  # the "no link" threshold: the best F1 on the held-in set with its own concepts removed
-                heldin_nil = evaluate(folder, spec["heldin"], ks=(1,), rerank_k=args.rerank_k, nil_fraction=spec["nil"],
+                heldin_nil = evaluate(folder, spec["heldin"], ks=(1,), rerank_k=k, nil_fraction=spec["nil"],
                                       **spec["eval"]).nil
                 threshold = (heldin_nil["best_f1_oracle"] or {}).get("threshold", threshold)
             report = evaluate(folder, spec["test"], train_spec=spec.get("filter_train", spec["train"]), filters=("full", "train0.2"), ks=(1, 5),
-                              report_dir=args.out, name=f"rr_{name}_{system}", rerank_k=args.rerank_k,
+                              report_dir=args.out, name=f"rr_{name}_{system}", rerank_k=k,
                               nil_fraction=spec["nil"], min_confidence=threshold, overwrite=True,
                               **spec["eval"])  # regenerates its reports
             entry["systems"][system] = {
@@ -397,6 +402,11 @@ def main() -> None:
     print(markdown(summary))
 
 
+def rerank_k(spec: dict, args) -> int:
+    """How many of the retriever's candidates the re-ranker re-scores: the dataset's own choice, else --rerank-k."""
+    return spec.get("rerank_k", args.rerank_k)
+
+
 def write_summary(summary: dict, path: Path, args) -> None:
     """eval/rerank_confidence.{json,md}, with portable paths."""
     with atomic_file(path) as tmp:
@@ -416,16 +426,17 @@ def heldin_calibration(folder: Path, spec: dict, args) -> dict:
     """`calibrate` on the held-in set, kept beside the index (`<index>.heldin.json`) so that a `--heldin-only`
     comparison run is not repeated by the full run (the index keeps the calibration it wrote)."""
     cached = folder.with_name(folder.name + ".heldin.json")
+    k = rerank_k(spec, args)
     built_at = json.loads((folder / "manifest.json").read_text())["built_at"]  # a rebuilt index is fitted afresh
     if cached.exists() and not args.rebuild:
         saved = json.loads(cached.read_text())
         same_grid = "mixing" not in saved["summary"] or saved.get("weights") == list(RETRIEVER_WEIGHTS)
-        if (saved["rerank_k"], saved["dataset"], saved.get("index_built_at")) == (args.rerank_k, spec["heldin"],
+        if (saved["rerank_k"], saved["dataset"], saved.get("index_built_at")) == (k, spec["heldin"],
                                                                                    built_at) and same_grid:
             return saved["summary"]
-    cal = calibrate(folder, spec["heldin"], rerank_k=args.rerank_k, composite=spec["eval"].get("composite", "all"))
+    cal = calibrate(folder, spec["heldin"], rerank_k=k, composite=spec["eval"].get("composite", "all"))
     with atomic_file(cached) as tmp:
-        tmp.write_text(json.dumps({"rerank_k": args.rerank_k, "dataset": spec["heldin"], "index_built_at": built_at,
+        tmp.write_text(json.dumps({"rerank_k": k, "dataset": spec["heldin"], "index_built_at": built_at,
                                    "weights": list(RETRIEVER_WEIGHTS), "summary": cal}, indent=1))
     return cal
 
@@ -452,7 +463,7 @@ def test_weight_sensitivity(index: Path, spec: dict, args) -> dict:
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(index, scratch)
     try:
-        mixing = calibrate(scratch, spec["test"], rerank_k=args.rerank_k,
+        mixing = calibrate(scratch, spec["test"], rerank_k=rerank_k(spec, args),
                            composite=spec["eval"].get("composite", "all"))["mixing"]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -587,8 +598,8 @@ def markdown(summary: dict) -> str:
                   "Every re-ranker on its held-in set: those with `--heldin-only` were compared there and never run "
                   "on test; *scored on test* = the dataset's row above.", "",
                   "| run | re-ranker | negatives mined with | synonym queries + train mentions | negatives | steps "
-                  "(epochs) | trained on | held-in mentions | retriever order Acc@1 | re-ranker alone Acc@1 | "
-                  "chosen mix Acc@1 (weight) | scored on test |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "(epochs) | trained on | re-ranks top | held-in mentions | retriever order Acc@1 | re-ranker alone Acc@1 | "
+                  "chosen mix Acc@1 (weight) | scored on test |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for key, entry, tested in rows:
             mixing = entry["systems"]["reranked"]["calibration_fit"]["mixing"]
             by_weight = {float(w): a for w, a in mixing["accuracy_at_1_by_weight"].items()}
@@ -598,7 +609,7 @@ def markdown(summary: dict) -> str:
                       f"{t['config']['epochs']}" if stop else f"{t['config']['epochs']}")
             lines.append(f"| {key} | `{entry['reranker']}` | {t['data']['negatives_from']} | "
                          f"{t['data']['synonym_queries']:,} + {t['data']['labelled_unique']:,} | "
-                         f"{t['config']['negatives']} | {t['steps']:,} ({epochs}) | {t.get('device', 'CPU')} | "
+                         f"{t['config']['negatives']} | {t['steps']:,} ({epochs}) | {t.get('device', 'CPU')} | {entry['rerank_k']} | "
                          f"{entry['systems']['reranked']['calibration_fit']['with_candidate']:,} | "
                          f"{_pct(mixing['accuracy_at_1_retriever_order'])} | {_pct(by_weight[0.0])} | "
                          f"{_pct(by_weight[float(mixing['retriever_weight'])])} ({mixing['retriever_weight']:g}) | "
