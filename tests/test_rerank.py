@@ -288,6 +288,7 @@ def test_bound_reranker_calibration_and_eval_gain(tmp_path, indexes, reranker):
     mixing = summary["mixing"]  # the weight with the best held-in Acc@1, the smallest on a tie
     weight, by_weight = mixing["retriever_weight"], mixing["accuracy_at_1_by_weight"]
     assert weight == min(w for w in RETRIEVER_WEIGHTS if by_weight[w] == max(by_weight.values()))
+    assert max(by_weight.values()) <= mixing["gold_among_reranked"] <= 1  # no mix beats the gold being re-scored
     entry = read_manifest(out)["calibration"]
     assert entry["retriever_weight"] == weight and 0 <= entry["retriever_accuracy"] <= 1
     mixed = Linker.load(out, rerank_k=4)

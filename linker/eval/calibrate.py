@@ -83,8 +83,12 @@ def calibrate(
         accuracy = {w: float(hits_at_1([tuple(mix(r, w) for r in q) for q in ranked]).mean()) for w in RETRIEVER_WEIGHTS}
         weight = max(RETRIEVER_WEIGHTS, key=lambda w: (accuracy[w], -w))
         retriever_order = float(retriever_hits.mean())
+        # the share whose gold concept is among the re-scored candidates: what the best re-ranker could reach
+        reranked_ids = [tuple(r.retriever_ids for r in q) for q in ranked]
+        ceiling = mention_hits(gold, reranked_ids, rerank_k or DEFAULT_RERANK_K, composite=composite, expand=expand)
         mixing = {"retriever_weight": weight, "accuracy_at_1_by_weight": accuracy,
-                  "accuracy_at_1_retriever_order": retriever_order, "reranker_helps": accuracy[weight] > retriever_order}
+                  "accuracy_at_1_retriever_order": retriever_order, "reranker_helps": accuracy[weight] > retriever_order,
+                  "gold_among_reranked": float(ceiling.mean())}
         if not mixing["reranker_helps"]:
             log.warning("%s: the re-ranker does not beat the retriever's own order on %s (Acc@1 %.4f vs %.4f); "
                         "link without it (--rerank none)", index_dir, dataset_spec, accuracy[weight], retriever_order)
