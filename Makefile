@@ -127,6 +127,11 @@ eval-rerank: setup
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapinit --systems reranked --rerank-k 16 --threads 2 --heldin-only
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapinit --systems reranked --rerank-k 16 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapall-sapinit --systems reranked --rerank-k 16 --threads 2 --biosyn-model models/ncbi-biosyn-minilm-sap-all-biosyn-devgrid-epochs
+	# ties between equally scored concepts broken by the train annotations (index build --prior): measured on dev
+	# first (eval/ncbi_tie_prior.md), then both systems above on test with it
+	$(PY) scripts/ncbi_tie_prior.py
+	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapinit-prior --systems reranked --rerank-k 16 --threads 2
+	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapall-sapinit-prior --systems reranked --rerank-k 16 --threads 2 --biosyn-model models/ncbi-biosyn-minilm-sap-all-biosyn-devgrid-epochs
 	# larger recipes from the same start, compared on dev only: the committed figures came from scripts/gpu_rerank.sh on
 	# a lent GPU (each stopped at 300 s, which cut q6k, q6k-mined and qall short); here whole, 10 to 40 min each on 2 cores;
 	# then the ncbi-sapinit re-ranker re-scoring the top 8 or 32 (dev only, a few minutes)

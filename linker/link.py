@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from linker.dictionary import ConceptTable
 from linker.confidence import RETRIEVER_SCORER, read_calibration
 from linker.errors import ConfigError, InputFormatError, UnknownNameError, shorten
-from linker.index import LoadedIndex, load_index
+from linker.index import LoadedIndex, load_index, read_prior
 from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
 from linker.retrieve import ConceptHits, ConceptIndex, top_concepts
 
@@ -169,7 +169,7 @@ class Linker:
         self.min_confidence = min_confidence
         self.stats = {"texts": 0, "distinct_texts": 0, "retrieve_seconds": 0.0, "rerank_seconds": 0.0, "rerank_pairs": 0}
         table = index.concepts.table
-        self._concepts = ConceptIndex(table.column("concept_id"))
+        self._concepts = ConceptIndex(table.column("concept_id"), prior=read_prior(index))  # ties: most annotated
         self._names: list[str] = table.column("name").to_pylist()
         self._term_ids: list[str] = table.column("term_id").to_pylist()
         self._langs, self._lang_codes = self._encode(table.column("lang"))
@@ -329,6 +329,10 @@ class Linker:
             out.append(scores[pos : pos + len(h.rows)])
             pos += len(h.rows)
         return out
+
+    def tie_rank(self, concept_id: str) -> int:
+        """Where `concept_id` stands among concepts of equal score (concept_id order, or the index's prior first)."""
+        return self._concepts.code_of(concept_id)
 
     def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None,
              exclude: np.ndarray | None = None) -> list[LinkResult]:

@@ -8,7 +8,8 @@ again with four times as many for the queries that still lack k concepts, or who
 ties with the last name fetched (a tie at the cut would otherwise make the result depend on the
 index's arbitrary order among equal scores). It stops when the index has no more matching names.
 For exact indexes (tf-idf, flat FAISS) the result is therefore exactly the top-k concepts by best
-name score, in the stable order (score desc, concept_id asc); among equal-scoring names of one
+name score, in the stable order (score desc, concept_id asc; with a prior, `ConceptIndex`, the most annotated of
+tied concepts first); among equal-scoring names of one
 concept the lowest table row (sources write the preferred name first) is the matched name.
 
 A language restriction is a mask over name rows applied before collapsing, with the same
@@ -50,12 +51,23 @@ class ConceptHits:
 
 
 class ConceptIndex:
-    """Concept codes of name rows, numbered so that code order is concept_id order (for stable ties)."""
+    """Concept codes of name rows, numbered so that code order is the tie order: concept_id order, or with a
+    `prior` (concept_id -> how often annotators chose it, `linker index build --prior`) the most chosen first, then
+    concept_id. Every tie between equal scores is broken by code, so the prior decides the ties and nothing else."""
 
-    def __init__(self, concept_ids: pa.ChunkedArray | pa.Array) -> None:
+    def __init__(self, concept_ids: pa.ChunkedArray | pa.Array, prior: dict[str, int] | None = None) -> None:
         ids = pc.unique(concept_ids).sort()
+        if prior:
+            ids = pa.array(sorted(ids.to_pylist(), key=lambda cid: (-prior.get(cid, 0), cid)), type=ids.type)
         self.ids: list[str] = ids.to_pylist()
         self.codes = pc.index_in(concept_ids, value_set=ids).to_numpy(zero_copy_only=False).astype(np.int64)
+        self._code_of: dict[str, int] | None = None
+
+    def code_of(self, concept_id: str) -> int:
+        """The tie order of `concept_id` (its code)."""
+        if self._code_of is None:  # built on first use: evaluation asks, linking does not
+            self._code_of = {cid: code for code, cid in enumerate(self.ids)}
+        return self._code_of[concept_id]
 
     def __len__(self) -> int:
         return len(self.ids)

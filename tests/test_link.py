@@ -79,6 +79,57 @@ def test_tie_at_the_cut_is_resolved_by_concept_id(linker):
     assert ids(result) == ["10037660", "X1"]
 
 
+def test_a_prior_breaks_ties_and_nothing_else(tmp_path, linker):
+    # "Fever" names three concepts; training data that chose X2 twice and X1 once puts them first, in that order.
+    labelled = tmp_path / "train.tsv"
+    labelled.write_text("X2\tfever\nX2\tpyrexia\nX1\tfever\n10008479\tchest pain\n")
+    out = tmp_path / "prior"
+    manifest = build_index(write_concepts(tmp_path / "c.parquet"), kind="tfidf", out=out,
+                           prior=[f"tsv:{labelled}"])
+    assert manifest["prior"] == {"file": "concept_prior.json", "specs": [f"tsv:{labelled}"], "mentions": 4,
+                                 "concepts": 3, "gold_ids_not_in_dictionary": 0}
+    assert "concept_prior.json" in manifest["files"]
+    with_prior = Linker.load(out)
+    [fever] = with_prior.link(["Fever"], k=3)
+    assert ids(fever) == ["X2", "X1", "10037660"] and len({c.score for c in fever.candidates}) == 1
+    assert with_prior.link(["fever"], k=1)[0].candidates[0].concept_id == "X2"  # also at a cut inside the tie
+    for text in ("headache", "thoracic pains", "vomit", "chest pain"):  # no tie: the same answer as without
+        assert with_prior.link([text], k=5) == linker.link([text], k=5)
+
+
+def test_evaluation_ties_follow_the_linker(tmp_path):
+    # calibrate's and eval's own re-ordering (retriever order, mixes) must break ties as the Linker did
+    labelled = tmp_path / "train.tsv"
+    labelled.write_text("X2\tfever\n")
+    out = tmp_path / "prior"
+    build_index(write_concepts(tmp_path / "c.parquet"), kind="tfidf", out=out, prior=[f"tsv:{labelled}"])
+    from linker.eval.report import evaluate
+
+    test = tmp_path / "test.tsv"
+    test.write_text("X2\tfever\n")
+    report = evaluate(out, f"tsv:{test}", ks=(1,))
+    assert report.rows[0].acc(1).value == 1.0
+    from linker.eval.calibrate import mix
+    from linker.eval.report import _ranked
+
+    prior_linker = Linker.load(out)
+    [fever] = prior_linker.link(["fever"], k=3)
+    ranked = _ranked(fever.candidates, prior_linker.tie_rank)
+    assert ranked.retriever_ids == ranked.ids == ("X2", "10037660", "X1")  # the retriever's order: its ties too
+    assert mix(ranked, 1.0).ids == ranked.ids  # equal scores stay in the Linker's tie order
+    build_index(tmp_path / "c.parquet", kind="tfidf", out=tmp_path / "plain")
+    assert evaluate(tmp_path / "plain", f"tsv:{test}", ks=(1,)).rows[0].acc(1).value == 0.0  # 10037660 wins the tie
+
+
+def test_a_prior_from_another_terminology_is_refused(tmp_path):
+    labelled = tmp_path / "train.tsv"
+    labelled.write_text("D0001\tfever\n")
+    with pytest.raises(InputFormatError, match="none with a gold id among its 7 concepts"):
+        build_index(write_concepts(tmp_path / "c.parquet"), kind="tfidf", out=tmp_path / "i",
+                    prior=[f"tsv:{labelled}"])
+    assert not (tmp_path / "i").exists()
+
+
 def test_results_are_sorted_and_stable(linker):
     first = linker.link(["pain", "vomit", "nausea"], k=5)
     assert first == linker.link(["pain", "vomit", "nausea"], k=5)
@@ -290,6 +341,11 @@ def test_cli_index_build_and_info(tmp_path, capsys):
     assert code == 0 and json.loads(out)["parameters"]["ngram_max"] == 3
     code, out, err = run(["index", "info", str(tmp_path / "i")], capsys)
     assert code == 0 and "verified" in out
+    labelled = tmp_path / "train.tsv"
+    labelled.write_text("X2\tfever\n")
+    code, out, err = run(["index", "build", "--dict", str(table), "--out", str(tmp_path / "p"), "--prior",
+                          f"tsv:{labelled}"], capsys)
+    assert code == 0 and "tie prior: 1 concepts counted in 1 labelled mentions (0 gold ids not in the dictionary)" in out
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,7 @@ def build_cli(
     sparse_weight: str = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score: a number (default 1), learned (BioSyn's, from the encoder folder's biosyn.json) or tuned (on --dev by `linker index tune`'s grid)."),
     dev: str = typer.Option(None, "--dev", help="hybrid with --sparse-weight tuned: dev mentions FORMAT:PATH[#OPTIONS] to tune on."),
     reranker: Path = typer.Option(None, "--reranker", help="Re-ranker folder (`linker train rerank`) to bind: copied in, used by default."),
+    prior: list[str] = typer.Option(None, "--prior", help="Labelled training data FORMAT:PATH[#OPTIONS] (repeatable): among concepts tied at equal scores, the one most often gold there ranks first."),
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
     if kind == "tfidf":
@@ -91,10 +92,13 @@ def build_cli(
                               dense=_dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice), **extra)
     else:
         config = None  # build_index names the valid kinds
-    manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker, overwrite=overwrite)
+    manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker, prior=prior or (),
+                           overwrite=overwrite)
     counts = manifest["counts"]
     typer.echo(f"wrote {out}: {kind} index of {counts['names']:,} names of {counts['concepts']:,} concepts "
                f"in {manifest['build_seconds']:.1f}s")
+    if manifest.get("prior"):
+        _echo_prior(manifest["prior"])
     if kind == "hybrid" and sparse_weight == "tuned":
         from linker.eval.tune import tune_sparse_weight
 
@@ -159,6 +163,8 @@ def info_cli(
         typer.echo(f"  encoder {manifest['encoder']}")
     if manifest.get("reranker"):
         typer.echo(f"  re-ranker {manifest['reranker']['name']} (sha256 {manifest['reranker']['sha256'][:12]})")
+    if manifest.get("prior"):
+        _echo_prior(manifest["prior"])
     if manifest.get("calibration"):
         cal = manifest["calibration"]
         typer.echo(f"  calibration {cal['method']} on {cal['mentions']:,} mentions of {cal['fitted_on']}")
@@ -172,3 +178,8 @@ def kinds_cli() -> None:
     """List the index kinds `index build --kind` accepts."""
     for name in available_kinds():
         typer.echo(name)
+
+
+def _echo_prior(entry: dict) -> None:
+    typer.echo(f"  tie prior: {entry['concepts']:,} concepts counted in {entry['mentions']:,} labelled mentions "
+               f"({entry['gold_ids_not_in_dictionary']:,} gold ids not in the dictionary)")

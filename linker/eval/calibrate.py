@@ -36,13 +36,14 @@ RETRIEVER_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0
 
 
 def mix(ranked: Ranked, weight: float) -> Ranked:
-    """`ranked` re-ordered by re-ranker score + weight x retriever score (ties: concept_id, as the Linker)."""
+    """`ranked` re-ordered by re-ranker score + weight x retriever score (ties: the Linker's tie order)."""
     if not ranked.ids:
         return ranked
     scores = [s + weight * r for s, r in zip(ranked.scores, ranked.retriever_scores)]
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], ranked.ids[i]))
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], ranked.tie_key(i)))
     return Ranked(tuple(ranked.ids[i] for i in order), ranked.retriever_ids, scores[order[0]], ranked.top_confidence,
-                  tuple(scores[i] for i in order), tuple(ranked.retriever_scores[i] for i in order))
+                  tuple(scores[i] for i in order), tuple(ranked.retriever_scores[i] for i in order),
+                  tuple(ranked.ties[i] for i in order) if ranked.ties else ())
 
 
 def calibrate(

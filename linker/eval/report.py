@@ -106,16 +106,22 @@ class Ranked:
     top_confidence: float  # nan without a calibration, -inf without candidates
     scores: tuple[float, ...] = ()  # final scores, in `ids` order
     retriever_scores: tuple[float, ...] = ()  # the retriever's scores, in `ids` order
+    ties: tuple[int, ...] = ()  # the Linker's tie order of `ids` (its concept codes); empty: concept_id order
+
+    def tie_key(self, i: int):
+        return self.ties[i] if self.ties else self.ids[i]
 
 
-def _ranked(candidates) -> Ranked:
+def _ranked(candidates, tie_rank) -> Ranked:
+    """`tie_rank`: concept_id -> the Linker's order among equal scores (concept_id, or an index's prior first)."""
     if not candidates:
         return Ranked((), (), -math.inf, -math.inf)
-    retriever = sorted(candidates, key=lambda c: (-c.retriever_score, c.concept_id))
+    retriever = sorted(candidates, key=lambda c: (-c.retriever_score, tie_rank(c.concept_id)))
     top = candidates[0]
     return Ranked(tuple(c.concept_id for c in candidates), tuple(c.concept_id for c in retriever), float(top.score),
                   math.nan if top.confidence is None else float(top.confidence),
-                  tuple(float(c.score) for c in candidates), tuple(float(c.retriever_score) for c in candidates))
+                  tuple(float(c.score) for c in candidates), tuple(float(c.retriever_score) for c in candidates),
+                  tuple(tie_rank(c.concept_id) for c in candidates))
 
 
 def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
@@ -137,7 +143,7 @@ def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
         for start in range(0, len(texts), LINK_BATCH):
             chunk = texts[start : start + LINK_BATCH]
             for text, result in zip(chunk, linker_.link(chunk, k=k, lang=lang, exclude=exclude)):
-                ranked[(text, lang)] = _ranked(result.candidates)
+                ranked[(text, lang)] = _ranked(result.candidates, linker_.tie_rank)
             reporter.update(len(chunk))
     reporter.close()
     return [tuple(ranked[(text, m.lang if query_lang else None)] for text in m.queries) for m in mentions]

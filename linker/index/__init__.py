@@ -121,13 +121,15 @@ class LoadedIndex:
 
 def build_index(
     dict_path: str | Path, *, kind: str, out: str | Path, config: Any = None, reranker: str | Path | None = None,
-    overwrite: bool = False,
+    prior: Sequence[str] = (), overwrite: bool = False,
 ) -> dict:
     """Build an index of `kind` over the names of the concept table at `dict_path`; return the manifest.
 
     `config` is the kind's config dataclass (`TfidfConfig`, `DenseConfig`, `HybridConfig`);
     None takes its defaults. The resolved config is recorded in the manifest. `reranker`: a
     re-ranker folder (`linker train rerank`) copied into the index and used by default when linking.
+    `prior`: labelled dataset specs (`linker eval --dataset` syntax) whose gold concepts are counted into
+    ``concept_prior.json``: among concepts tied at equal scores the most annotated then ranks first (`ConceptIndex`).
     An existing `out` is replaced only with `overwrite`, and only when it is a folder that linker wrote.
     """
     spec = get_kind(kind)
@@ -154,6 +156,8 @@ def build_index(
             from linker.rerank import bind_reranker
 
             extra["reranker"] = bind_reranker(reranker, tmp)
+        if prior:
+            extra["prior"] = write_prior(table, prior, tmp)
         concepts = len(set(table.table.column("concept_id").to_pylist()))
         manifest = {
             "format": INDEX_FORMAT,
@@ -177,6 +181,49 @@ def build_index(
     log.debug("built %s index %s: %d names of %d concepts in %.1fs", kind, out, len(names), concepts,
              manifest["build_seconds"])
     return manifest
+
+
+PRIOR = "concept_prior.json"
+
+
+def write_prior(table: ConceptTable, specs: Sequence[str], folder: Path) -> dict:
+    """Count how often each concept of `table` is gold in the labelled `specs`; write `PRIOR`; its manifest entry.
+
+    A gold id counts for the table's concept with the same code (`linker.text.code_key`: prefixes and case as
+    evaluation compares them); gold ids the table lacks are counted apart, so a prior from another terminology
+    shows in the manifest instead of silently doing nothing."""
+    import json
+
+    from linker.eval.datasets import load_dataset
+    from linker.text import code_key
+
+    by_key = {code_key(cid): cid for cid in table.table.column("concept_id").unique().to_pylist()}
+    counts: dict[str, int] = {}
+    mentions = unmatched = 0
+    for spec in specs:
+        for mention in load_dataset(spec):
+            mentions += 1
+            for gold in {g for part in mention.gold for g in part}:
+                concept = by_key.get(code_key(gold))
+                if concept is None:
+                    unmatched += 1
+                else:
+                    counts[concept] = counts.get(concept, 0) + 1
+    if not counts:
+        raise InputFormatError(", ".join(specs), "labelled mentions whose gold ids are concepts of the dictionary",
+                               f"{mentions} mentions, none with a gold id among its {len(by_key):,} concepts",
+                               fix="--prior takes the labelled training data of this terminology")
+    (folder / PRIOR).write_text(json.dumps({"specs": list(specs), "counts": dict(sorted(counts.items()))}, indent=0))
+    return {"file": PRIOR, "specs": list(specs), "mentions": mentions, "concepts": len(counts),
+            "gold_ids_not_in_dictionary": unmatched}
+
+
+def read_prior(index: LoadedIndex) -> dict[str, int] | None:
+    """The concept prior an index was built with (`build_index(prior=...)`), or None."""
+    import json
+
+    entry = index.manifest.get("prior")
+    return json.loads((index.folder / entry["file"]).read_text())["counts"] if entry else None
 
 
 def load_index(folder: str | Path, *, checksums: bool = True, precision: str | None = None) -> LoadedIndex:
