@@ -96,6 +96,9 @@ eval-multilingual-full: setup
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 4500 --threads 2 --heldin-only
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 4500 --threads 2
+	# the NCBI tie prior (index build --prior, the train split) under the two sap-initialised re-rankers above
+	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit-prior --systems reranked --rerank-k 16 --threads 2
+	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit-prior --systems reranked --rerank-k 16 --threads 2
 	# NCBI-disease's re-ranker started from the sap e5-small above (~23 min on 2 cores), on dev only: it tied ncbi-sapinit
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-e5sapinit --systems reranked --rerank-k 16 --threads 2 --heldin-only
 

@@ -227,6 +227,10 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         "title": "Cantemist test, negatives mined by the retriever's tf-idf, re-ranker initialised from the sap + "
         "BioSyn encoder",
     }
+    # The NCBI tie prior (`linker index build --prior`, train annotations) on Spanish: does it matter there too?
+    out["cantemist-mined-sapinit-prior"] = {
+        **out["cantemist-mined-sapinit"], "reranker_of": "cantemist-mined-sapinit", "prior": [c_train],
+        "title": out["cantemist-mined-sapinit"]["title"] + ", ties by the train annotations"}
     x_train = f"codiesp:{codiesp / 'trainX.tsv'}#D"
 
     def codiesp_dicts() -> tuple[Path, Path]:
@@ -250,6 +254,9 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         "title": "CodiEsp-D test, negatives mined by the retriever's tf-idf, re-ranker initialised from the sap + "
         "BioSyn encoder",
     }
+    out["codiesp-mined-sapinit-prior"] = {
+        **out["codiesp-mined-sapinit"], "reranker_of": "codiesp-mined-sapinit", "prior": [x_train],
+        "title": out["codiesp-mined-sapinit"]["title"] + ", ties by the train annotations"}
     # The CodiEsp-D full system: the e5-small retriever that BioSyn trained on every train mention
     # (scripts/train_multilingual.py codiesp --biosyn-queries 0; ``--codiesp-model``) over the same dictionary, with
     # the "codiesp-mined" re-ranker above. That encoder never saw devX, so the held-in choices are not biased.
