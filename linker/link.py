@@ -336,7 +336,8 @@ class Linker:
 
     def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None,
              exclude: np.ndarray | None = None) -> list[LinkResult]:
-        """The top-k distinct concepts for each mention, sorted by (score desc, concept_id).
+        """The top-k distinct concepts for each mention, sorted by (score desc, concept_id; with an index built
+        with `--prior`, tied concepts most annotated first).
 
         A mention with no usable signal (for tf-idf: no n-gram known to the dictionary) gets no
         candidates. An empty or blank mention is an error naming its position. `exclude` is a
