@@ -12,9 +12,10 @@
 #   .device/sap/            models/ncbi-biosyn-minilm-sap-all, packed by `scripts/model_transfer.py pack` (fp16, no
 #                           --base: the whole model travels, so the start is that model's fp16 rounding)
 # Leaves in OUT: chosen/ (the dev-chosen re-ranker, packed: `scripts/model_transfer.py unpack OUT/chosen
-# models/rr-NAME-minilm`, NAME in OUT/chosen.txt) and meta.tgz (each recipe's rerank_confidence.json and log). The
-# test set is then scored on any machine (Makefile: eval-rerank-full), which trains nothing and adds the dev
-# comparison made here with --import-heldin.
+# models/rr-NAME-minilm`, NAME in OUT/chosen.txt) and meta.tgz (each recipe's rerank_confidence.json and log). Back
+# on the scoring machine, `python scripts/rerank_confidence.py --datasets "" --import-heldin
+# META/ncbi-sapinit-*/rerank_confidence.json` adds the dev comparison made here; a recipe that beats the chosen one
+# on dev is then scored on test by `--datasets NAME` there, which finds it trained and trains nothing.
 set -euo pipefail
 out=${1:?usage: gpu_rerank.sh OUT}
 mkdir -p "$out"

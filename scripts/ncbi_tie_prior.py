@@ -22,17 +22,14 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
-from linker.eval.datasets import load_dataset  # noqa: E402
-from linker.eval.metrics import mention_hits  # noqa: E402
-from linker.eval.report import gold_matcher  # noqa: E402
-from linker.fileio import atomic_file, portable_paths  # noqa: E402
-from linker.link import Linker  # noqa: E402
-from linker.text import code_key  # noqa: E402
+from linker.eval.datasets import load_dataset
+from linker.eval.metrics import mention_hits
+from linker.eval.report import gold_matcher
+from linker.fileio import atomic_file, portable_paths
+from linker.link import Linker
+from linker.text import code_key
 
 
 def with_prior(candidates, prior: collections.Counter) -> list[str]:
@@ -97,5 +94,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     main()

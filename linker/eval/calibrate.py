@@ -75,18 +75,17 @@ def calibrate(
     expand, _known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
     gold = [m.gold for m in mentions]
 
-    def hits_at_1(ranked_, field="ids"):
-        return mention_hits(gold, [tuple(getattr(r, field) for r in q) for q in ranked_], 1, composite=composite,
+    def hits_at(ranked_, field="ids", k=1):
+        return mention_hits(gold, [tuple(getattr(r, field) for r in q) for q in ranked_], k, composite=composite,
                             expand=expand)
 
-    weight, mixing, retriever_hits = 0.0, None, hits_at_1(ranked, "retriever_ids")
+    weight, mixing, retriever_hits = 0.0, None, hits_at(ranked, "retriever_ids")
     if linker_.reranker is not None:
-        accuracy = {w: float(hits_at_1([tuple(mix(r, w) for r in q) for q in ranked]).mean()) for w in RETRIEVER_WEIGHTS}
+        accuracy = {w: float(hits_at([tuple(mix(r, w) for r in q) for q in ranked]).mean()) for w in RETRIEVER_WEIGHTS}
         weight = max(RETRIEVER_WEIGHTS, key=lambda w: (accuracy[w], -w))
         retriever_order = float(retriever_hits.mean())
         # the share whose gold concept is among the re-scored candidates: what the best re-ranker could reach
-        reranked_ids = [tuple(r.retriever_ids for r in q) for q in ranked]
-        ceiling = mention_hits(gold, reranked_ids, rerank_k or DEFAULT_RERANK_K, composite=composite, expand=expand)
+        ceiling = hits_at(ranked, "retriever_ids", rerank_k or DEFAULT_RERANK_K)
         mixing = {"retriever_weight": weight, "accuracy_at_1_by_weight": accuracy,
                   "accuracy_at_1_retriever_order": retriever_order, "reranker_helps": accuracy[weight] > retriever_order,
                   "gold_among_reranked": float(ceiling.mean())}
@@ -94,7 +93,7 @@ def calibrate(
             log.warning("%s: the re-ranker does not beat the retriever's own order on %s (Acc@1 %.4f vs %.4f); "
                         "link without it (--rerank none)", index_dir, dataset_spec, accuracy[weight], retriever_order)
         ranked = [tuple(mix(r, weight) for r in q) for q in ranked]
-    correct = hits_at_1(ranked)
+    correct = hits_at(ranked)
     scores = top_of(ranked, "top_score")
     keep = np.isfinite(scores)
     calibration = fit_isotonic(scores[keep], correct[keep], scorer=linker_.scorer, fitted_on=dataset_spec,

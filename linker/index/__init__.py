@@ -15,9 +15,11 @@ previous index untouched.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -192,13 +194,11 @@ def write_prior(table: ConceptTable, specs: Sequence[str], folder: Path) -> dict
     A gold id counts for the table's concept with the same code (`linker.text.code_key`: prefixes and case as
     evaluation compares them); gold ids the table lacks are counted apart, so a prior from another terminology
     shows in the manifest instead of silently doing nothing."""
-    import json
-
     from linker.eval.datasets import load_dataset
     from linker.text import code_key
 
     by_key = {code_key(cid): cid for cid in table.table.column("concept_id").unique().to_pylist()}
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     mentions = unmatched = 0
     for spec in specs:
         for mention in load_dataset(spec):
@@ -208,7 +208,7 @@ def write_prior(table: ConceptTable, specs: Sequence[str], folder: Path) -> dict
                 if concept is None:
                     unmatched += 1
                 else:
-                    counts[concept] = counts.get(concept, 0) + 1
+                    counts[concept] += 1
     if not counts:
         raise InputFormatError(", ".join(specs), "labelled mentions whose gold ids are concepts of the dictionary",
                                f"{mentions} mentions, none with a gold id among its {len(by_key):,} concepts",
@@ -220,8 +220,6 @@ def write_prior(table: ConceptTable, specs: Sequence[str], folder: Path) -> dict
 
 def read_prior(index: LoadedIndex) -> dict[str, int] | None:
     """The concept prior an index was built with (`build_index(prior=...)`), or None."""
-    import json
-
     entry = index.manifest.get("prior")
     return json.loads((index.folder / entry["file"]).read_text())["counts"] if entry else None
 
