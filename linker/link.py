@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from linker.dictionary import ConceptTable
 from linker.confidence import RETRIEVER_SCORER, read_calibration
 from linker.errors import ConfigError, InputFormatError, UnknownNameError, shorten
-from linker.index import LoadedIndex, load_index, read_prior
+from linker.index import LoadedIndex, load_index, prior_key, read_prior
 from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
 from linker.retrieve import ConceptHits, ConceptIndex, top_concepts
 
@@ -169,8 +169,11 @@ class Linker:
         self.min_confidence = min_confidence
         self.stats = {"texts": 0, "distinct_texts": 0, "retrieve_seconds": 0.0, "rerank_seconds": 0.0, "rerank_pairs": 0}
         table = index.concepts.table
-        self._concepts = ConceptIndex(table.column("concept_id"), prior=read_prior(index))  # ties: most annotated
+        prior = read_prior(index)
+        self._concepts = ConceptIndex(table.column("concept_id"), prior=prior and prior.concepts)  # most annotated
         self._names: list[str] = table.column("name").to_pylist()
+        self._prior_names = prior.names if prior else {}
+        self._name_prior = self._count_name_prior() if self._prior_names else None
         self._term_ids: list[str] = table.column("term_id").to_pylist()
         self._langs, self._lang_codes = self._encode(table.column("lang"))
         self._sources, self._source_codes = self._encode(table.column("source"))
@@ -182,6 +185,48 @@ class Linker:
         self._lang_masks: dict[str, np.ndarray] = {}
         self._preferred_cache: dict[tuple[int, str | None], str] = {}
         self._hierarchy = self._read_hierarchy(index.concepts.hierarchy)
+
+    def _count_name_prior(self) -> np.ndarray:
+        """Per name row: how often annotators chose the row's concept for a mention with the row's text."""
+        counts = np.zeros(len(self._names), dtype=np.int64)
+        codes, ids = self._concepts.codes, self._concepts.ids
+        for row, name in enumerate(self._names):
+            by_concept = self._prior_names.get(prior_key(name))
+            if by_concept:
+                counts[row] = by_concept.get(ids[codes[row]], 0)
+        return counts
+
+    def _tie_keys(self, hits: ConceptHits) -> np.ndarray:
+        """The tie order of `hits`' concepts (smaller first): their codes, or with a per-name prior the concepts
+        annotated most often for their matched name first, then codes. One int: -count x concepts + code."""
+        if self._name_prior is None:
+            return hits.concepts
+        return hits.concepts - self._name_prior[hits.rows] * len(self._concepts)
+
+    def _retrieve(self, texts: list[str], fetch: int, allowed: np.ndarray | None) -> list[ConceptHits]:
+        """`top_concepts`, with the per-name prior's tie order when the index has one.
+
+        Retrieval breaks ties by concept code; a concept tied with the fetch-th may rank before it by its matched
+        name, so one concept more is fetched to see whether the tie at the cut goes on, and the few queries where
+        it does are fetched again, wider, until the tied group is whole. Then each list is re-ordered by (score,
+        tie key) and cut."""
+        if self._name_prior is None:
+            return top_concepts(self.index.names, self._concepts, texts, fetch, allowed=allowed)
+        hits = top_concepts(self.index.names, self._concepts, texts, fetch + 1, allowed=allowed)
+        wider = fetch + 1
+        pending = [i for i, h in enumerate(hits) if len(h.scores) > fetch and h.scores[-1] == h.scores[fetch - 1]]
+        while pending:
+            wider *= 2
+            again = top_concepts(self.index.names, self._concepts, [texts[i] for i in pending], wider, allowed=allowed)
+            for i, h in zip(pending, again):
+                hits[i] = h
+            pending = [i for i in pending
+                       if len(hits[i].scores) == wider and hits[i].scores[-1] == hits[i].scores[fetch - 1]]
+        out = []
+        for h in hits:
+            order = np.lexsort((self._tie_keys(h), -h.scores))[:fetch]
+            out.append(ConceptHits(h.concepts[order], h.rows[order], h.scores[order]))
+        return out
 
     @staticmethod
     def _encode(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
@@ -200,18 +245,21 @@ class Linker:
     @classmethod
     def load(cls, index_dir: str | Path, *, checksums: bool = True, rerank: str | Path | None = None,
              rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None,
-             precision: str | None = None) -> Linker:
+             precision: str | None = None, rerank_precision: str = "auto") -> Linker:
         """Load and verify an index folder (IndexMismatchError when its files do not match its manifest).
 
         `rerank`: a re-ranker folder or hub name; None uses the one bound to the index
         (`linker index build --reranker`) if any, ``"none"`` disables it. `precision`: how a dense
         index encodes mentions: auto, fp32, bf16 or int8; None (default) uses the precision the
-        index's names were encoded in (`linker.precision`).
+        index's names were encoded in (`linker.precision`). `rerank_precision`: the re-ranker's, auto (bf16 where
+        the device runs it natively), bf16 or fp32 (eval/bench_rerank_precision_ncbi.md: their agreement).
         """
         index = load_index(index_dir, checksums=checksums, precision=precision)
         if rerank is None and index.manifest.get("reranker"):
             rerank = index.folder / RERANKER_DIR
-        reranker = None if rerank is None or str(rerank) == "none" else CrossEncoder.load(rerank)
+        reranker = None
+        if rerank is not None and str(rerank) != "none":
+            reranker = CrossEncoder.load(rerank, precision=rerank_precision)
         return cls(index, reranker=reranker, rerank_k=rerank_k, min_confidence=min_confidence)
 
     @property
@@ -292,8 +340,8 @@ class Linker:
         return tuple(MeddraPath(**{f: r[f] for f in MeddraPath.__dataclass_fields__}) for r in rows)
 
     def _candidates(self, hits: ConceptHits, final: np.ndarray, lang: str | None, k: int) -> tuple[Candidate, ...]:
-        """The top k of `hits` by `final` score (score desc, concept_id), with confidences and the NIL rule."""
-        order = np.lexsort((hits.concepts, -final))[:k]  # concept codes are in concept_id order
+        """The top k of `hits` by `final` score (score desc, then the tie order), with confidences and the NIL rule."""
+        order = np.lexsort((self._tie_keys(hits), -final))[:k]
         confidence = self.calibration(final[order]) if self.calibration is not None else [None] * len(order)
         if self.min_confidence is not None and (len(order) == 0 or confidence[0] < self.min_confidence):
             return ()
@@ -330,14 +378,19 @@ class Linker:
             pos += len(h.rows)
         return out
 
-    def tie_rank(self, concept_id: str) -> int:
-        """Where `concept_id` stands among concepts of equal score (concept_id order, or the index's prior first)."""
-        return self._concepts.code_of(concept_id)
+    def tie_rank(self, concept_id: str, matched_name: str | None = None) -> int:
+        """Where `concept_id`, matched by `matched_name`, stands among concepts of equal score (smaller first):
+        concept_id order, or with the index's prior the most annotated for that name, then overall, first."""
+        code = self._concepts.code_of(concept_id)
+        if matched_name is None or not self._prior_names:
+            return code
+        count = self._prior_names.get(prior_key(matched_name), {}).get(concept_id, 0)
+        return code - count * len(self._concepts)
 
     def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None,
              exclude: np.ndarray | None = None) -> list[LinkResult]:
         """The top-k distinct concepts for each mention, sorted by (score desc, concept_id; with an index built
-        with `--prior`, tied concepts most annotated first).
+        with `--prior`, tied concepts most annotated for their matched name first, then most annotated overall).
 
         A mention with no usable signal (for tf-idf: no n-gram known to the dictionary) gets no
         candidates. An empty or blank mention is an error naming its position. `exclude` is a
@@ -363,7 +416,7 @@ class Linker:
         # distinct text is linked once: batches from real streams repeat "nausea" and "headache" many times.
         distinct = list(dict.fromkeys(mentions))
         started = time.perf_counter()
-        hits = top_concepts(self.index.names, self._concepts, distinct, fetch, allowed=allowed)
+        hits = self._retrieve(distinct, fetch, allowed)
         retrieved = time.perf_counter()
         if self.reranker is None:
             finals = [h.scores for h in hits]

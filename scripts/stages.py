@@ -54,9 +54,11 @@ def recheck_carried(stage: Stages, model: Path, recheck: Path, compute: Callable
     return json.loads(recheck.read_text())["watched_dense_acc1_here"] if recheck.exists() else None
 
 
-def index_current(folder: Path, encoder: str | None = None, reranker: Path | None = None) -> bool:
+def index_current(folder: Path, encoder: str | None = None, reranker: Path | None = None,
+                  prior: list[str] | tuple[str, ...] = ()) -> bool:
     """An index in `folder` exists and was built with `encoder` and the bound `reranker` as they are now:
-    retraining a model folder of the same path (more epochs) makes every index built from it stale."""
+    retraining a model folder of the same path (more epochs) makes every index built from it stale. With `prior`
+    specs, an index whose tie prior came from other specs, or has no per-name counts (built before them), is stale."""
     path = folder / "manifest.json"
     if not path.exists():
         return False
@@ -71,6 +73,9 @@ def index_current(folder: Path, encoder: str | None = None, reranker: Path | Non
         from linker.rerank import weights_file
 
         stale += [str(reranker)] if (manifest.get("reranker") or {}).get("sha256") != sha256_file(weights_file(reranker)) else []
+    if prior:
+        entry = manifest.get("prior") or {}
+        stale += ["the tie prior"] if entry.get("specs") != list(prior) or "names" not in entry else []
     if stale:
         log.info("%s: built with another version of %s, rebuilt", folder, " and ".join(stale))
     return not stale

@@ -87,7 +87,7 @@ def test_a_prior_breaks_ties_and_nothing_else(tmp_path, linker):
     manifest = build_index(write_concepts(tmp_path / "c.parquet"), kind="tfidf", out=out,
                            prior=[f"tsv:{labelled}"])
     assert manifest["prior"] == {"file": "concept_prior.json", "specs": [f"tsv:{labelled}"], "mentions": 4,
-                                 "concepts": 3, "gold_ids_not_in_dictionary": 0}
+                                 "concepts": 3, "names": 3, "gold_ids_not_in_dictionary": 0}
     assert "concept_prior.json" in manifest["files"]
     with_prior = Linker.load(out)
     [fever] = with_prior.link(["Fever"], k=3)
@@ -119,6 +119,32 @@ def test_evaluation_ties_follow_the_linker(tmp_path):
     assert mix(ranked, 1.0).ids == ranked.ids  # equal scores stay in the Linker's tie order
     build_index(tmp_path / "c.parquet", kind="tfidf", out=tmp_path / "plain")
     assert evaluate(tmp_path / "plain", f"tsv:{test}", ks=(1,)).rows[0].acc(1).value == 0.0  # 10037660 wins the tie
+
+
+def test_the_prior_for_the_matched_name_comes_before_the_overall_one(tmp_path):
+    # X2 and X1 are the more annotated concepts, but annotators chose 10037660 for "fever": it comes first for
+    # "fever" and its variants, then the overall order
+    labelled = tmp_path / "train.tsv"
+    labelled.write_text("X2\tpyrexia\nX2\tpyrexia\nX2\tpyrexia\nX1\thot\nX1\thot\n10037660\tFever.\n")
+    out = tmp_path / "prior"
+    build_index(write_concepts(tmp_path / "c.parquet"), kind="tfidf", out=out, prior=[f"tsv:{labelled}"])
+    names = json.loads((out / "concept_prior.json").read_text())["names"]
+    assert names == {"fever": {"10037660": 1}, "hot": {"X1": 2}, "pyrexia": {"X2": 3}}
+    with_prior = Linker.load(out)
+    [fever] = with_prior.link(["Fever"], k=3)
+    assert ids(fever) == ["10037660", "X2", "X1"] and len({c.score for c in fever.candidates}) == 1
+    # retrieval orders ties by the overall prior (X2, X1, 10037660): a cut inside the tie widens until the tie is
+    # whole, so 10037660 still comes first
+    assert [ids(r) for r in with_prior.link(["fever", "FEVER"], k=1)] == [["10037660"], ["10037660"]]
+    assert ids(with_prior.link(["fever"], k=2)[0]) == ["10037660", "X2"]
+    from linker.eval.calibrate import mix
+    from linker.eval.report import _ranked, evaluate
+
+    ranked = _ranked(fever.candidates, with_prior.tie_rank)
+    assert ranked.retriever_ids == ranked.ids == ("10037660", "X2", "X1") and mix(ranked, 1.0).ids == ranked.ids
+    test = tmp_path / "test.tsv"
+    test.write_text("10037660\tfever\n")
+    assert evaluate(out, f"tsv:{test}", ks=(1,)).rows[0].acc(1).value == 1.0
 
 
 def test_a_prior_from_another_terminology_is_refused(tmp_path):
@@ -345,7 +371,8 @@ def test_cli_index_build_and_info(tmp_path, capsys):
     labelled.write_text("X2\tfever\n")
     code, out, err = run(["index", "build", "--dict", str(table), "--out", str(tmp_path / "p"), "--prior",
                           f"tsv:{labelled}"], capsys)
-    assert code == 0 and "tie prior: 1 concepts counted in 1 labelled mentions (0 gold ids not in the dictionary)" in out
+    assert code == 0 and ("tie prior: 1 concepts, 1 mention texts counted in 1 labelled mentions (0 gold ids not "
+                          "in the dictionary)") in out
 
 
 @pytest.mark.parametrize(

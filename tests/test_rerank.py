@@ -208,6 +208,22 @@ def test_scores_are_deterministic_and_batch_independent(reranker):
     assert model.score([], []).shape == (0,)
 
 
+def test_equal_pairs_are_scored_once_and_get_equal_scores(reranker):
+    """Concepts that share a name tie on the retriever; their re-ranker scores must tie too (in bf16 a pair's logit
+    moves with its batch's padding), so each distinct pair runs through the model once."""
+    model = CrossEncoder.load(reranker, precision="fp32")
+    seen = []
+    logits = model.logits
+    model.logits = lambda ms, ns: (seen.extend(zip(ms, ns)), logits(ms, ns))[1]
+    pairs = [("hair loss", "Alopecia"), ("hair loss", "hair loss of the scalp, diffuse"), ("hair loss", "Alopecia"),
+             ("head pain", "Headache"), ("hair loss", "Alopecia")]
+    scores = model.score([m for m, _ in pairs], [n for _, n in pairs], batch_size=2)
+    assert sorted(seen) == sorted(set(pairs))
+    assert scores[0] == scores[2] == scores[4] and scores.shape == (5,)
+    np.testing.assert_allclose(scores[[0, 1, 3]], logits(*zip(*[pairs[0], pairs[1], pairs[3]])).detach().numpy(),
+                               atol=1e-4)
+
+
 def test_training_logits_run_length_buckets_with_the_same_result(reranker):
     """logits() runs pairs as length buckets; values, order and gradients are one padded batch's."""
     import torch
@@ -373,3 +389,17 @@ def test_an_index_with_a_bound_reranker_goes_stale_when_the_reranker_is_retraine
     shutil.rmtree(model)
     shutil.copytree(tmp_path / "again", model)  # same path, other weights
     assert not index_current(tmp_path / "index", reranker=model)
+
+
+def test_an_index_goes_stale_when_its_tie_prior_is_not_the_one_asked_for(tmp_path, meddra_table):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from stages import index_current
+
+    index = tmp_path / "index"
+    build_index(meddra_table, kind="tfidf", out=index, prior=[HELDIN])
+    assert index_current(index, prior=[HELDIN]) and index_current(index)
+    assert not index_current(index, prior=[HELDIN, HELDIN])  # other specs
+    manifest = json.loads((index / "manifest.json").read_text())
+    del manifest["prior"]["names"]  # as indexes built before the per-name counts
+    (index / "manifest.json").write_text(json.dumps(manifest))
+    assert not index_current(index, prior=[HELDIN])

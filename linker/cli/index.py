@@ -75,7 +75,7 @@ def build_cli(
     sparse_weight: str = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score: a number (default 1), learned (BioSyn's, from the encoder folder's biosyn.json) or tuned (on --dev by `linker index tune`'s grid)."),
     dev: str = typer.Option(None, "--dev", help="hybrid with --sparse-weight tuned: dev mentions FORMAT:PATH[#OPTIONS] to tune on."),
     reranker: Path = typer.Option(None, "--reranker", help="Re-ranker folder (`linker train rerank`) to bind: copied in, used by default."),
-    prior: list[str] = typer.Option(None, "--prior", help="Labelled training data FORMAT:PATH[#OPTIONS] (repeatable): among concepts tied at equal scores, the one most often gold there ranks first."),
+    prior: list[str] = typer.Option(None, "--prior", help="Labelled training data FORMAT:PATH[#OPTIONS] (repeatable): among concepts tied at equal scores, the one most often gold there for the matched name ranks first, then the one most often gold overall."),
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
     if kind == "tfidf":
@@ -181,5 +181,6 @@ def kinds_cli() -> None:
 
 
 def _echo_prior(entry: dict) -> None:
-    typer.echo(f"  tie prior: {entry['concepts']:,} concepts counted in {entry['mentions']:,} labelled mentions "
+    names = f", {entry['names']:,} mention texts" if "names" in entry else ""
+    typer.echo(f"  tie prior: {entry['concepts']:,} concepts{names} counted in {entry['mentions']:,} labelled mentions "
                f"({entry['gold_ids_not_in_dictionary']:,} gold ids not in the dictionary)")

@@ -113,15 +113,15 @@ class Ranked:
 
 
 def _ranked(candidates, tie_rank) -> Ranked:
-    """`tie_rank`: concept_id -> the Linker's order among equal scores (concept_id, or an index's prior first)."""
+    """`tie_rank`: (concept_id, matched name) -> the Linker's order among equal scores (`Linker.tie_rank`)."""
     if not candidates:
         return Ranked((), (), -math.inf, -math.inf)
-    retriever = sorted(candidates, key=lambda c: (-c.retriever_score, tie_rank(c.concept_id)))
+    retriever = sorted(candidates, key=lambda c: (-c.retriever_score, tie_rank(c.concept_id, c.matched_name)))
     top = candidates[0]
     return Ranked(tuple(c.concept_id for c in candidates), tuple(c.concept_id for c in retriever), float(top.score),
                   math.nan if top.confidence is None else float(top.confidence),
                   tuple(float(c.score) for c in candidates), tuple(float(c.retriever_score) for c in candidates),
-                  tuple(tie_rank(c.concept_id) for c in candidates))
+                  tuple(tie_rank(c.concept_id, c.matched_name) for c in candidates))
 
 
 def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,

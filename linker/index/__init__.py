@@ -33,6 +33,7 @@ from linker.errors import ConfigError, IndexMismatchError, InputFormatError, Unk
 from linker.fileio import atomic_dir, check_output
 from linker.index.manifest import CONCEPTS, INDEX_FORMAT, MANIFEST, read_manifest, verify, write_manifest
 from linker.precision import check_precision
+from linker.text import code_key, normalize
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,8 @@ def build_index(
     None takes its defaults. The resolved config is recorded in the manifest. `reranker`: a
     re-ranker folder (`linker train rerank`) copied into the index and used by default when linking.
     `prior`: labelled dataset specs (`linker eval --dataset` syntax) whose gold concepts are counted into
-    ``concept_prior.json``: among concepts tied at equal scores the most annotated then ranks first (`ConceptIndex`).
+    ``concept_prior.json``: among concepts tied at equal scores the one annotated most often for that name ranks
+    first, then the most annotated overall (`linker.link.Linker`, `ConceptIndex`).
     An existing `out` is replaced only with `overwrite`, and only when it is a folder that linker wrote.
     """
     spec = get_kind(kind)
@@ -189,16 +191,19 @@ PRIOR = "concept_prior.json"
 
 
 def write_prior(table: ConceptTable, specs: Sequence[str], folder: Path) -> dict:
-    """Count how often each concept of `table` is gold in the labelled `specs`; write `PRIOR`; its manifest entry.
+    """Count how often each concept of `table` is gold in the labelled `specs`, and how often for each mention text;
+    write `PRIOR`; return its manifest entry.
 
     A gold id counts for the table's concept with the same code (`linker.text.code_key`: prefixes and case as
     evaluation compares them); gold ids the table lacks are counted apart, so a prior from another terminology
-    shows in the manifest instead of silently doing nothing."""
+    shows in the manifest instead of silently doing nothing. Per text (`prior_key`, mentions with one gold part):
+    the name tie order of `linker.link` ("sjs" is annotated OMIM:255800 although D010009, which shares that name in
+    MEDIC, is the more annotated concept overall)."""
     from linker.eval.datasets import load_dataset
-    from linker.text import code_key
 
     by_key = {code_key(cid): cid for cid in table.table.column("concept_id").unique().to_pylist()}
     counts: Counter[str] = Counter()
+    per_name: dict[str, Counter[str]] = {}
     mentions = unmatched = 0
     for spec in specs:
         for mention in load_dataset(spec):
@@ -207,21 +212,42 @@ def write_prior(table: ConceptTable, specs: Sequence[str], folder: Path) -> dict
                 concept = by_key.get(code_key(gold))
                 if concept is None:
                     unmatched += 1
-                else:
-                    counts[concept] += 1
+                    continue
+                counts[concept] += 1
+                if len(mention.gold) == 1:
+                    per_name.setdefault(prior_key(mention.text), Counter())[concept] += 1
     if not counts:
         raise InputFormatError(", ".join(specs), "labelled mentions whose gold ids are concepts of the dictionary",
                                f"{mentions} mentions, none with a gold id among its {len(by_key):,} concepts",
                                fix="--prior takes the labelled training data of this terminology")
-    (folder / PRIOR).write_text(json.dumps({"specs": list(specs), "counts": dict(sorted(counts.items()))}, indent=0))
+    names = {text: dict(sorted(c.items())) for text, c in sorted(per_name.items())}
+    (folder / PRIOR).write_text(json.dumps({"specs": list(specs), "counts": dict(sorted(counts.items())),
+                                            "names": names}, indent=0, ensure_ascii=False), encoding="utf-8")
     return {"file": PRIOR, "specs": list(specs), "mentions": mentions, "concepts": len(counts),
-            "gold_ids_not_in_dictionary": unmatched}
+            "names": len(names), "gold_ids_not_in_dictionary": unmatched}
 
 
-def read_prior(index: LoadedIndex) -> dict[str, int] | None:
-    """The concept prior an index was built with (`build_index(prior=...)`), or None."""
+def prior_key(text: str) -> str:
+    """How a mention text and a dictionary name are compared for the per-name prior (punctuation as spaces)."""
+    return normalize(text, "words")
+
+
+@dataclass(frozen=True)
+class Prior:
+    """An index's tie prior: gold counts per concept, and per (mention text `prior_key`, concept)."""
+
+    concepts: dict[str, int]
+    names: dict[str, dict[str, int]]
+
+
+def read_prior(index: LoadedIndex) -> Prior | None:
+    """The prior an index was built with (`build_index(prior=...)`), or None (indexes built before the per-name
+    counts have none of those)."""
     entry = index.manifest.get("prior")
-    return json.loads((index.folder / entry["file"]).read_text())["counts"] if entry else None
+    if not entry:
+        return None
+    data = json.loads((index.folder / entry["file"]).read_text(encoding="utf-8"))
+    return Prior(data["counts"], data.get("names", {}))
 
 
 def load_index(folder: str | Path, *, checksums: bool = True, precision: str | None = None) -> LoadedIndex:
