@@ -48,7 +48,8 @@ above the e5-small retriever that BioSyn trained on all CodiEsp-D train mentions
 "ncbi" from MiniLM after sap on MEDIC (``ncbi-sapall-sapinit``: that re-ranker above the sap + BioSyn retriever of
 ``--biosyn-model``), ``ncbi-sapbiosyninit`` from MiniLM after sap and BioSyn on the train mentions alone.
 ``cantemist-sapbiosyn`` puts the "cantemist-mined" re-ranker above the full-size sap + BioSyn retriever
-(models/cantemist-e5-sap-biosyn-all from scripts/train_multilingual.py).
+(models/cantemist-e5-sap-biosyn-all from scripts/train_multilingual.py), ``cantemist-sapbiosyn-sapinit`` the
+"cantemist-mined-sapinit" one.
 ``--heldin-only`` stops after the held-in calibration, so that two recipes are compared on dev, never on test
 (the calibration is kept beside the index and reused by the full run).
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
@@ -285,6 +286,11 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         **out["cantemist"], "title": "Cantemist test, sap + BioSyn e5-small dense retriever (full size)",
         "kind": "dense", "reranker_of": "cantemist-mined",
         "index_config": lambda args: DenseConfig(encoder=str(args.models / "cantemist-e5-sap-biosyn-all")),
+    }
+    # ...and the best Cantemist re-ranker (sap + BioSyn start) above it: does it still add to the best retriever?
+    out["cantemist-sapbiosyn-sapinit"] = {
+        **out["cantemist-sapbiosyn"], "reranker_of": "cantemist-mined-sapinit",
+        "title": "Cantemist test, sap + BioSyn e5-small dense retriever (full size), the re-ranker initialised from it",
     }
     return out
 
