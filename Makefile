@@ -94,10 +94,11 @@ eval-multilingual-full: setup
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-sapbiosyn --systems reranked --rerank-k 16 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2 --heldin-only
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2
-	# ...and that re-ranker above the sap + BioSyn dense retriever it started from
+	# ...and that re-ranker above the sap + BioSyn dense retriever it started from (CodiEsp-D's below)
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-sapbiosyn-sapinit --systems reranked --rerank-k 16 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 4500 --threads 2 --heldin-only
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 4500 --threads 2
+	$(PY) scripts/rerank_confidence.py --datasets codiesp-sapbiosyn-sapinit --systems reranked --rerank-k 16 --threads 2
 	# the NCBI tie prior (index build --prior, the train split) under the two sap-initialised re-rankers above
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit-prior --systems reranked --rerank-k 16 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit-prior --systems reranked --rerank-k 16 --threads 2

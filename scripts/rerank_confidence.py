@@ -49,7 +49,7 @@ above the e5-small retriever that BioSyn trained on all CodiEsp-D train mentions
 ``--biosyn-model``), ``ncbi-sapbiosyninit`` from MiniLM after sap and BioSyn on the train mentions alone.
 ``cantemist-sapbiosyn`` puts the "cantemist-mined" re-ranker above the full-size sap + BioSyn retriever
 (models/cantemist-e5-sap-biosyn-all from scripts/train_multilingual.py), ``cantemist-sapbiosyn-sapinit`` the
-"cantemist-mined-sapinit" one.
+"cantemist-mined-sapinit" one; ``codiesp-sapbiosyn-sapinit`` the same for CodiEsp-D.
 ``--heldin-only`` stops after the held-in calibration, so that two recipes are compared on dev, never on test
 (the calibration is kept beside the index and reused by the full run).
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
@@ -291,6 +291,13 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     out["cantemist-sapbiosyn-sapinit"] = {
         **out["cantemist-sapbiosyn"], "reranker_of": "cantemist-mined-sapinit",
         "title": "Cantemist test, sap + BioSyn e5-small dense retriever (full size), the re-ranker initialised from it",
+    }
+    # The same on CodiEsp-D: the full-size sap + BioSyn e5-small (scripts/train_multilingual.py, eval/
+    # train_codiesp_e5_sap_all.md) dense over ICD-10-CM + train mentions, its sap-initialised re-ranker above.
+    out["codiesp-sapbiosyn-sapinit"] = {
+        **out["codiesp"], "title": "CodiEsp-D test, sap + BioSyn e5-small dense retriever (full size), the re-ranker "
+        "initialised from it", "kind": "dense", "reranker_of": "codiesp-mined-sapinit",
+        "index_config": lambda args: DenseConfig(encoder=str(args.models / "codiesp-e5-sap-biosyn-all")),
     }
     return out
 
