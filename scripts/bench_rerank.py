@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_rerank.py --index indexes/rr/ncbi_tfidf --rerank models/rr-ncbi-minilm
         --dataset SPEC [--mentions 200] [--rerank-k 16] [--runs 3] [--threads 2] [--name bench_rerank_ncbi]
-        [--precisions auto | fp32,bf16]
+        [--precisions auto | fp32,bf16,int8]
 
 The machine is shared, so the figure that travels is the *ratio* of the two (median of --runs
 alternated runs, the same mentions in the same batches); milliseconds per mention and the load
@@ -137,8 +137,8 @@ def parity_lines(result: dict, reranked: list[str]) -> list[str]:
     rows = []
     for name in ["retriever", *reranked]:
         agree = "–" if name not in agreement else f"{100 * agreement[name]:.2f}%"
-        time = "1" if name == reference else "–" if name not in cost else f"{cost[name]:.2f}x"
-        rows.append(f"| {name} | {100 * parity['acc1'][name]:.2f} | {agree} | {time} |")
+        ratio = "1" if name == reference else "–" if name not in cost else f"{cost[name]:.2f}x"
+        rows.append(f"| {name} | {100 * parity['acc1'][name]:.2f} | {agree} | {ratio} |")
     return [
         f"Parity on the {result['mentions']} texts ({parity['mentions']} mentions), against {reference}:", "",
         "| system | Acc@1 | top-1 agreement | time vs the reference |", "|---|---|---|---|", *rows, "",
