@@ -9,7 +9,7 @@ ties with the last name fetched (a tie at the cut would otherwise make the resul
 index's arbitrary order among equal scores). It stops when the index has no more matching names.
 For exact indexes (tf-idf, flat FAISS) the result is therefore exactly the top-k concepts by best
 name score, in the stable order (score desc, concept_id asc; with a prior, `ConceptIndex`, the most annotated of
-tied concepts first); among equal-scoring names of one
+tied concepts first; `linker.link.Linker` then applies the prior per matched name); among equal-scoring names of one
 concept the lowest table row (sources write the preferred name first) is the matched name.
 
 A language restriction is a mask over name rows applied before collapsing, with the same
