@@ -145,6 +145,8 @@ eval-rerank: setup
 	  --dict indexes/ncbi_biosyn_sapall_devepochs/medic.parquet --encoder models/ncbi-biosyn-minilm-sap-all \
 	  --out models/ncbi-biosyn-minilm-sap-all-biosyn-train --epochs 4 --lr 1e-5 --batch-size 16 --topk 20 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapbiosyninit --systems reranked --rerank-k 16 --threads 2 --heldin-only
+	# above the dense retriever: the sap start with negatives mined by that retriever (dev only, ~25 min)
+	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapall-sapinit-mined --systems reranked --rerank-k 16 --threads 2 --biosyn-model models/ncbi-biosyn-minilm-sap-all-biosyn-devgrid-epochs --heldin-only
 	# larger recipes from the same start, compared on dev only: the committed figures came from scripts/gpu_rerank.sh on
 	# a lent GPU (each stopped at 300 s, which cut q6k, q6k-mined and qall short); here whole, 10 to 40 min each on 2 cores;
 	# then the ncbi-sapinit re-ranker re-scoring the top 8 or 32 (dev only, a few minutes)
