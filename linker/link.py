@@ -196,12 +196,16 @@ class Linker:
                 counts[row] = by_concept.get(ids[codes[row]], 0)
         return counts
 
+    def _tie_key(self, codes, name_counts):
+        """The tie order (smaller first) of concepts with these codes, annotated `name_counts` times for their
+        matched names: the most annotated for the name first, then by code. One int: -count x concepts + code."""
+        return codes - name_counts * len(self._concepts)
+
     def _tie_keys(self, hits: ConceptHits) -> np.ndarray:
-        """The tie order of `hits`' concepts (smaller first): their codes, or with a per-name prior the concepts
-        annotated most often for their matched name first, then codes. One int: -count x concepts + code."""
+        """The tie order of `hits`' concepts: their codes, or `_tie_key` with a per-name prior."""
         if self._name_prior is None:
             return hits.concepts
-        return hits.concepts - self._name_prior[hits.rows] * len(self._concepts)
+        return self._tie_key(hits.concepts, self._name_prior[hits.rows])
 
     def _retrieve(self, texts: list[str], fetch: int, allowed: np.ndarray | None) -> list[ConceptHits]:
         """`top_concepts`, with the per-name prior's tie order when the index has one.
@@ -212,16 +216,19 @@ class Linker:
         tie key) and cut."""
         if self._name_prior is None:
             return top_concepts(self.index.names, self._concepts, texts, fetch, allowed=allowed)
-        hits = top_concepts(self.index.names, self._concepts, texts, fetch + 1, allowed=allowed)
         wider = fetch + 1
-        pending = [i for i, h in enumerate(hits) if len(h.scores) > fetch and h.scores[-1] == h.scores[fetch - 1]]
+        hits = top_concepts(self.index.names, self._concepts, texts, wider, allowed=allowed)
+
+        def tie_goes_on(h: ConceptHits) -> bool:  # all `wider` found, the last still tied with the fetch-th
+            return len(h.scores) == wider and h.scores[-1] == h.scores[fetch - 1]
+
+        pending = [i for i, h in enumerate(hits) if tie_goes_on(h)]
         while pending:
             wider *= 2
             again = top_concepts(self.index.names, self._concepts, [texts[i] for i in pending], wider, allowed=allowed)
             for i, h in zip(pending, again):
                 hits[i] = h
-            pending = [i for i in pending
-                       if len(hits[i].scores) == wider and hits[i].scores[-1] == hits[i].scores[fetch - 1]]
+            pending = [i for i in pending if tie_goes_on(hits[i])]
         out = []
         for h in hits:
             order = np.lexsort((self._tie_keys(h), -h.scores))[:fetch]
@@ -384,8 +391,7 @@ class Linker:
         code = self._concepts.code_of(concept_id)
         if matched_name is None or not self._prior_names:
             return code
-        count = self._prior_names.get(prior_key(matched_name), {}).get(concept_id, 0)
-        return code - count * len(self._concepts)
+        return self._tie_key(code, self._prior_names.get(prior_key(matched_name), {}).get(concept_id, 0))
 
     def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None,
              exclude: np.ndarray | None = None) -> list[LinkResult]:

@@ -4,8 +4,8 @@ would do there (a diagnostic for the next step, nothing in the library changes).
     .venv/bin/python scripts/ncbi_tie_prior.py [--index indexes/rr/ncbi-sapinit_tfidf_rerank] [--data ../shared/data]
         [--out eval]
 
-MEDIC gives one name to several concepts ("aniridia": MeSH D015783 and supplementary concept C536372; "sjs":
-D010009 and, through the train mentions added as names, OMIM:255800), so a mention that is such a name ties them,
+MEDIC gives one name to several concepts ("aniridia": MeSH D015783 and supplementary concept C536372; "sjs": a
+synonym of D010009 and of MEDIC's own OMIM:255800), so a mention that is such a name ties them,
 score for score, and the Linker's rule (score desc, then concept_id) decides. The prior tried here: among concepts
 tied at the top score, the one gold most often in the *train* split's annotations first (then the Linker's order).
 Measured on the dev split only, for the index's retriever alone and with its bound re-ranker (the mix its

@@ -188,9 +188,10 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     # The full system's own re-ranker: the sap start, hard negatives mined by the dense retriever it will serve (the
     # sap-initialised one above learned tf-idf's confusions; ncbi-biosyn-mined mined them so from plain MiniLM).
     out["ncbi-sapall-sapinit-mined"] = {
-        **out["ncbi-sapall-sapinit-prior"], "reranker_of": None, "mine_index": True, "init": out["ncbi-sapinit"]["init"],
-        "title": "NCBI-disease test (BioSyn preprocessing), sap + BioSyn dense retriever, ties by the train annotations, "
-        "a sap-initialised re-ranker with negatives mined by that retriever",
+        **out["ncbi-sapall-sapinit-prior"], "reranker_of": None, "mine_index": True,
+        "init": out["ncbi-sapinit"]["init"],
+        "title": "NCBI-disease test (BioSyn preprocessing), sap + BioSyn dense retriever, ties by the train "
+        "annotations, a sap-initialised re-ranker with negatives mined by that retriever",
     }
     n_dev = out["ncbi"]["heldin"]
 
