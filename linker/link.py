@@ -173,7 +173,7 @@ class Linker:
         self._concepts = ConceptIndex(table.column("concept_id"), prior=prior and prior.concepts)  # most annotated
         self._names: list[str] = table.column("name").to_pylist()
         self._prior_names = prior.names if prior else {}
-        self._name_prior = self._count_name_prior() if self._prior_names else None
+        self._name_prior = self._count_name_prior(prior.name_rows) if self._prior_names else None
         self._term_ids: list[str] = table.column("term_id").to_pylist()
         self._langs, self._lang_codes = self._encode(table.column("lang"))
         self._sources, self._source_codes = self._encode(table.column("source"))
@@ -186,9 +186,13 @@ class Linker:
         self._preferred_cache: dict[tuple[int, str | None], str] = {}
         self._hierarchy = self._read_hierarchy(index.concepts.hierarchy)
 
-    def _count_name_prior(self) -> np.ndarray:
-        """Per name row: how often annotators chose the row's concept for a mention with the row's text."""
+    def _count_name_prior(self, name_rows: tuple[list[int], list[int]] | None) -> np.ndarray:
+        """Per name row: how often annotators chose the row's concept for a mention with the row's text (counted
+        when the index was built, `linker.index.name_row_counts`; counted here for indexes built before that)."""
         counts = np.zeros(len(self._names), dtype=np.int64)
+        if name_rows is not None:
+            counts[np.asarray(name_rows[0], dtype=np.int64)] = name_rows[1]
+            return counts
         codes, ids = self._concepts.codes, self._concepts.ids
         for row, name in enumerate(self._names):
             by_concept = self._prior_names.get(prior_key(name))

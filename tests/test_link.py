@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from index_tables import write_concepts
@@ -87,7 +88,7 @@ def test_a_prior_breaks_ties_and_nothing_else(tmp_path, linker):
     manifest = build_index(write_concepts(tmp_path / "c.parquet"), kind="tfidf", out=out,
                            prior=[f"tsv:{labelled}"])
     assert manifest["prior"] == {"file": "concept_prior.json", "specs": [f"tsv:{labelled}"], "mentions": 4,
-                                 "concepts": 3, "names": 3, "gold_ids_not_in_dictionary": 0}
+                                 "concepts": 3, "names": 3, "name_rows": 3, "gold_ids_not_in_dictionary": 0}
     assert "concept_prior.json" in manifest["files"]
     with_prior = Linker.load(out)
     [fever] = with_prior.link(["Fever"], k=3)
@@ -145,6 +146,31 @@ def test_the_prior_for_the_matched_name_comes_before_the_overall_one(tmp_path):
     test = tmp_path / "test.tsv"
     test.write_text("10037660\tfever\n")
     assert evaluate(out, f"tsv:{test}", ks=(1,)).rows[0].acc(1).value == 1.0
+
+
+def test_the_name_rows_are_counted_at_build_time_and_indexes_without_them_still_tie_alike(tmp_path):
+    # the build stores, per name row, how often its concept was chosen for its text; an index written before that
+    # (no "name_rows") gets the same counts at load, so both link alike
+    labelled = tmp_path / "train.tsv"
+    # "hot" names no row, and Pyrexia is a name of 10037660, not of X2: neither counts for a row
+    labelled.write_text("X2\tfever\nX2\tFEVER!\nX2\tpyrexia\nX1\thot\n10037660\tPyrexia.\n")
+    out = tmp_path / "prior"
+    build_index(write_concepts(tmp_path / "c.parquet"), kind="tfidf", out=out, prior=[f"tsv:{labelled}"])
+    data = json.loads((out / "concept_prior.json").read_text())
+    names = pq.read_table(out / "concepts.parquet").to_pydict()
+    stored = {(names["name"][r], names["concept_id"][r]): c
+              for r, c in zip(data["name_rows"]["row"], data["name_rows"]["count"])}
+    assert stored == {("Fever", "X2"): 2, ("Pyrexia", "10037660"): 1}
+    built = Linker.load(out)
+    from linker.index.manifest import write_manifest
+
+    del data["name_rows"]
+    (out / "concept_prior.json").write_text(json.dumps(data))
+    write_manifest(out, {k: v for k, v in json.loads((out / "manifest.json").read_text()).items() if k != "files"})
+    older = Linker.load(out)
+    assert np.array_equal(older._name_prior, built._name_prior) and built._name_prior.sum() == 3
+    for text in ("fever", "pyrexia", "hot", "headache"):
+        assert older.link([text], k=3) == built.link([text], k=3)
 
 
 def test_a_prior_from_another_terminology_is_refused(tmp_path):
