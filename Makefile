@@ -96,6 +96,9 @@ eval-multilingual-full: setup
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 3000 --threads 2
 	# ...and that re-ranker above the sap + BioSyn dense retriever it started from (CodiEsp-D's below)
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-sapbiosyn-sapinit --systems reranked --rerank-k 16 --threads 2
+	# ...and one started there with negatives mined by that dense retriever (dev1 first)
+	$(PY) scripts/rerank_confidence.py --datasets cantemist-sapbiosyn-sapinit-mined --systems reranked --rerank-k 16 --train-seconds 3000 --threads 2 --heldin-only
+	$(PY) scripts/rerank_confidence.py --datasets cantemist-sapbiosyn-sapinit-mined --systems reranked --rerank-k 16 --train-seconds 3000 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 4500 --threads 2 --heldin-only
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-mined-sapinit --systems reranked --rerank-k 16 --epochs 2 --train-seconds 4500 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets codiesp-sapbiosyn-sapinit --systems reranked --rerank-k 16 --threads 2
