@@ -49,7 +49,8 @@ above the e5-small retriever that BioSyn trained on all CodiEsp-D train mentions
 ``--biosyn-model``), ``ncbi-sapbiosyninit`` from MiniLM after sap and BioSyn on the train mentions alone.
 ``cantemist-sapbiosyn`` puts the "cantemist-mined" re-ranker above the full-size sap + BioSyn retriever
 (models/cantemist-e5-sap-biosyn-all from scripts/train_multilingual.py), ``cantemist-sapbiosyn-sapinit`` the
-"cantemist-mined-sapinit" one; ``codiesp-sapbiosyn-sapinit`` the same for CodiEsp-D.
+"cantemist-mined-sapinit" one, ``cantemist-sapbiosyn-sapinit-mined`` one from the same start with negatives mined
+by that dense retriever; ``codiesp-sapbiosyn-sapinit`` the same for CodiEsp-D.
 ``--heldin-only`` stops after the held-in calibration, so that two recipes are compared on dev, never on test
 (the calibration is kept beside the index and reused by the full run).
 Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
