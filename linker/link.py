@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from linker.dictionary import ConceptTable
 from linker.confidence import RETRIEVER_SCORER, read_calibration
 from linker.errors import ConfigError, InputFormatError, UnknownNameError, shorten
-from linker.index import LoadedIndex, load_index, prior_key, read_prior
+from linker.index import LoadedIndex, load_index, name_row_counts, prior_key, read_prior
 from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
 from linker.retrieve import ConceptHits, ConceptIndex, top_concepts
 
@@ -189,15 +189,11 @@ class Linker:
     def _count_name_prior(self, name_rows: tuple[list[int], list[int]] | None) -> np.ndarray:
         """Per name row: how often annotators chose the row's concept for a mention with the row's text (counted
         when the index was built, `linker.index.name_row_counts`; counted here for indexes built before that)."""
+        if name_rows is None:
+            ids = self._concepts.ids
+            name_rows = name_row_counts(self._names, [ids[c] for c in self._concepts.codes.tolist()], self._prior_names)
         counts = np.zeros(len(self._names), dtype=np.int64)
-        if name_rows is not None:
-            counts[np.asarray(name_rows[0], dtype=np.int64)] = name_rows[1]
-            return counts
-        codes, ids = self._concepts.codes, self._concepts.ids
-        for row, name in enumerate(self._names):
-            by_concept = self._prior_names.get(prior_key(name))
-            if by_concept:
-                counts[row] = by_concept.get(ids[codes[row]], 0)
+        counts[np.asarray(name_rows[0], dtype=np.int64)] = name_rows[1]
         return counts
 
     def _tie_key(self, codes, name_counts):
