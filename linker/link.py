@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from linker.dictionary import ConceptTable
 from linker.confidence import RETRIEVER_SCORER, read_calibration
 from linker.errors import ConfigError, InputFormatError, UnknownNameError, shorten
-from linker.index import LoadedIndex, load_index, name_row_counts, prior_key, read_prior
+from linker.index import LoadedIndex, load_index, name_count, name_row_counts, read_prior
 from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
 from linker.retrieve import ConceptHits, ConceptIndex, top_concepts
 
@@ -391,7 +391,7 @@ class Linker:
         code = self._concepts.code_of(concept_id)
         if matched_name is None or not self._prior_names:
             return code
-        return self._tie_key(code, self._prior_names.get(prior_key(matched_name), {}).get(concept_id, 0))
+        return self._tie_key(code, name_count(self._prior_names, matched_name, concept_id))
 
     def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None,
              exclude: np.ndarray | None = None) -> list[LinkResult]:

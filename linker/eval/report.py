@@ -116,12 +116,12 @@ def _ranked(candidates, tie_rank) -> Ranked:
     """`tie_rank`: (concept_id, matched name) -> the Linker's order among equal scores (`Linker.tie_rank`)."""
     if not candidates:
         return Ranked((), (), -math.inf, -math.inf)
-    retriever = sorted(candidates, key=lambda c: (-c.retriever_score, tie_rank(c.concept_id, c.matched_name)))
+    ties = tuple(tie_rank(c.concept_id, c.matched_name) for c in candidates)
+    retriever = sorted(range(len(candidates)), key=lambda i: (-candidates[i].retriever_score, ties[i]))
     top = candidates[0]
-    return Ranked(tuple(c.concept_id for c in candidates), tuple(c.concept_id for c in retriever), float(top.score),
-                  math.nan if top.confidence is None else float(top.confidence),
-                  tuple(float(c.score) for c in candidates), tuple(float(c.retriever_score) for c in candidates),
-                  tuple(tie_rank(c.concept_id, c.matched_name) for c in candidates))
+    return Ranked(tuple(c.concept_id for c in candidates), tuple(candidates[i].concept_id for i in retriever),
+                  float(top.score), math.nan if top.confidence is None else float(top.confidence),
+                  tuple(float(c.score) for c in candidates), tuple(float(c.retriever_score) for c in candidates), ties)
 
 
 def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,

@@ -238,7 +238,7 @@ def name_row_counts(names: Sequence[str], concept_ids: Sequence[str], per_name: 
     millions of names), which the Linker would otherwise repeat at every load."""
     rows, row_counts = [], []
     for row, (name, concept_id) in enumerate(zip(names, concept_ids)):
-        count = per_name.get(prior_key(name), {}).get(concept_id, 0)
+        count = name_count(per_name, name, concept_id)
         if count:
             rows.append(row)
             row_counts.append(count)
@@ -248,6 +248,11 @@ def name_row_counts(names: Sequence[str], concept_ids: Sequence[str], per_name: 
 def prior_key(text: str) -> str:
     """How a mention text and a dictionary name are compared for the per-name prior (punctuation as spaces)."""
     return normalize(text, "words")
+
+
+def name_count(per_name: dict[str, dict[str, int]], text: str, concept_id: str) -> int:
+    """How often annotators chose `concept_id` for a mention reading `text` (`prior_key` equal)."""
+    return per_name.get(prior_key(text), {}).get(concept_id, 0)
 
 
 @dataclass(frozen=True)
