@@ -39,7 +39,7 @@ test-typer-floor: setup
 
 # One target per benchmark or accuracy table of the README: each reruns the script that wrote the table's
 # report under eval/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).
-.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-ncbi-biosyn-sap eval-ncbi-biosyn-dev eval-multilingual eval-multilingual-full eval-cantemist-biosyn eval-codiesp-biosyn eval-rerank eval-capabilities eval-hybrid-tuning
+.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-ncbi-biosyn-sap eval-ncbi-biosyn-dev eval-multilingual eval-multilingual-full eval-cantemist-biosyn eval-codiesp-biosyn eval-rerank eval-mix-choice eval-capabilities eval-hybrid-tuning
 
 bench-link: setup
 	$(PY) scripts/bench_link.py --medic-dense
@@ -162,6 +162,11 @@ eval-rerank: setup
 	# the same for three epochs, compared with it on dev1 only (~36 min)
 	$(PY) scripts/rerank_confidence.py --datasets cantemist-mined-e3 --systems reranked --rerank-k 16 --train-seconds 4200 --threads 2 --heldin-only
 	$(PY) scripts/rerank_confidence.py --datasets codiesp --systems retriever
+
+# How `linker calibrate` chooses a re-ranker's mix weight: rules compared by cross-fitting on the held-in sets of the
+# six re-ranked systems that eval-rerank and eval-multilingual-full build (no test mention read; ~10 min on 2 cores)
+eval-mix-choice: setup
+	$(PY) scripts/mix_choice.py
 
 # Capability suites (eval/capabilities_*.md): the indexes once, then the reports and the suite-driven fix.
 eval-capabilities: setup

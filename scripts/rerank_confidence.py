@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -76,7 +77,7 @@ from eval_all import mention_names, table  # noqa: E402  (the dictionaries eval_
 from stages import index_current  # noqa: E402
 
 from linker.dictionary import SourceSpec  # noqa: E402
-from linker.eval.calibrate import RETRIEVER_WEIGHTS, calibrate  # noqa: E402
+from linker.eval.calibrate import MIX_SMOOTHING, RETRIEVER_WEIGHTS, calibrate  # noqa: E402
 from linker.eval.report import evaluate  # noqa: E402
 from linker.fileio import atomic_file, portable_paths  # noqa: E402
 from linker.index import build_index  # noqa: E402
@@ -490,16 +491,17 @@ def heldin_calibration(folder: Path, spec: dict, args) -> dict:
     built_at = json.loads((folder / "manifest.json").read_text())["built_at"]  # a rebuilt index is fitted afresh
     if cached.exists() and not args.rebuild:
         saved = json.loads(cached.read_text())
-        mixing = saved["summary"].get("mixing")  # refitted when the grid changed or the ceiling is missing
+        mixing = saved["summary"].get("mixing")  # refitted when the grid or its rule changed, or the ceiling is missing
         current = mixing is None or (saved.get("weights") == list(RETRIEVER_WEIGHTS)
-                                     and "gold_among_reranked" in mixing)
+                                     and saved.get("smoothing") == MIX_SMOOTHING and "gold_among_reranked" in mixing)
         if (saved["rerank_k"], saved["dataset"], saved.get("index_built_at")) == (k, spec["heldin"],
                                                                                    built_at) and current:
             return saved["summary"]
     cal = calibrate(folder, spec["heldin"], rerank_k=k, composite=spec["eval"].get("composite", "all"))
     with atomic_file(cached) as tmp:
         tmp.write_text(json.dumps({"rerank_k": k, "dataset": spec["heldin"], "index_built_at": built_at,
-                                   "weights": list(RETRIEVER_WEIGHTS), "summary": cal}, indent=1))
+                                   "weights": list(RETRIEVER_WEIGHTS), "smoothing": MIX_SMOOTHING, "summary": cal},
+                                  indent=1))
     return cal
 
 
@@ -555,6 +557,15 @@ def relative_paths(path: Path, data: Path) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def _curve(by_weight: dict[float, float], chosen: float) -> str:
+    """Acc@1 by mix weight: the quarter-octave grid (90 points) at whole octaves up to 4096, the chosen weight and
+    the last (the retriever's order); entries calibrated on the earlier 15-point grid whole."""
+    last = max(by_weight)
+    shown = {w: a for w, a in by_weight.items() if len(by_weight) <= 15 or w in (0.0, chosen, last)
+             or (0.25 <= w <= 4096 and math.log2(w).is_integer())}
+    return ", ".join(f"{w:.4g}: {_pct(a)}" for w, a in shown.items())
+
+
 def _pct(value) -> str:
     return "–" if value is None or value != value else f"{100 * value:.2f}"
 
@@ -594,21 +605,21 @@ def markdown(summary: dict) -> str:
             notes.append(f"- **{entry['title']}**: the retriever encodes with `{entry['retriever_encoder']}`.")
         if fit.get("copied_from"):
             notes.append(f"- **{entry['title']}**: nothing fitted on this dictionary; the mix (logit + "
-                         f"{fit['retriever_weight']:g} x retriever score) and the confidence map are those of "
+                         f"{fit['retriever_weight']:.4g} x retriever score) and the confidence map are those of "
                          f"`{fit['copied_from']}`, chosen on its held-in set.")
         if mixing:
             by_weight = {float(w): a for w, a in mixing["accuracy_at_1_by_weight"].items()}  # JSON keys are strings
             notes.append(f"- **{entry['title']}**: on the held-in set, Acc@1 of the retriever's order "
                          f"{_pct(mixing['accuracy_at_1_retriever_order'])}, the re-ranker alone {_pct(by_weight[0.0])}, "
-                         f"the chosen mix (logit + {mixing['retriever_weight']:g} x retriever score) "
+                         f"the chosen mix (logit + {mixing['retriever_weight']:.4g} x retriever score) "
                          f"{_pct(by_weight[float(mixing['retriever_weight'])])}; by weight: "
-                         + ", ".join(f"{w:g}: {_pct(a)}" for w, a in by_weight.items()) + ".")
+                         + _curve(by_weight, mixing["retriever_weight"]) + ".")
         sensitivity = entry.get("weight_sensitivity")
         if sensitivity:
             on_test = {float(w): a for w, a in sensitivity["accuracy_at_1_by_weight"].items()}
             notes.append("  - *Diagnostic, not a result*: the retriever saw the held-in mentions in training, so "
                          "the held-in choice may be biased. Test Acc@1 (Full) by weight: "
-                         + ", ".join(f"{w:g}: {_pct(a)}" for w, a in on_test.items())
+                         + _curve(on_test, sensitivity["best_weight_on_test"])
                          + f" (retriever order {_pct(sensitivity['accuracy_at_1_retriever_order'])}); the best test "
                          f"weight would be {sensitivity['best_weight_on_test']:g}.")
         for row in rr["rows"]:
@@ -676,7 +687,7 @@ def markdown(summary: dict) -> str:
                          f"{entry['systems']['reranked']['calibration_fit']['with_candidate']:,} | "
                          f"{_pct(mixing.get('gold_among_reranked'))} | "
                          f"{_pct(mixing['accuracy_at_1_retriever_order'])} | {_pct(by_weight[0.0])} | "
-                         f"{_pct(by_weight[float(mixing['retriever_weight'])])} ({mixing['retriever_weight']:g}) | "
+                         f"{_pct(by_weight[float(mixing['retriever_weight'])])} ({mixing['retriever_weight']:.4g}) | "
                          f"{tested} |")
     lines += ["", "## Re-ranker training", ""]
     for key, entry in [*summary["datasets"].items(), *((k, e) for k, e in compared.items()

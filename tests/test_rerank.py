@@ -13,7 +13,7 @@ import pytest
 from linker.cli.main import main
 from linker.confidence import read_calibration, write_calibration
 from linker.errors import ConfigError, MissingInputError, UnknownNameError
-from linker.eval.calibrate import RETRIEVER_WEIGHTS, calibrate, mix
+from linker.eval.calibrate import RETRIEVER_WEIGHTS, calibrate, choose_weight, mix
 from linker.eval.report import Ranked, evaluate
 from linker.index import build_index
 from linker.index.manifest import read_manifest
@@ -181,10 +181,24 @@ def test_cross_encoder_from_a_trained_encoder_folder_keeps_its_transformer(tiny_
 
 def test_heaviest_mix_is_the_retriever_order_even_for_dense_near_ties():
     # A dense retriever's top cosines 0.002 apart: weight 1000 still lets a logit gap of 10 reorder them, so the
-    # grid's last weight must reach the retriever's own order (calibrate can then never choose below it).
+    # grid's last weight must reach the retriever's own order (calibrate can then choose it).
     ranked = Ranked(("B", "A"), ("A", "B"), 10.0, float("nan"), (10.0, 0.0), (0.900, 0.902))
     assert mix(ranked, 1000.0).ids == ("B", "A")
     assert mix(ranked, RETRIEVER_WEIGHTS[-1]).ids == ranked.retriever_ids
+
+
+def test_the_mix_weight_is_the_best_point_of_the_smoothed_held_in_curve():
+    assert RETRIEVER_WEIGHTS[:2] == (0.0, 0.25) and RETRIEVER_WEIGHTS[-1] == 2.0 ** 20
+    assert all(b / a == pytest.approx(2 ** 0.25) for a, b in zip(RETRIEVER_WEIGHTS[1:], RETRIEVER_WEIGHTS[2:]))
+    # A lone spike beside a cliff (index 9) loses to a plateau (3..7) whose own best point is lower: averaged with
+    # two neighbours each side the plateau's middle reads 0.86, the spike 0.826.
+    weights = RETRIEVER_WEIGHTS[:12]
+    curve = dict.fromkeys(weights, 0.80) | dict.fromkeys(weights[3:8], 0.86) | {weights[9]: 0.87}
+    assert choose_weight(curve) == (weights[5], pytest.approx(0.86))
+    assert choose_weight(curve, smoothing=0) == (weights[9], 0.87)  # the best single point, the rule before
+    assert choose_weight(dict.fromkeys(weights, 0.5)) == (0.0, 0.5)  # a tie: the smallest weight
+    rising = {w: i / 100 for i, w in enumerate(weights)}  # best at the end of the grid: fewer neighbours there
+    assert choose_weight(rising)[0] == weights[-1]
 
 
 def test_trained_folder_is_safetensors_with_metrics(reranker):
@@ -301,9 +315,10 @@ def test_bound_reranker_calibration_and_eval_gain(tmp_path, indexes, reranker):
     assert Linker.load(out, rerank="none").reranker is None
     summary = calibrate(out, HELDIN, rerank_k=4)
     assert summary["scorer"] == linker.scorer
-    mixing = summary["mixing"]  # the weight with the best held-in Acc@1, the smallest on a tie
+    mixing = summary["mixing"]  # the weight with the best smoothed held-in Acc@1, the smallest on a tie
     weight, by_weight = mixing["retriever_weight"], mixing["accuracy_at_1_by_weight"]
-    assert weight == min(w for w in RETRIEVER_WEIGHTS if by_weight[w] == max(by_weight.values()))
+    assert list(by_weight) == list(RETRIEVER_WEIGHTS)
+    assert (weight, mixing["smoothed_accuracy_at_1"]) == choose_weight(by_weight)
     assert max(by_weight.values()) <= mixing["gold_among_reranked"] <= 1  # no mix beats the gold being re-scored
     entry = read_manifest(out)["calibration"]
     assert entry["retriever_weight"] == weight and 0 <= entry["retriever_accuracy"] <= 1
