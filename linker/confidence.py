@@ -13,8 +13,9 @@ so loading needs neither scikit-learn nor pickle.
 A calibration belongs to one scorer: the retriever's own score, or one re-ranker (named by its
 weights' sha256). For a re-ranker it also holds how the final score mixes both signals:
 ``re-ranker logit + retriever_weight x retriever score``, the weight chosen by `linker calibrate`
-on the same held-in set (the best Acc@1 over a grid that runs from the re-ranker alone to, in
-effect, the retriever's own order), so a re-ranker that does not help there is outvoted. Linking with another scorer gives ``confidence = None`` (and refuses
+on the same held-in set (the best Acc@1, averaged over half an octave, on a grid that runs from the
+re-ranker alone to, in effect, the retriever's own order), so a re-ranker that does not help there
+is outvoted. Linking with another scorer gives ``confidence = None`` (and refuses
 ``min_confidence``), because the map would be meaningless for that score.
 
 `expected_calibration_error`: the mean |accuracy - confidence| over 10 equal-width confidence
