@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from rerank_confidence import datasets, rerank_k  # noqa: E402  (the systems' held-in sets and options)
 
-from linker.eval.calibrate import RETRIEVER_WEIGHTS, choose_weight, mix  # noqa: E402
+from linker.eval.calibrate import RETRIEVER_WEIGHTS, choose_weight, mix_hits  # noqa: E402
 from linker.eval.datasets import load_dataset  # noqa: E402
 from linker.eval.metrics import mention_hits  # noqa: E402
 from linker.eval.report import gold_matcher, predict  # noqa: E402
@@ -41,8 +41,8 @@ from linker.link import Linker  # noqa: E402
 OLD_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1000.0, 4000.0, 1e6)
 SYSTEMS = ("ncbi-sapinit-prior", "ncbi-sapall-sapinit-prior", "cantemist-mined-sapinit-prior",
            "cantemist-sapbiosyn-sapinit", "codiesp-mined-sapinit-prior", "codiesp-sapbiosyn-sapinit")
-RULES = {  # name -> (grid, neighbours averaged on each side; None: the old rule, the grid's best point)
-    "old grid, best point": (OLD_GRID, None),
+RULES = {  # name -> (grid, neighbours averaged on each side; 0: the grid's best point, the old rule on OLD_GRID)
+    "old grid, best point": (OLD_GRID, 0),
     "fine grid, best point": (RETRIEVER_WEIGHTS, 0),
     "fine grid, ±1/4 octave": (RETRIEVER_WEIGHTS, 1),
     "fine grid, ±1/2 octave (adopted)": (RETRIEVER_WEIGHTS, 2),
@@ -59,8 +59,7 @@ def held_in_hits(folder: Path, spec: dict, k: int) -> tuple[np.ndarray, np.ndarr
     expand, _known = gold_matcher(linker_)
     gold, composite = [m.gold for m in mentions], spec["eval"].get("composite", "all")
     weights = np.array(sorted(set(OLD_GRID) | set(RETRIEVER_WEIGHTS)))
-    hits = np.stack([mention_hits(gold, [tuple(mix(r, w).ids for r in q) for q in ranked], 1, composite=composite,
-                                  expand=expand) for w in weights], axis=1).astype(np.float64)
+    hits = mix_hits(ranked, gold, weights, composite=composite, expand=expand).astype(np.float64)
     retriever = mention_hits(gold, [tuple(r.retriever_ids for r in q) for q in ranked], 1, composite=composite,
                              expand=expand)
     return weights, hits, float(np.mean(retriever))
@@ -68,10 +67,7 @@ def held_in_hits(folder: Path, spec: dict, k: int) -> tuple[np.ndarray, np.ndarr
 
 def choose(rule: str, accuracy: dict[float, float]) -> float:
     grid, smoothing = RULES[rule]
-    on_grid = {w: accuracy[w] for w in grid}
-    if smoothing is None:
-        return max(on_grid, key=lambda w: (on_grid[w], -w))
-    return choose_weight(on_grid, smoothing)[0]
+    return choose_weight({w: accuracy[w] for w in grid}, smoothing)[0]
 
 
 def cross_fit(weights: np.ndarray, hits: np.ndarray, repeats: int, seed: int) -> dict:

@@ -63,6 +63,13 @@ def mix(ranked: Ranked, weight: float) -> Ranked:
                   tuple(ranked.ties[i] for i in order) if ranked.ties else ())
 
 
+def mix_hits(ranked: list[tuple[Ranked, ...]], gold, weights, *, composite: str, expand) -> np.ndarray:
+    """hits[mention, weight]: whether the mention is right at Acc@1 once its candidates are re-ordered by
+    `mix(weight)` (the held-in curve `calibrate` chooses from, per mention for scripts/mix_choice.py)."""
+    return np.stack([mention_hits(gold, [tuple(mix(r, w).ids for r in q) for q in ranked], 1, composite=composite,
+                                  expand=expand) for w in weights], axis=1)
+
+
 def calibrate(
     index_dir: str | Path,
     dataset_spec: str,
@@ -98,7 +105,8 @@ def calibrate(
 
     weight, mixing, retriever_hits = 0.0, None, hits_at(ranked, "retriever_ids")
     if linker_.reranker is not None:
-        accuracy = {w: float(hits_at([tuple(mix(r, w) for r in q) for q in ranked]).mean()) for w in RETRIEVER_WEIGHTS}
+        by_weight = mix_hits(ranked, gold, RETRIEVER_WEIGHTS, composite=composite, expand=expand).mean(axis=0)
+        accuracy = {w: float(a) for w, a in zip(RETRIEVER_WEIGHTS, by_weight)}
         weight, smoothed = choose_weight(accuracy)
         retriever_order = float(retriever_hits.mean())
         # the share whose gold concept is among the re-scored candidates: what the best re-ranker could reach
