@@ -27,13 +27,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from linker.errors import ConfigError, IndexMismatchError
+from linker.errors import ConfigError, IndexMismatchError, InputFormatError
 from linker.fileio import atomic_file
 
 log = logging.getLogger(__name__)
@@ -145,20 +146,54 @@ def at_coverage(confidence: Sequence[float], correct: Sequence[bool], target: fl
 
 def read_calibration(folder: str | Path, manifest: dict) -> Calibration | None:
     """The index folder's calibration, if its manifest lists one (an unlisted file is ignored)."""
+    from linker.index.manifest import read_folder_json
+
     entry = manifest.get("calibration")
     if not entry:
         return None
     path = Path(folder) / CALIBRATION
+    fix = "run `linker calibrate` again"
+    if CALIBRATION not in manifest.get("files", {}):  # `write_calibration` lists it: its checksum is verified
+        raise IndexMismatchError(f"{path}: the manifest records a calibration but does not list this file "
+                                 f"(its checksum is unknown); {fix}")
+    # Inside the folder, a regular file of bounded size (a link to /dev/zero or out of the folder is refused).
+    data = read_folder_json(folder, CALIBRATION, what="a calibration written by `linker calibrate`",
+                            max_bytes=CALIBRATION_MAX_BYTES, fix=fix)
+    for field in ("x", "y"):
+        values = data.get(field)
+        if not isinstance(values, list) or not all(_is_number(v) and math.isfinite(v) for v in values):
+            raise InputFormatError(path, f"{field!r} as a list of finite numbers", _shown(values), fix=fix)
+    numbers = [f for f in ("accuracy", "retriever_weight", "retriever_accuracy", "mentions") if data.get(f) is not None]
+    for field in numbers:
+        if not _is_number(data[field]):
+            raise InputFormatError(path, f"{field!r} as a number", _shown(data[field]), fix=fix)
+    if not math.isfinite(data.get("retriever_weight", 0.0)):
+        raise InputFormatError(path, "'retriever_weight' as a finite number", _shown(data["retriever_weight"]), fix=fix)
+    for field in ("scorer", "method", "fitted_on", "fitted_at"):
+        if field in data and not isinstance(data[field], str):
+            raise InputFormatError(path, f"{field!r} as a string", _shown(data[field]), fix=fix)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         calibration = Calibration(**{**data, "x": tuple(data["x"]), "y": tuple(data["y"])})
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise IndexMismatchError(f"{path}: not a calibration written by `linker calibrate` ({exc}); "
-                                 "run `linker calibrate` again") from None
+    except TypeError as exc:  # a missing or unknown field
+        raise IndexMismatchError(f"{path}: not a calibration written by `linker calibrate` ({exc}); {fix}") from None
     if not calibration.x or len(calibration.x) != len(calibration.y) or list(calibration.x) != sorted(calibration.x):
-        raise IndexMismatchError(f"{path}: breakpoints must be non-empty, of equal length and ascending; "
-                                 "run `linker calibrate` again")
+        raise IndexMismatchError(f"{path}: breakpoints must be non-empty, of equal length and ascending; {fix}")
+    if not all(0.0 <= y <= 1.0 for y in calibration.y):
+        raise InputFormatError(path, "'y' as probabilities from 0 to 1", _shown(list(calibration.y)), fix=fix)
     return calibration
+
+
+# A calibration holds two breakpoints per distinct held-in score at most: a million held-in mentions stay
+# under 64 MiB, and it is read whole.
+CALIBRATION_MAX_BYTES = 64 << 20
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    return f"{type(value).__name__} {str(value)[:60]!r}"
 
 
 def write_calibration(folder: str | Path, calibration: Calibration) -> dict:

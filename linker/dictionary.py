@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 import linker
 from linker.errors import LinkerError, MissingInputError
-from linker.fileio import atomic_file, check_output, native_read
+from linker.fileio import Input, atomic_file, check_output, native_read
 from linker.progress import bar
 from linker.schema import CONCEPT_SCHEMA, HIERARCHY_SCHEMA, ConceptName, HierarchyRow, validate_concept_table
 from linker.sources import SourceOptions, get_source
@@ -125,7 +125,7 @@ def build_dictionary(
     out = Path(out)
     if not sources:
         raise LinkerError("no source given; pass --source NAME PATH...")
-    _check_table_output(out, [p for spec in sources for p in spec.paths], overwrite)
+    _check_table_output(out, [p for spec in sources for p in spec.paths], overwrite, option="--source")
     outputs = []
     for spec in sources:
         reader = get_source(spec.name)
@@ -291,11 +291,15 @@ def describe(path: str | Path, *, samples: int = 5) -> dict:
     }
 
 
-def _check_table_output(out: Path, inputs: Sequence[str | Path], overwrite: bool) -> None:
-    """The table and its hierarchy side table are outputs; neither may be an input (or its side table)."""
-    inputs = [*inputs, *(hierarchy_path(Path(p)) for p in inputs)]
-    check_output(out, inputs=inputs, overwrite=overwrite, option="--out")
-    check_output(hierarchy_path(out), inputs=inputs, overwrite=True, option="--out (hierarchy side table)")
+def _check_table_output(out: Path, inputs: Sequence[str | Path], overwrite: bool, *, option: str,
+                        tables: bool = False) -> None:
+    """The table and its hierarchy side table are outputs; neither may touch an input. With `tables` the inputs
+    are concept tables, whose side tables are read too (`read_concept_table`); a source's files have none."""
+    named = [Input(Path(p), option) for p in inputs]
+    if tables:
+        named += [Input(hierarchy_path(p), f"the hierarchy side table of {p}") for p in inputs]
+    check_output(out, inputs=named, overwrite=overwrite, option="--out")
+    check_output(hierarchy_path(out), inputs=named, overwrite=True, option=f"--out {out}: its hierarchy side table")
 
 
 def merge_tables(paths: Sequence[str | Path], out: str | Path, *, overwrite: bool = False) -> BuildSummary:
@@ -306,7 +310,7 @@ def merge_tables(paths: Sequence[str | Path], out: str | Path, *, overwrite: boo
     started = dt.datetime.now(dt.timezone.utc)
     if not paths:
         raise LinkerError("no concept table given to merge")
-    _check_table_output(Path(out), paths, overwrite)
+    _check_table_output(Path(out), paths, overwrite, option="dict merge", tables=True)
     tables = [read_concept_table(p) for p in paths]
     combined = pa.concat_tables([t.table for t in tables])
     keys = [hash(k) for k in zip(*(combined.column(c).to_pylist() for c in ("concept_id", "name", "lang")))]

@@ -146,12 +146,17 @@ def folder_revision(folder: Path) -> str:
 
 def _folder_prompts(folder: Path) -> tuple[str, str]:
     """Prompts a sentence-transformers folder declares for the 'query' and 'passage' roles."""
-    config = folder / "config_sentence_transformers.json"
-    if not config.is_file():
+    from linker.index.manifest import read_folder_json
+
+    name = "config_sentence_transformers.json"
+    if not (folder / name).is_file():
         return "", ""
-    try:
-        prompts = json.loads(config.read_text(encoding="utf-8")).get("prompts") or {}
-    except (json.JSONDecodeError, AttributeError):
+    try:  # bounded and confined like every file of a model folder (`check_model_folder`)
+        prompts = read_folder_json(folder, name, what="a sentence-transformers config",
+                                   fix="fix or remove the file").get("prompts") or {}
+    except InputFormatError:  # not JSON, or not an object: no prompts, as before
+        return "", ""
+    if not isinstance(prompts, dict):
         return "", ""
     return str(prompts.get("query", "")), str(prompts.get("passage", prompts.get("document", "")))
 
@@ -217,6 +222,11 @@ def resolve_encoder(name_or_path: str, *, pooling: str | None = None) -> Encoder
                 f"encoder folder {folder}: expected modules.json (sentence-transformers) or config.json "
                 "(transformers), found neither"
             )
+        from linker.index.manifest import check_model_folder
+
+        # Before hashing or loading anything: every file inside the folder (links included), regular, bounded.
+        check_model_folder(folder, what="an encoder folder", fix="pass a model folder written by `linker train` "
+                           "or downloaded with `hf download --local-dir`")
         query_prefix, passage_prefix = _folder_prompts(folder)
         return EncoderSpec(
             name=shown,

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import functools
 import gzip
 import json
 import logging
 import os
 import re
 import shutil
+import stat
+import sys
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from linker.errors import ConfigError, InputFormatError, MissingInputError
@@ -41,12 +49,90 @@ def decode_line(raw: bytes) -> str:
             return raw.decode("latin-1")
 
 
-def open_binary(path: Path):
+# ----------------------------------------------------------------------------- the bounded reading layer
+#
+# Every reader of the project (mention formats, terminology sources, shards, typo and filter lists)
+# reads through these functions, so one policy holds everywhere: a line is refused past
+# `max_line_bytes` and a document past `max_document_bytes` after reading at most one byte more
+# than the cap, counting decompressed bytes (gzip here, zip members in `linker.formats.brat`), and a
+# truncated or corrupt file is one InputFormatError naming it, never a traceback. `ReadLimits`
+# (linker.formats) carries the caps as options; these are its defaults, far above any real corpus
+# line or document and far below what would exhaust memory.
+
+MAX_LINE_BYTES = 1 << 20  # 1 MiB: a JSONL span, a PubTator abstract, a brat line, a terminology row
+MAX_DOCUMENT_BYTES = 64 << 20  # 64 MiB: one brat .ann or .txt, one XML drug label, one ClaML class
+
+
+def open_binary(path: str | Path):
+    """Open a file for reading as bytes; a ``.gz`` name is decompressed as it is read."""
+    path = Path(path)
     if not path.exists():
         raise MissingInputError(f"{path}: no such file")
     if path.is_dir():
         raise MissingInputError(f"{path}: expected a file, found a folder")
-    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+    try:
+        return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else path.open("rb")
+    except OSError as exc:
+        raise MissingInputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def read_failure(exc: BaseException, where: str | Path, *, line: int | None = None) -> InputFormatError:
+    """The InputFormatError for a failure while reading or decompressing `where` (a gzip or zip stream
+    that ends early or is corrupt, a file named .gz that is no gzip file, an I/O error)."""
+    message = " ".join(str(exc).split())[:160] or type(exc).__name__
+    if isinstance(exc, EOFError):
+        return InputFormatError(where, "a complete compressed file",
+                                f"its end before the end of the stream ({message})", line=line,
+                                fix="the file is truncated: copy or download it again")
+    if isinstance(exc, gzip.BadGzipFile):
+        return InputFormatError(where, "a gzip file (the name ends in .gz)", message, line=line,
+                                fix="compress it with gzip, or remove .gz from its name")
+    if isinstance(exc, (zlib.error, zipfile.BadZipFile)):
+        return InputFormatError(where, "a valid compressed stream", f"corrupt data ({message})", line=line)
+    return InputFormatError(where, "a readable file", f"{type(exc).__name__}: {message}", line=line)
+
+
+# What reading or decompressing can raise: zlib.error for corrupt deflate data, EOFError for a
+# truncated stream, BadZipFile (zip CRC), NotImplementedError/RuntimeError (zip compression or encryption
+# we cannot read), OSError (BadGzipFile, I/O errors).
+READ_ERRORS = (OSError, EOFError, zlib.error, zipfile.BadZipFile, NotImplementedError, RuntimeError)
+
+
+def read_bounded(handle, where: str | Path, max_bytes: int, *, option: str = "--max-document-bytes") -> bytes:
+    """All bytes of an open binary handle, refused (InputFormatError) past `max_bytes` after reading at
+    most one byte more: a zip member or gzip file whose header understates its size cannot grow past it."""
+    try:
+        data = handle.read(max_bytes + 1)
+    except READ_ERRORS as exc:
+        raise read_failure(exc, where) from None
+    if len(data) > max_bytes:
+        raise InputFormatError(where, f"a document of at most {max_bytes:,} bytes", f"more than {max_bytes:,} bytes",
+                               fix=f"raise {option} if this file is genuine")
+    return data
+
+
+def iter_raw_lines(handle, where: str | Path, *, max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line bytes without the line ending) of an open binary handle.
+
+    `handle.readline(n)` returns at most n bytes, so a line longer than the cap (default
+    `MAX_LINE_BYTES`) is refused after reading at most cap + 2 bytes of it: never held whole.
+    """
+    cap = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    size = cap + 2  # room for CR LF
+    number = 0
+    while True:
+        try:
+            raw = handle.readline(size)
+        except READ_ERRORS as exc:
+            raise read_failure(exc, where, line=number + 1) from None
+        if not raw:
+            return
+        number += 1
+        raw = raw.rstrip(b"\r\n")
+        if len(raw) > cap:
+            raise InputFormatError(where, f"lines of at most {cap:,} bytes", "a longer line", line=number,
+                                   fix="raise --max-line-bytes if this line is genuine")
+        yield number, raw
 
 
 def iter_lines(path: str | Path, *, max_line_bytes: int | None = None) -> Iterator[tuple[int, str]]:
@@ -54,8 +140,9 @@ def iter_lines(path: str | Path, *, max_line_bytes: int | None = None) -> Iterat
 
     Each line is decoded on its own, so a file that is UTF-8 except for a few legacy bytes
     (a common state of hand-edited terminology files) still reads, and memory stays constant.
-    A UTF-8 byte-order mark at the start is dropped. With `max_line_bytes`, a longer line raises
-    InputFormatError after reading at most that many bytes of it.
+    A UTF-8 byte-order mark at the start is dropped. A line longer than `max_line_bytes` (default
+    `MAX_LINE_BYTES`; there is no unbounded mode) raises InputFormatError after reading at most
+    that many bytes of it.
     """
     path = Path(path)
     with open_binary(path) as handle:
@@ -64,15 +151,7 @@ def iter_lines(path: str | Path, *, max_line_bytes: int | None = None) -> Iterat
 
 def iter_handle_lines(handle, where: str | Path, *, max_line_bytes: int | None = None) -> Iterator[tuple[int, str]]:
     """`iter_lines` over an open binary handle (a file, or stdin's buffer)."""
-    # readline(n) returns at most n bytes, so one huge line is never held whole: +2 leaves room for CR LF.
-    size = -1 if max_line_bytes is None else max_line_bytes + 2
-    number = 0
-    while raw := handle.readline(size):
-        number += 1
-        raw = raw.rstrip(b"\r\n")
-        if max_line_bytes is not None and len(raw) > max_line_bytes:
-            raise InputFormatError(where, f"lines of at most {max_line_bytes:,} bytes", "a longer line", line=number,
-                                   fix="raise --max-line-bytes if this line is genuine")
+    for number, raw in iter_raw_lines(handle, where, max_line_bytes=max_line_bytes):
         line = decode_line(raw)
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
@@ -156,33 +235,104 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     return removed
 
 
-def _is_within(inner: Path, outer: Path) -> bool:
-    return inner == outer or outer in inner.parents
+@dataclass(frozen=True)
+class Input:
+    """A path a command reads, and what names it (``--index``, ``typos= of --dataset X``) for the error."""
+
+    path: Path
+    named_by: str = ""
+
+    def __str__(self) -> str:
+        return f"the input {self.path}" + (f" ({self.named_by})" if self.named_by else "")
+
+
+def model_inputs(name: str | Path | None, option: str) -> list[Input]:
+    """A model option's value (--rerank, --encoder) as inputs: a local folder is one (with an ``#cls`` /
+    ``#mean`` pooling suffix dropped); an alias, a hub name or ``none`` names no local path."""
+    if name is None or str(name) in ("", "none"):
+        return []
+    text = str(name)
+    for candidate in (text, text.rpartition("#")[0]):
+        path = Path(candidate).expanduser()
+        if candidate and (path.exists() or path.is_symlink()):
+            return [Input(path, option)]
+    return []
+
+
+def _identity(path: Path, cache: dict[Path, tuple[int, int, bool] | None]) -> tuple[int, int, bool] | None:
+    """(device, inode, is a folder) of an existing path, else None; `cache` spares repeated stats."""
+    if path not in cache:
+        try:
+            st = os.stat(path)
+            cache[path] = (st.st_dev, st.st_ino, stat.S_ISDIR(st.st_mode))
+        except (OSError, ValueError):
+            cache[path] = None
+    return cache[path]
+
+
+def _relation(target: Path, source: Path, cache: dict) -> str | None:
+    """How the output `target` touches the input `source` (both resolved): ``is``, ``lies inside``,
+    ``contains`` or None. Paths are compared after resolving symlinks and ``..``; existing ones also by
+    (device, inode), which catches a hard link, a bind mount or a case-insensitive spelling of the same thing."""
+    if target == source:
+        return "is"
+    if source in target.parents:
+        return "lies inside"
+    if target in source.parents:
+        return "contains"
+    source_id, target_id = _identity(source, cache), _identity(target, cache)
+    if source_id is not None and source_id == target_id:
+        return "is"
+    if source_id is not None and source_id[2] and any(_identity(p, cache) == source_id for p in target.parents):
+        return "lies inside"
+    if target_id is not None and target_id[2] and any(_identity(p, cache) == target_id for p in source.parents):
+        return "contains"
+    return None
+
+
+def input_relation(output: str | Path, source: str | Path) -> str | None:
+    """``is``, ``lies inside`` or ``contains`` when writing `output` would touch the input `source`, else None."""
+    return _relation(Path(output).resolve(), Path(source).resolve(), {})
+
+
+# Outputs that check_output found absent (or absent enough: an empty folder) and may not replace: their
+# atomic_file / atomic_dir commit is an exclusive create, so that a file someone else makes there after
+# the check is never replaced without --overwrite. Keyed by the resolved parent and the name.
+_NO_REPLACE: set[str] = set()
+
+
+def _key(path: Path) -> str:
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        return os.path.realpath(path)
+    return os.path.join(os.path.realpath(path.parent), path.name)
 
 
 def check_output(
     output: str | Path,
     *,
-    inputs: Iterable[str | Path] = (),
+    inputs: Iterable[str | Path | Input] = (),
     overwrite: bool = False,
     folder: bool = False,
     option: str = "--output",
 ) -> None:
     """Refuse, before any work, an output that would destroy an input or something we did not write.
 
-    The output may not equal, contain or lie inside any input (after resolving symlinks). An
-    existing output file is replaced only with `overwrite`; an existing non-empty output folder
-    only with `overwrite` and only when it carries our `MARKER`.
+    The output may not equal, contain or lie inside any input (`Input`, or a plain path: "the input"),
+    after resolving symlinks (`input_relation`). An existing output file is replaced only with
+    `overwrite`; an existing non-empty output folder only with `overwrite` and only when it carries our
+    `MARKER`. Without `overwrite`, the later atomic_file / atomic_dir write will not replace anything that
+    appears there meanwhile either.
     """
     out = Path(output)
     _check_path_text(out, option)
     target = out.resolve()
+    cache: dict = {}
     for given in inputs:
-        source = Path(given).resolve()
-        if _is_within(target, source) or _is_within(source, target):
-            relation = ("is the input" if target == source else "lies inside the input" if _is_within(target, source)
-                        else "contains the input")
-            raise ConfigError(f"{option} {out} {relation} {given}; choose an output outside every input "
+        source = given if isinstance(given, Input) else Input(Path(given))
+        relation = _relation(target, Path(source.path).resolve(), cache)
+        if relation is not None:
+            raise ConfigError(f"{option} {out} {relation} {source}; choose an output outside every input "
                               "so that no input is overwritten")
     for ancestor in target.parents:
         if ancestor.exists():
@@ -192,8 +342,15 @@ def check_output(
                 raise ConfigError(f"{option} {out}: no permission to write into {ancestor}")
             break
     remove_stale_temporaries(target.parent)
-    if not out.exists() and not out.is_symlink():
-        return
+    if out.exists() or out.is_symlink():
+        _check_existing(out, overwrite=overwrite, folder=folder, option=option)
+    if overwrite:
+        _NO_REPLACE.discard(_key(out))
+    else:
+        _NO_REPLACE.add(_key(out))
+
+
+def _check_existing(out: Path, *, overwrite: bool, folder: bool, option: str) -> None:
     if folder:
         if not out.is_dir():
             raise ConfigError(f"{option} {out} is a file, expected a folder")
@@ -228,51 +385,150 @@ def check_inputs(*paths: str | Path, option: str = "input") -> None:
         _check_path_text(Path(path), option)
 
 
+# Write errors that only the writing sees; the exception names no file (or our temporary), so it is
+# given the output's name: `error: out.jsonl: No space left on device`, not `a file`.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+@contextlib.contextmanager
+def _name_write_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        text = str(exc)
+        full = exc.errno in _WRITE_ERRNOS or "No space left" in text or "Disk quota" in text
+        if full and (exc.filename is None or is_temporary(exc.filename)):
+            exc.filename = str(path)
+        raise
+
+
+def _raced(path: Path) -> ConfigError:
+    return ConfigError(f"{path}: expected to create it, found it created by someone else while this run worked; "
+                       "left as it is (pass --overwrite to replace it, or choose a new name)")
+
+
+@functools.cache
+def _renameat2():
+    """libc's renameat2 (Linux, glibc >= 2.28), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_AT_FDCWD, _RENAME_NOREPLACE = -100, 1
+
+
+def rename_no_replace(src: str | Path, dst: str | Path) -> None:
+    """Rename `src` to `dst`, never replacing what is at `dst` (FileExistsError then).
+
+    renameat2(RENAME_NOREPLACE) makes that one atomic step where the kernel and file system have it;
+    elsewhere a check then a rename, whose window is short (and a folder never replaces a non-empty one).
+    """
+    function = _renameat2()
+    if function is not None:
+        if function(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):  # unsupported: fall back
+            raise OSError(code, os.strerror(code), str(dst))
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+    os.rename(src, dst)
+
+
+def _commit_file(tmp: Path, path: Path) -> None:
+    key = _key(path)
+    if key not in _NO_REPLACE:
+        os.replace(tmp, path)
+        return
+    # A hard link fails on anything at `path`: an exclusive create of the finished file (atomic_file removes tmp).
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise _raced(path) from None
+    except OSError:  # a file system without hard links
+        try:
+            rename_no_replace(tmp, path)
+        except FileExistsError:
+            raise _raced(path) from None
+    _NO_REPLACE.discard(key)  # ours now: a second write of it in this run replaces it
+
+
+def _commit_dir(tmp: Path, path: Path) -> None:
+    key = _key(path)
+    if key in _NO_REPLACE:
+        if path.is_dir() and not path.is_symlink():
+            with contextlib.suppress(OSError):  # the empty folder check_output accepted; kept if filled since
+                path.rmdir()
+        try:
+            rename_no_replace(tmp, path)
+        except FileExistsError:
+            raise _raced(path) from None
+        _NO_REPLACE.discard(key)
+        return
+    old = None
+    if path.exists():
+        old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
+        os.replace(path, old / "old")
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success rename it onto `path`, on failure remove it.
 
-    A crash or an error therefore never leaves a half-written file where a good one stood.
+    A crash or an error therefore never leaves a half-written file where a good one stood. An output
+    that `check_output` checked without `overwrite` is created exclusively: a file that appeared there
+    meanwhile is left as it is (ConfigError).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent)
-    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = None
     try:
-        yield tmp
-        os.chmod(tmp, _umask_mode(0o666))
-        os.replace(tmp, path)
+        with _name_write_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(path.parent)
+            fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
+            os.close(fd)
+            tmp = Path(tmp_name)
+            yield tmp
+            os.chmod(tmp, _umask_mode(0o666))
+            _commit_file(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary folder beside `path`; on success it replaces `path` (a folder) whole.
 
-    The folder gets our `MARKER`; a non-empty folder without it is never replaced (ConfigError).
+    The folder gets our `MARKER`; a non-empty folder without it is never replaced (ConfigError), and
+    one checked without `overwrite` is not replaced by this write either (see `atomic_file`).
     """
     path = Path(path)
     if path.is_dir() and any(path.iterdir()) and not (path / MARKER).is_file():
         raise ConfigError(f"{path} is a folder that linker did not write (no {MARKER} in it); not replacing it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
+    tmp = None
     try:
-        yield tmp
-        (tmp / MARKER).write_text(json.dumps({"written_by": "linker", "pid": os.getpid()}) + "\n")
-        os.chmod(tmp, _umask_mode(0o777))
-        old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
-            os.replace(path, old / "old")
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        with _name_write_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(path.parent)
+            tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), dir=path.parent))
+            yield tmp
+            (tmp / MARKER).write_text(json.dumps({"written_by": "linker", "pid": os.getpid()}) + "\n")
+            os.chmod(tmp, _umask_mode(0o777))
+            _commit_dir(tmp, path)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def repo_root() -> Path:

@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 
 from linker.dictionary import ConceptTable
 from linker.confidence import RETRIEVER_SCORER, read_calibration
-from linker.errors import ConfigError, InputFormatError, UnknownNameError, shorten
+from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError, shorten
 from linker.index import LoadedIndex, load_index, name_count, name_row_counts, read_prior
+from linker.index.manifest import check_model_folder
 from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
 from linker.retrieve import ConceptHits, ConceptIndex, top_concepts
 
@@ -126,6 +127,24 @@ CANDIDATE_TYPE = pa.struct(
     ]
 )
 """Arrow type of one candidate in `Linker.link_batch`'s ``candidates`` column (a list of these)."""
+
+
+def bound_reranker(index: LoadedIndex) -> Path:
+    """The re-ranker folder an index carries (`linker index build --reranker`): inside the index folder (not a
+    link out of it), every file of it listed in the manifest, so that `verify` checked its size and checksum."""
+    folder, fix = index.folder / RERANKER_DIR, "rebuild the index with `linker index build --reranker`"
+    resolved, root = folder.resolve(), index.folder.resolve()
+    if root not in resolved.parents:
+        raise InputFormatError(folder, "the index's re-ranker folder inside it", f"a link to {resolved}", fix=fix)
+    if not folder.is_dir():
+        found = "a file" if folder.exists() else "nothing"
+        raise IndexMismatchError(f"{folder}: expected the re-ranker folder that the manifest records, found {found}; "
+                                 f"{fix}")
+    for name in check_model_folder(folder, what="the index's re-ranker folder", fix=fix):
+        if f"{RERANKER_DIR}/{name}" not in index.manifest["files"]:
+            raise IndexMismatchError(f"{folder / name}: not listed in the manifest (added after the build); "
+                                     f"remove it or {fix}")
+    return folder
 
 
 class Linker:
@@ -263,7 +282,7 @@ class Linker:
         """
         index = load_index(index_dir, checksums=checksums, precision=precision)
         if rerank is None and index.manifest.get("reranker"):
-            rerank = index.folder / RERANKER_DIR
+            rerank = bound_reranker(index)
         reranker = None
         if rerank is not None and str(rerank) != "none":
             reranker = CrossEncoder.load(rerank, precision=rerank_precision)

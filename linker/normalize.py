@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from linker.errors import ConfigError, UnknownNameError
-from linker.fileio import atomic_dir, atomic_file, check_inputs, check_output
+from linker.fileio import Input, atomic_dir, atomic_file, check_inputs, check_output, model_inputs
 from linker.formats import DEFAULT_LIMITS, ReadLimits, input_files
 from linker.formats.ade_xml import ADE_MENTION_TYPES, label_text, read_ade_xml, write_ade_xml, write_reactions
 from linker.formats.brat import brat_lines, read_brat, write_brat
@@ -175,9 +175,10 @@ def normalize_jsonl_stream(
 ) -> NormalizeSummary:
     """JSONL in and out where either side may be `-` (stdin / stdout); a file output is written atomically.
 
-    An existing output file is replaced only with `overwrite`, and never when it is the input.
+    An existing output file is replaced only with `overwrite`, and never when it is an input (the spans,
+    or a folder the linker reads: `linker_inputs`).
     """
-    check_paths(input_path, output, fmt="jsonl", overwrite=overwrite)
+    check_paths(input_path, output, fmt="jsonl", overwrite=overwrite, inputs=linker_inputs(linker))
     source, where = jsonl_source(input_path, limits)
     if output == "-":
         return normalize_jsonl_lines(linker, source, where, sys.stdout, k=k, lang=lang)
@@ -193,9 +194,20 @@ def brat_db(candidate: Candidate) -> str:
     return candidate.source.split(":", 1)[0] or "linker"
 
 
-def check_paths(input_path: str | Path, output: str | Path, *, fmt: str, overwrite: bool = False) -> None:
+def linker_inputs(linker: Linker) -> list[Input]:
+    """The folders a loaded Linker reads: its index, its re-ranker and its encoder when they are local."""
+    encoder = linker.manifest.get("encoder")
+    reranker = getattr(linker.reranker, "info", None)
+    return [Input(Path(linker.index.folder), "--index"),
+            *model_inputs(getattr(reranker, "path", None), "--rerank"),
+            *model_inputs(encoder.get("path") if isinstance(encoder, dict) else None, "the index's encoder")]
+
+
+def check_paths(input_path: str | Path, output: str | Path, *, fmt: str, overwrite: bool = False,
+                inputs: Iterable[str | Path | Input] = ()) -> None:
     """Before any work: no output may be, contain or lie inside the input (or the .txt read beside a
-    brat file); an existing output is replaced only with `overwrite`, a folder only when linker wrote it.
+    brat file) or any of `inputs` (the index and model folders: `linker_inputs`, or the CLI's options
+    before loading); an existing output is replaced only with `overwrite`, a folder only when linker wrote it.
 
     A folder input gives a folder output (replaced whole); a file input gives file outputs, and a
     single brat file also writes its .txt beside the output. `-` (stdin, stdout) is never checked.
@@ -205,9 +217,9 @@ def check_paths(input_path: str | Path, output: str | Path, *, fmt: str, overwri
     if str(output) == "-":
         return
     source, target = Path(input_path), Path(output)
-    inputs, outputs = ([] if str(input_path) == "-" else [source]), [target]
+    inputs, outputs = [*([] if str(input_path) == "-" else [Input(source, "--input")]), *inputs], [target]
     if fmt == "brat" and source.is_file() and source.with_suffix(".txt").is_file():
-        inputs.append(source.with_suffix(".txt"))
+        inputs.append(Input(source.with_suffix(".txt"), "the text of --input"))
         outputs.append(target.with_suffix(".txt"))
     for path in outputs:
         check_output(path, inputs=inputs, overwrite=overwrite, folder=source.is_dir())
@@ -238,7 +250,7 @@ def normalize_brat(
     files = input_files(input_path, ".ann")
     txt = input_path.with_suffix(".txt")
     copy_txt = input_path.is_file() and txt.is_file()
-    check_paths(input_path, output_path, fmt="brat", overwrite=overwrite)
+    check_paths(input_path, output_path, fmt="brat", overwrite=overwrite, inputs=linker_inputs(linker))
     docs = [read_brat(p, limits=limits, lenient=lenient) for p in files]  # all validated before any linking
     linked = _link_documents(linker, [[e.text for e in d.entities] for d in docs], lang,
                              documents=[_brat_text(d) for d in docs] if expand else None)
@@ -299,7 +311,7 @@ def normalize_ade_xml(
         _check_meddra(linker)
     input_path, output_path = Path(input_path), Path(output_path)
     files = input_files(input_path, ".xml")
-    check_paths(input_path, output_path, fmt="ade-xml", overwrite=overwrite)
+    check_paths(input_path, output_path, fmt="ade-xml", overwrite=overwrite, inputs=linker_inputs(linker))
     docs = [read_ade_xml(p, limits=limits) for p in files]
     linked = _link_documents(linker, [[m.text for m in d.mentions] for d in docs], lang,
                              documents=[label_text(d) for d in docs] if expand else None)
@@ -412,5 +424,6 @@ __all__ = [
     "normalize_jsonl_stream",
     "normalize_path",
     "check_paths",
+    "linker_inputs",
     "usable_langs",
 ]

@@ -83,6 +83,18 @@ class CrossEncoder:
     @classmethod
     def load(cls, name_or_path: str | Path, *, device: str = "cpu", precision: str = "auto") -> CrossEncoder:
         """Load a re-ranker folder (or hub name); refuses a model with more than one output."""
+        path = Path(name_or_path)
+        local = path.exists()
+        if local and not (path / "config.json").is_file():
+            raise MissingInputError(f"{path}: not a re-ranker folder (no config.json); train one with "
+                                    "`linker train rerank`")
+        if not local and str(name_or_path).startswith((".", "/")):
+            raise MissingInputError(f"{name_or_path}: no such re-ranker folder; train one with `linker train rerank`")
+        if local:
+            from linker.index.manifest import check_model_folder
+
+            # Before transformers reads it: every file inside the folder (links included), regular, bounded.
+            check_model_folder(path, what="a re-ranker folder", fix="pass a folder written by `linker train rerank`")
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -91,13 +103,6 @@ class CrossEncoder:
 
         if not sys.stderr.isatty():
             hf_logging.disable_progress_bar()
-        path = Path(name_or_path)
-        local = path.exists()
-        if local and not (path / "config.json").is_file():
-            raise MissingInputError(f"{path}: not a re-ranker folder (no config.json); train one with "
-                                    "`linker train rerank`")
-        if not local and str(name_or_path).startswith((".", "/")):
-            raise MissingInputError(f"{name_or_path}: no such re-ranker folder; train one with `linker train rerank`")
         offline = local or _hub_offline()
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=offline)

@@ -9,9 +9,11 @@ no field applies). The service never answers 5xx: bad input is 400/404/405/413/4
 queue 429, and an unexpected exception (a bug) 422 "internal error" with its traceback in the log.
 
 Limits (`ServiceLimits`) bound what one request can cost, and each is checked before linking: the
-body while it streams in (chunked or not), the mention length as sent and after NFKC normalisation
-(which expands some characters 18-fold), the mentions and normalised characters per request, and
-the mentions waiting per index.
+body while it streams in (chunked or not), its JSON shape before it is parsed (`scan_json`: items per
+array, fields per object, nesting depth and tokens, so a 4 MiB body of 1.4M tiny items is refused
+after reading ~1,000 of them instead of becoming 1.4M Python objects and validation errors on the
+event loop), the mention length as sent and after NFKC normalisation (which expands some characters
+18-fold), the mentions and normalised characters per request, and the mentions waiting per index.
 
 Concurrency: linking is CPU-bound and runs on one worker thread per index (`MentionBatcher`), which
 links an equal share of every waiting request per call, so concurrent small requests share the work
@@ -26,6 +28,7 @@ import contextlib
 import json
 import logging
 import queue
+import re
 import reprlib
 import threading
 import time
@@ -38,6 +41,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -184,12 +188,14 @@ def _error(status: int, message: str, field: str | None, headers: dict[str, str]
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _surrogate(text: str) -> int | None:
-    """Position of the first lone surrogate in `text` (JSON's "\\ud800" escape decodes to one), or None."""
-    for i, char in enumerate(text):
-        if "\ud800" <= char <= "\udfff":
-            return i
-    return None
+    """Position of the first lone surrogate in `text` (JSON's "\\ud800" escape decodes to one), or None.
+    A regex, not a Python loop: `text` may be megabytes long (lengths are checked after this)."""
+    found = _SURROGATE.search(text)
+    return None if found is None else found.start()
 
 
 def _is_json(content_type: str) -> bool:
@@ -253,6 +259,137 @@ class BodyLimit:
         response = _error(413, f"body: expected at most {self.max_bytes} bytes, found {found}", "body",
                           headers={"Connection": "close"})
         await response(scope, receive, send)
+
+
+# ----------------------------------------------------------------------------- the JSON shape, before parsing
+
+# A valid request nests 3 deep ({"mentions": [{"text": ...}]}) and its objects have at most 3 fields. The
+# scan allows a little more, so that a near-miss (a list where a string belongs, a misspelt field) still
+# reaches the schema and gets its precise message, while a body that is no request at all is refused
+# after a bounded amount of work.
+SCAN_MAX_DEPTH = 6
+SCAN_MAX_ITEMS = 32  # per array or object other than `mentions`
+
+
+def scan_max_tokens(max_mentions: int) -> int:
+    """Tokens (strings, numbers, brackets, commas, colons) in a body: a maximal valid request has ~14 a mention."""
+    return 16 * max_mentions + 256
+
+
+# One JSON token of a UTF-8 body, after the white space before it (group 1): a whole string, escapes included
+# (matched in C whatever its length, so brackets and commas inside strings are not structure); a structural
+# character; a run of anything else (a number, true/false/null, garbage for the parser to refuse); a '"' alone,
+# which opens a string that never closes (the parser refuses the body there, so the scan stops); or nothing, at
+# the end. Possessive quantifiers never backtrack: 4 MiB of spaces or of escapes take ~10-35 ms.
+_TOKEN = re.compile(rb'\s*+("[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[\]{},:]|[^\s\[\]{},:"]++|"|)', re.DOTALL)
+_LBRACE, _LBRACKET, _RBRACE, _RBRACKET, _COMMA, _QUOTE = b'{[}],"'  # bytes unpack to ints
+
+
+class _Frame:
+    """An open array or object of the scan: its field name, items so far (commas) and limit."""
+
+    __slots__ = ("is_object", "path", "commas", "cap", "key", "expect_key")
+
+    def __init__(self, is_object: bool, path: str, cap: int) -> None:
+        self.is_object, self.path, self.cap = is_object, path, cap
+        self.commas = 0
+        self.key = ""
+        self.expect_key = is_object
+
+    def child(self) -> str:
+        """The field name of the value now being read in this container, e.g. mentions[3] or mentions[3].id."""
+        if self.is_object:
+            return f"{self.path}.{self.key}" if self.path else self.key
+        return f"{self.path}[{self.commas}]"
+
+
+def _key(raw: bytes) -> str:
+    """An object key for error messages and for finding `mentions` (JSON-decoded when short)."""
+    if len(raw) > 64:
+        return _short(raw[:64].decode("utf-8", "replace"))
+    try:
+        return json.loads(raw) if b"\\" in raw else raw[1:-1].decode("utf-8")
+    except ValueError:  # invalid escapes or UTF-8: the parser will refuse the body
+        return _short(raw.decode("utf-8", "replace"))
+
+
+def scan_json(body: bytes, max_mentions: int) -> None:
+    """Refuse a request body whose JSON shape no request can have, before it is parsed (RequestFieldError).
+
+    Parsing first would build every item of a 4 MiB body of 1.4 million `1`s or `{}`s as a Python object
+    and pydantic would then make 1.4 million errors: 10-30 s of CPU on the event loop and gigabytes.
+    This scan reads tokens with one regex (strings whole, in C) and stops at the first limit passed: more
+    than `max_mentions` items in `mentions` (413), more than SCAN_MAX_ITEMS in any other array or object,
+    nesting deeper than SCAN_MAX_DEPTH, or a top-level array (422); more than scan_max_tokens (413). Its
+    work is therefore bounded by those limits, not by the body's size. It checks only what it counts:
+    invalid JSON passes here and is refused by the parser, which then reads a body of bounded shape.
+    """
+    encoding = json.detect_encoding(body)
+    if not encoding.startswith("utf-8"):  # a byte scan of UTF-16/32 cannot tell structure from text
+        raise RequestFieldError("body", "JSON in UTF-8", f"{encoding.upper()} (judged by its first bytes)", 400)
+    max_tokens = scan_max_tokens(max_mentions)
+    stack: list[_Frame] = []
+    for count, token in enumerate(_TOKEN.finditer(body), 1):
+        start, end = token.span(1)
+        if start == end:  # the end of the body
+            return
+        if count > max_tokens:
+            raise RequestFieldError("body", f"at most {max_tokens} JSON tokens for {max_mentions} mentions",
+                                    "more", 413)
+        char = body[start]
+        top = stack[-1] if stack else None
+        if char == _LBRACE or char == _LBRACKET:
+            if top is None:
+                if char == _LBRACKET:
+                    raise RequestFieldError("body", 'a JSON object such as {"mentions": [{"text": "hair loss"}]}',
+                                            "an array")
+                stack.append(_Frame(True, "", SCAN_MAX_ITEMS))
+                continue
+            path = top.child()
+            if len(stack) >= SCAN_MAX_DEPTH:
+                raise RequestFieldError(path, f"JSON nested at most {SCAN_MAX_DEPTH} levels deep",
+                                        f"level {len(stack) + 1}")
+            mentions = char == _LBRACKET and path == "mentions"
+            stack.append(_Frame(char == _LBRACE, path, max_mentions if mentions else SCAN_MAX_ITEMS))
+        elif char == _RBRACE or char == _RBRACKET:
+            if stack:  # a mismatched bracket is the parser's to refuse
+                stack.pop()
+        elif char == _COMMA:
+            if top is not None:
+                top.commas += 1
+                top.expect_key = top.is_object
+                if top.commas >= top.cap:  # commas + 1 items: more than the cap
+                    if top.path == "mentions" and not top.is_object:
+                        raise RequestFieldError("mentions", f"at most {max_mentions} mentions",
+                                                f"more than {max_mentions}", 413)
+                    what = "an object of at most {} fields" if top.is_object else "an array of at most {} items"
+                    raise RequestFieldError(top.path or "body", what.format(top.cap), f"more than {top.cap}")
+        elif char == _QUOTE:
+            if end - start == 1:  # a string that never closes
+                return
+            if top is not None and top.expect_key:
+                top.key = _key(token.group(1))
+                top.expect_key = False
+
+
+class ScannedJSONRoute(APIRoute):
+    """A route whose request body, when it has one, passes `scan_json` before FastAPI parses and validates it.
+    Set as the app's route class, so every endpoint that takes a body gets the scan."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def scanned(request: Request) -> Response:
+            content_type = request.headers.get("content-type")
+            # every application/* type: a superset of what FastAPI parses as JSON (no type, application/json,
+            # application/*+json); other types reach the schema as bytes and get a 415
+            if content_type is None or content_type.strip().lower().startswith("application/"):
+                scan_json(await request.body(), request.app.state.limits.max_mentions)
+            return await handler(request)  # FastAPI reads the body cached by request.body()
+
+        return scanned
 
 
 # ----------------------------------------------------------------------------- fair batching
@@ -508,6 +645,7 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
     app.state.limits = limits
     app.state.internal_errors = 0  # requests answered by the catch-all below; tests assert it stays 0
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.router.route_class = ScannedJSONRoute  # every route below that takes a body is scanned before parsing
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,6 +13,9 @@ from linker.cli.main import main
 from linker.dictionary import SourceSpec, build_dictionary, read_concept_table
 from linker.errors import ConfigError, InputFormatError
 from linker.eval.capabilities import (
+    CapabilityReport,
+    CapabilityRow,
+    _chart,
     evaluate_capabilities,
     generate_cases,
     initials,
@@ -24,6 +27,7 @@ from linker.eval.capabilities import (
     typo,
     unpunctuate,
     wilson_interval,
+    write_capability_report,
 )
 from linker.index import build_index
 from linker.link import Linker
@@ -116,6 +120,61 @@ def test_wilson_interval():
     low, high = wilson_interval(5, 10)
     assert (low, high) == pytest.approx((0.2366, 0.7634), abs=1e-4)
     assert all(np.isnan(wilson_interval(0, 0)))
+
+
+def test_wilson_interval_holds_the_rate_at_none_and_all_failed():
+    # issue 34 case 13: at n/n the upper bound came out 1 - 1e-16 (4/4, 10/10, 14/14, ...), below the rate, and the
+    # chart's error bar rate..high was negative ("'xerr' must not contain negative values"), losing the report
+    for n in range(1, 400):
+        for k in (0, 1, n - 1, n):
+            low, high = wilson_interval(k, n)
+            assert 0.0 <= low <= k / n <= high <= 1.0, (k, n, low, high)
+    assert wilson_interval(4, 4)[1] == 1.0 and wilson_interval(0, 4)[0] == 0.0
+
+
+def _report(label: str, rows: list[tuple[int, int, float, float]]) -> CapabilityReport:
+    """A report whose rows have (failures, n) and the given (low, high) bounds, as a JSON report may hold them."""
+    return CapabilityReport(label, label, tuple(
+        CapabilityRow(f"INV cap{i}", "test", n, k, k / n if n else float("nan"), low, high)
+        for i, (k, n, low, high) in enumerate(rows)), {}, {"suite_data_version": "1", "dict_sample": 5, "seed": 1})
+
+
+def test_chart_draws_rates_a_rounding_error_outside_their_interval(tmp_path):
+    # the bounds the old wilson_interval gave at 4/4 and 0/4, a row with no cases, and one with unknown bounds
+    rows = [(4, 4, 0.5101, 1.0 - 1e-16), (0, 4, 1e-17, 0.4899), (0, 0, float("nan"), float("nan")),
+            (2, 4, float("nan"), float("nan"))]
+    _chart([_report("a", rows), _report("b", rows[::-1])], tmp_path / "chart.png", "test")
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failing_chart_keeps_the_tables_and_warns_in_one_line(tmp_path, monkeypatch, caplog):
+    import linker.eval.capabilities as capabilities
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("'xerr' must not contain\nnegative values")
+
+    monkeypatch.setattr(capabilities, "_chart", broken)
+    reports = [_report("a", [(4, 4, *wilson_interval(4, 4))])]
+    (tmp_path / "caps.png").write_bytes(b"an earlier run's chart")
+    written = write_capability_report(reports, tmp_path, name="caps", overwrite=True)
+    assert [p.name for p in written] == ["caps.json", "caps.md"]
+    assert json.loads((tmp_path / "caps.json").read_text())[0]["rows"][0]["failures"] == 4
+    assert "| 100.0 [51.0, 100.0] | 4 |" in (tmp_path / "caps.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["caps.json", "caps.md"]  # no temporary, no stale chart
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "caps.png: chart not written (ValueError: 'xerr' must not contain negative values), the earlier chart " \
+           "removed; the report is in caps.md and caps.json" in warning and "\n" not in warning
+
+
+def test_cli_suite_report_survives_a_failing_chart(index_dir, tmp_path, capsys, monkeypatch):
+    import linker.eval.capabilities as capabilities
+
+    monkeypatch.setattr(capabilities, "_chart", lambda *a, **k: 1 / 0)
+    main(["eval", "--index", str(index_dir), "--suite", "capabilities", "--dict-sample", "5", "--report",
+          str(tmp_path / "caps")])  # returns: exit 0
+    captured = capsys.readouterr()
+    assert "| capability | what changes |" in captured.out and "Traceback" not in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["caps.json", "caps.md"]
 
 
 # ----------------------------------------------------------------------------- cases

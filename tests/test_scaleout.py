@@ -341,8 +341,8 @@ def test_driver_killed_with_9_resumes_to_the_same_bytes(ray_cluster, index, tmp_
 
 @pytest.mark.slow
 def test_worker_killed_with_9_mid_shard_is_restarted_and_the_job_finishes(ray_cluster, index, linker, tmp_path):
-    """kill -9 a worker actor's process while it writes a shard: Ray restarts the actor and retries the
-    shard (`normalize_ray` asks for it: max_restarts, max_task_retries), the job finishes in the same
+    """kill -9 a worker actor's process while it writes a shard: the driver replaces the actor and tries
+    the shard again (`linker.engine.ray.MAX_ATTEMPTS` tries at most), the job finishes in the same
     call, and its folder is byte-identical to the same job done in-process, with no temporary left."""
     import re
     import threading

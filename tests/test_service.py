@@ -92,7 +92,7 @@ BAD_REQUESTS = [
     ({}, 422, "mentions", "mentions: Field required"),
     ({"mentions": "nausea"}, 422, "mentions", "valid list"),
     ({"mentions": []}, 422, "mentions", "expected at least one mention"),
-    ({"mentions": M * 4}, 413, "mentions", "expected at most 3 mentions, found 4"),
+    ({"mentions": M * 4}, 413, "mentions", "expected at most 3 mentions, found more than 3"),  # counted before parsing
     ({"mentions": [{"text": 5}]}, 422, "mentions[0].text", "valid string"),
     ({"mentions": [{"lang": "en"}]}, 422, "mentions[0].text", "Field required"),
     ({"mentions": [{"text": "nausea"}, {"text": ""}]}, 422, "mentions[1].text", "expected a non-empty text"),
@@ -108,7 +108,7 @@ BAD_REQUESTS = [
     ({"mentions": M, "k": 2.5}, 422, "k", "valid integer"),
     ({"mentions": M, "k": True}, 422, "k", "valid integer"),
     ({"mentions": M, "index": "umls"}, 422, "index", "expected one of meddra, hpo, found 'umls'"),
-    ([{"text": "nausea"}], 422, "body", "valid dictionary"),
+    ([{"text": "nausea"}], 422, "body", 'expected a JSON object such as {"mentions": [{"text": "hair loss"}]}, found an array'),
     ("nausea", 422, "body", "valid dictionary"),
 ]
 
@@ -275,6 +275,46 @@ def test_serve_refuses_a_missing_index(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'nope'}: no such index folder")
+
+
+# ---- `linker serve` start-up: a bad --host/--port is one error line, not a traceback (issue 34 case 12) ----
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "99999999999999999999999"])
+def test_serve_refuses_a_port_out_of_range_in_one_line_before_loading_indexes(tmp_path, capsys, port):
+    from linker.cli.main import main
+
+    with pytest.raises(SystemExit) as code:  # the index does not exist: the port is checked first
+        main(["serve", "--index", str(tmp_path / "nope"), "--port", port])
+    assert code.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --port: expected a TCP port from 0 to 65535 (0: any free port), found {port}"]
+
+
+def test_serve_refuses_a_port_in_use_in_one_line_and_serves_on_port_0(indexes, capsys, monkeypatch):
+    import uvicorn
+
+    from linker.cli.main import main
+
+    served = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: served.append(sockets))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as code:
+            main(["serve", "--index", str(indexes["hpo"]), "--port", str(port)])
+    assert code.value.code == 1 and not served
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: --host 127.0.0.1 --port {port}: expected an address this machine can listen on, "
+                       "found Address already in use") and "Traceback" not in "\n".join(err)
+    main(["serve", "--index", str(indexes["hpo"]), "--port", "0"])  # any free port, told in the start-up line
+    [[sock]] = served
+    try:
+        bound = sock.getsockname()[1]
+        assert bound > 0 and f"serving hpo on http://127.0.0.1:{bound} (docs at /docs)" in capsys.readouterr().err
+    finally:
+        sock.close()
 
 
 # ---- MentionBatcher: concurrent requests share Linker.link calls, fairly, each gets its own results ----

@@ -9,14 +9,16 @@ well-behaved clients, with the attacks of scripts/reliability_service.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
+import time
 import unicodedata
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from linker.service import ServiceLimits, create_app
@@ -167,10 +169,13 @@ def test_deep_nesting_and_huge_numbers_are_400_or_422_in_the_one_shape():
     big = ServiceLimits(max_body_bytes=4 * 1024 * 1024)
     app = create_app([build_indexes(Path(__import__("tempfile").mkdtemp()))["hpo"]], big)
     with TestClient(app) as c:
-        deep = '{"mentions": [{"text": "a", "id": ' + "[" * 200_000 + "]" * 200_000 + "}]}"
-        assert_error(post_raw(c, deep), 400, "body", "body: expected JSON that can be parsed, found RecursionError")
-        shallow = '{"mentions": [{"text": "a", "id": ' + "[" * 500 + "]" * 500 + "}]}"
-        assert_error(post_raw(c, shallow), 422, "mentions[0].id", "found [[[...]]]")
+        # refused by the scan at the 7th level, before the parser could recurse 200,000 deep
+        for depth in (200_000, 500, 4):
+            deep = '{"mentions": [{"text": "a", "id": ' + "[" * depth + "]" * depth + "}]}"
+            assert_error(post_raw(c, deep), 422, "mentions[0].id[0][0][0]",
+                         "mentions[0].id[0][0][0]: expected JSON nested at most 6 levels deep, found level 7")
+        shallow = '{"mentions": [{"text": "a", "id": [[[]]]}]}'  # 6 levels: the schema's to refuse
+        assert_error(post_raw(c, shallow), 422, "mentions[0].id", "found [[[]]]")
         huge = '{"mentions": [{"text": "a"}], "k": ' + "9" * 5000 + "}"
         assert_error(post_raw(c, huge), 400, "body", "found ValueError: Exceeds the limit (4300 digits)")
         assert_error(post_raw(c, '{"mentions": [{"text": "a"}], "k": ' + "9" * 4000 + "}"), 422, "k",
@@ -187,7 +192,7 @@ def test_deep_nesting_and_huge_numbers_are_400_or_422_in_the_one_shape():
     ("POST", "/link", {"content-type": "application/x-www-form-urlencoded"}, b"mentions=a", 415, "Content-Type", ""),
     ("POST", "/link", JSON_HEADERS, b'{"mentions": [', 400, "body", "body: expected JSON, found invalid JSON"),
     ("POST", "/link", JSON_HEADERS, b"", 422, "body", "body: Field required"),
-    ("POST", "/link", JSON_HEADERS, b"\xff\xfe{}", 400, "body", "invalid JSON"),
+    ("POST", "/link", JSON_HEADERS, b"\xff\xfe{}", 400, "body", "body: expected JSON in UTF-8, found UTF-16"),
 ])
 def test_every_error_has_the_one_body_shape(client, method, path, headers, raw, status, field, message):
     response = client.request(method, path, headers=headers, content=raw)
@@ -198,6 +203,177 @@ def test_json_with_a_charset_or_suffix_is_json(client):
     for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
         response = post_raw(client, json.dumps({"mentions": [{"text": "nausea"}]}), {"content-type": content_type})
         assert response.status_code == 200, content_type
+
+
+# ----------------------------------------------------------------------------- the shape, before parsing
+
+M4 = 4 * 1024 * 1024  # the default body limit
+
+
+def _fill(head: bytes, item: bytes, tail: bytes, size: int = M4) -> bytes:
+    """`head` + as many comma-separated `item`s as fit in `size` bytes + `tail`."""
+    return head + b",".join([item] * ((size - len(head) - len(tail)) // (len(item) + 1))) + tail
+
+
+# issue 34 case 4: 4 MiB of 1.4 million tiny items took 10-30 s of CPU on the event loop and up to 2.9 GB
+HUGE_BODIES = {
+    "ones": (_fill(b'{"mentions":[', b"1", b"]}"), 413, "mentions", "mentions: expected at most 1000 mentions, "
+             "found more than 1000"),
+    "empty_objects": (_fill(b"[", b"{}", b"]"), 422, "body", 'body: expected a JSON object such as {"mentions": '),
+    "empty_mentions": (_fill(b'{"mentions":[', b"{}", b"]}"), 413, "mentions", "expected at most 1000 mentions"),
+    "ids": (_fill(b'{"mentions":[{"text":"a","id":[', b"1", b"]}]}"), 422, "mentions[0].id",
+            "mentions[0].id: expected an array of at most 32 items, found more than 32"),
+    "fields": (_fill(b'{"mentions":[{"text":"a"', b'"x":1', b"}]}"), 422, "mentions[0]",
+               "mentions[0]: expected an object of at most 32 fields, found more than 32"),
+    "deep": (b'{"mentions":[{"text":"a","id":' + b"[" * (M4 // 2 - 50) + b"]" * (M4 // 2 - 50) + b"}]}", 422,
+             "mentions[0].id[0][0][0]", "expected JSON nested at most 6 levels deep, found level 7"),
+    "colons": (b'{"mentions":[{"text":"a"' + b":" * (M4 - 50) + b"}]}", 413, "body",
+               "body: expected at most 16256 JSON tokens for 1000 mentions, found more"),
+    # these pass the scan (4 MiB in one string, of escapes, of white space, unterminated) and are parsed in C
+    "escapes": (b'{"mentions":[{"text":"' + b'\\"' * (M4 // 2 - 50) + b'"}]}', 422, "mentions[0].text",
+                "mentions[0].text: expected at most 500 characters, found 2097102"),
+    "unterminated": (_fill(b'{"mentions":["', b"1", b""), 400, "body", "body: expected JSON, found invalid JSON"),
+    "spaces": (b'{"mentions":[{"text":"a"' + b" " * (M4 - 50) + b"}]}", 200, None, ""),
+}
+
+
+@pytest.mark.parametrize(("raw", "status", "field", "message"), [
+    ('{"mentions": [1, 1, 1, 1, 1]}', 413, "mentions", "mentions: expected at most 4 mentions, found more than 4"),
+    ('[{}, {}]', 422, "body", 'body: expected a JSON object such as {"mentions": [{"text": "hair loss"}]}, found an '
+                              'array'),
+    ('{"mentions": [{"text": "a", "id": [[[[1]]]]}]}', 422, "mentions[0].id[0][0][0]",
+     "mentions[0].id[0][0][0]: expected JSON nested at most 6 levels deep, found level 7"),
+    ('{"mentions": [{"text": "a"}], "k": [' + ",".join(["1"] * 33) + "]}", 422, "k",
+     "k: expected an array of at most 32 items, found more than 32"),
+    ('{"mentions": [{"text": "a", ' + ", ".join(f'"x{i}": 1' for i in range(32)) + "}]}", 422, "mentions[0]",
+     "mentions[0]: expected an object of at most 32 fields, found more than 32"),
+    ("{" + ", ".join(f'"x{i}": 1' for i in range(33)) + "}", 422, "body", "expected an object of at most 32 fields"),
+    ('{"mentions": [{"text": "a"' + ":" * 400 + "}]}", 413, "body",
+     "body: expected at most 320 JSON tokens for 4 mentions, found more"),
+    ('{"\\u006dentions": [1, 1, 1, 1, 1]}', 413, "mentions", "at most 4 mentions"),  # an escaped key is the key
+    ('{"mentions": ["' + ",1" * 500, 400, "body", "body: expected JSON, found invalid JSON"),  # unterminated string
+])
+def test_shapes_no_request_has_are_refused_before_parsing(client, raw, status, field, message):
+    response = post_raw(client, raw)
+    assert_error(response, status, field, message)
+    assert "\n" not in response.json()["error"]
+
+
+def test_utf16_bodies_are_refused_a_byte_scan_cannot_read_them(client):
+    raw = json.dumps({"mentions": [{"text": "nausea"}]}).encode("utf-16-le")
+    assert_error(post_raw(client, raw), 400, "body", "body: expected JSON in UTF-8, found UTF-16-LE")
+
+
+def test_brackets_commas_and_quotes_inside_strings_are_text(client):
+    tricky = '[{,:]}"\\' * 4  # 32 characters of JSON structure, escaped where JSON needs it
+    body = {"mentions": [{"text": tricky, "id": tricky}, {"text": "nausea", "id": "[[[[[[[[[["}]}
+    response = post_raw(client, json.dumps(body))
+    assert response.status_code == 200, response.text
+    assert [r["id"] for r in response.json()["results"]] == [tricky, "[[[[[[[[[["]
+
+
+@pytest.mark.parametrize("name", HUGE_BODIES)
+def test_scan_of_a_4_mib_hostile_body_is_bounded_in_time_and_memory(name):
+    import tracemalloc
+
+    from linker.service import RequestFieldError, scan_json
+
+    raw, status, field, message = HUGE_BODIES[name]
+    assert len(raw) <= M4
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        scan_json(raw, ServiceLimits().max_mentions)
+        refused = None
+    except RequestFieldError as exc:
+        refused = exc
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # ~10-35 ms here, unloaded; it was 9-30 s for FastAPI's parse and pydantic's 1.4 million errors
+    assert seconds < 1.0 and peak < 256 * 1024, (seconds, peak)
+    if status in (413, 422) and field != "mentions[0].text":
+        assert (refused.status, refused.field) == (status, field) and message in str(refused)
+    else:
+        assert refused is None  # the parser's to answer, in C and in bounded shape
+
+
+def test_a_4_mib_hostile_body_is_answered_at_once_with_default_limits():
+    app = create_app([build_indexes(Path(__import__("tempfile").mkdtemp()))["hpo"]])
+    with TestClient(app) as c:
+        for name, (raw, status, field, message) in HUGE_BODIES.items():
+            started = time.perf_counter()
+            response = post_raw(c, raw)
+            assert time.perf_counter() - started < 2.0, name  # generous: a loaded CI machine; 10-60 ms unloaded
+            if status == 200:
+                assert response.status_code == 200, response.text
+            else:
+                assert_error(response, status, field, message)
+    assert app.state.internal_errors == 0
+
+
+# JSON with whatever keys and strings (brackets, quotes, backslashes, surrogates), printed compactly or indented:
+# wide values, values nested 1-9 levels, arrays and objects of 25-40 items, mostly in a request-like object
+JSON_TEXT = st.text(alphabet=st.sampled_from('[]{},:"\\ \n\tab\u00e9\ud800\U0001F600'), max_size=8) | st.text(max_size=8)
+JSON_KEY = st.sampled_from(["mentions", "text", "id", "k"]) | JSON_TEXT
+JSON_LEAF = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | JSON_TEXT
+WIDE = st.recursive(JSON_LEAF, lambda c: st.lists(c, max_size=6) | st.dictionaries(JSON_KEY, c, max_size=6),
+                    max_leaves=30)
+NESTED = st.tuples(JSON_LEAF, st.lists(st.none() | JSON_KEY, min_size=1, max_size=9)).map(
+    lambda leaf_path: functools.reduce(lambda v, k: [v] if k is None else {k: v}, leaf_path[1], leaf_path[0]))
+LONG = st.lists(JSON_LEAF, min_size=25, max_size=40) | st.dictionaries(JSON_KEY, JSON_LEAF, min_size=25, max_size=40)
+VALUE = WIDE | NESTED | LONG
+ANY_JSON = (st.fixed_dictionaries({"mentions": st.lists(VALUE, max_size=6)}, optional={"k": VALUE})
+            | st.dictionaries(JSON_KEY, VALUE, max_size=4) | VALUE)
+
+
+def _tokens(value) -> int:
+    """JSON tokens of `value` as scan_json counts them: scalars, keys, brackets, commas and colons."""
+    if isinstance(value, list):
+        return 2 + sum(map(_tokens, value)) + max(0, len(value) - 1)
+    if isinstance(value, dict):
+        return 2 + sum(2 + _tokens(v) for v in value.values()) + max(0, len(value) - 1)
+    return 1
+
+
+def _shape_refusal(value, path: str = "body", depth: int = 1) -> str | None:
+    """What the scan must refuse in a parsed value (a reference for scan_json, on the Python object)."""
+    from linker.service import SCAN_MAX_DEPTH, SCAN_MAX_ITEMS, scan_max_tokens
+
+    if depth == 1 and _tokens(value) > scan_max_tokens(LIMITS.max_mentions):
+        return "tokens"
+    if not isinstance(value, (list, dict)):
+        return None
+    if depth > SCAN_MAX_DEPTH:
+        return "depth"
+    if depth == 1 and isinstance(value, list):
+        return "array"
+    cap = LIMITS.max_mentions if path == "mentions" and isinstance(value, list) else SCAN_MAX_ITEMS
+    if len(value) > cap:
+        return "items"
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in items:
+        name = (f"{path}[{key}]" if isinstance(value, list) else key if path == "body" else f"{path}.{key}")
+        found = _shape_refusal(child, name, depth + 1)
+        if found:
+            return found
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=ANY_JSON, indent=st.sampled_from([None, 0, 2]))
+def test_the_scan_refuses_exactly_the_shapes_beyond_its_limits(value, indent):
+    from linker.service import RequestFieldError, scan_json
+
+    raw = json.dumps(value, indent=indent).encode()  # ensure_ascii: surrogates as escapes, as clients send them
+    expected = _shape_refusal(value)
+    event(f"refused: {expected}")
+    try:
+        scan_json(raw, LIMITS.max_mentions)
+    except RequestFieldError as exc:
+        assert expected is not None and exc.status in (413, 422), (raw[:200], str(exc))
+        return
+    assert expected is None, (raw[:200], expected)
 
 
 # ----------------------------------------------------------------------------- generated hostile requests
@@ -270,7 +446,7 @@ def test_generated_hostile_bodies_never_5xx(client, raw, cut):
 # The answer each hostile case of scripts/reliability_service.py must get from a server with default limits.
 EXPECTED = {
     "none": [], "surrogate_text": [422], "surrogate_id": [422], "chunked_body": [413], "nfkc_maximal": [422] * 4,
-    "valid_maximal": [200] * 4, "nesting": [400], "huge_number": [400], "wrong_content_type": [415],
+    "valid_maximal": [200] * 4, "nesting": [422], "huge_number": [400], "wrong_content_type": [415],
     "unknown_path_and_method": [404, 405],
 }
 
@@ -300,3 +476,97 @@ def test_real_server_under_attack_never_5xx_keeps_memory_bounded_and_serves_the_
         print(f"\nunder attack: well-behaved p50/p99 {well_behaved['p50_ms']}/{well_behaved['p99_ms']} ms over "
               f"{well_behaved['requests']} requests, slowest /health {result['health_max_ms']} ms, "
               f"RSS {result['rss_mib']}")
+
+
+@pytest.mark.slow
+def test_real_server_answers_4_mib_hostile_bodies_at_once_while_health_and_others_stay_fast(tmp_path_factory, capsys):
+    # issue 34 case 4 against a real uvicorn process: before, one of these bodies held the event loop 11-35 s
+    # (/health blocked 35.7 s, a normal request waited 68 s) and grew the server by up to 1.9 GB
+    import re
+    import subprocess
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    import psutil
+
+    index = build_indexes(tmp_path_factory.mktemp("indexes"))["meddra"]
+    proc = subprocess.Popen([sys.executable, "-m", "linker", "serve", "--index", str(index), "--port", "0"],
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+    log: list[str] = []
+    stop = threading.Event()
+    health: list[float] = []
+    others: list[tuple[int, float]] = []
+    rss: list[int] = []
+    try:
+        for line in proc.stderr:  # the index loads, then: serving meddra on http://127.0.0.1:PORT (docs at /docs)
+            log.append(line)
+            if found := re.match(r"serving .* on (http://127\.0\.0\.1:\d+) ", line):
+                base = found.group(1)
+                break
+        else:
+            pytest.fail(f"server did not start: {''.join(log)}")
+        threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()  # keep the pipe drained
+        server = psutil.Process(proc.pid)
+
+        def poll_health() -> None:
+            with httpx.Client(base_url=base, timeout=60) as http:
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    assert http.get("/health").status_code == 200
+                    health.append(time.perf_counter() - started)
+                    rss.append(server.memory_info().rss)
+                    stop.wait(0.05)
+
+        def well_behaved() -> None:
+            with httpx.Client(base_url=base, timeout=60) as http:
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    response = http.post("/link", json={"mentions": [{"text": "hair loss"}], "k": 1})
+                    others.append((response.status_code, time.perf_counter() - started))
+                    stop.wait(0.05)
+
+        threads = [threading.Thread(target=poll_health, daemon=True), threading.Thread(target=well_behaved, daemon=True)]
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)  # warm: the first requests import and allocate what every later one reuses
+        calm = len(health)
+        start_rss = max(rss)
+
+        def attack(name: str) -> tuple[str, httpx.Response]:
+            with httpx.Client(base_url=base, timeout=120) as http:
+                return name, http.post("/link", content=HUGE_BODIES[name][0], headers=JSON_HEADERS)
+
+        names = [*HUGE_BODIES, *HUGE_BODIES]  # each twice in turn, then four at once of the two worst
+        answers = [attack(name) for name in names]
+        with ThreadPoolExecutor(4) as pool:
+            answers += list(pool.map(attack, ["ones", "empty_mentions"] * 2))
+        time.sleep(0.3)
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        assert proc.poll() is None, "".join(log)  # alive
+    finally:
+        stop.set()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for name, response in answers:
+        _raw, status, field, message = HUGE_BODIES[name]
+        if status == 200:
+            assert response.status_code == 200, (name, response.text)
+        else:
+            assert_error(response, status, field, message)
+            assert "\n" not in response.json()["error"]
+    during = health[calm:]
+    assert during and max(during) < 1.0, f"slowest /health during the attack: {max(during):.2f} s"
+    assert others and all(status == 200 for status, _ in others), others
+    assert max(seconds for _, seconds in others) < 3.0, others
+    assert (max(rss) - start_rss) / 2**20 < 150, f"RSS grew {(max(rss) - start_rss) / 2**20:.0f} MiB"
+    assert not any("Traceback" in line for line in log), "".join(log)
+    with capsys.disabled():  # recorded for the reliability report; asserted above only against generous bounds
+        print(f"\n{len(answers)} hostile 4 MiB bodies: slowest /health {max(during) * 1000:.0f} ms, slowest other "
+              f"request {max(s for _, s in others) * 1000:.0f} ms, RSS +{(max(rss) - start_rss) / 2**20:.0f} MiB")

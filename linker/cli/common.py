@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -23,6 +24,15 @@ def echo_json(obj) -> None:
     typer.echo(json.dumps(obj, ensure_ascii=False, indent=2, default=str))
 
 
+def option_inputs(index: Path | None = None, rerank: str | None = None, encoder: str | None = None) -> list:
+    """The folders the --index, --rerank and --encoder options name, as inputs that no output may touch
+    (`linker.fileio.check_output`); a hub name or alias names none."""
+    from linker.fileio import Input, model_inputs
+
+    return [*([Input(Path(index), "--index")] if index is not None else []), *model_inputs(rerank, "--rerank"),
+            *model_inputs(encoder, "--encoder")]
+
+
 def read_limits(max_line_bytes: int | None, max_document_bytes: int | None):
     """`ReadLimits` from the --max-line-bytes / --max-document-bytes options (None = the default)."""
     from linker.formats import ReadLimits
@@ -32,7 +42,8 @@ def read_limits(max_line_bytes: int | None, max_document_bytes: int | None):
 
 
 MAX_LINE_HELP = "Longest input line accepted, in bytes (default 1 MiB); a longer line is an error, never read whole."
-MAX_DOCUMENT_HELP = "Largest brat .ann/.txt or XML document accepted, in bytes (default 64 MiB)."
+MAX_DOCUMENT_HELP = ("Largest brat .ann/.txt or XML document (with --engine ray: Parquet row group or batch of spans) "
+                     "accepted, in bytes (default 64 MiB).")
 LENIENT_HELP = "brat: skip (and report) annotations whose offsets or text do not match the .txt, instead of failing."
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import echo_json, split_csv
+from linker.cli.common import MAX_DOCUMENT_HELP, MAX_LINE_HELP, echo_json, read_limits, split_csv
 from linker.cli.main import app
 from linker.dictionary import SourceSpec, build_dictionary, describe, merge_tables
 from linker.sources import SourceOptions, available_sources
@@ -29,9 +29,12 @@ def build_cli(
     synonyms: list[str] = typer.Option(["EXACT"], "--synonyms", help="OBO: synonym scopes to read (EXACT,RELATED,NARROW,BROAD)."),
     meddra_target: str = typer.Option("pt", "--meddra-target", help="MedDRA: link names to their PT (pt) or to the LLT (llt)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it exists."),
+    max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
+    max_document_bytes: int = typer.Option(None, "--max-document-bytes", help="Largest ClaML element or XML file accepted, in bytes (default 64 MiB)."),
 ) -> None:
     """Read a terminology distribution into a concept table."""
     options = SourceOptions(
+        limits=read_limits(max_line_bytes, max_document_bytes),
         langs=split_csv(lang),
         vocabularies=split_csv(sab),
         semantic_types=split_csv(sty),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import LENIENT_HELP, QUERY_PRECISION_HELP, rerank_k_option, rerank_option, split_csv
+from linker.cli.common import LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, read_limits, rerank_k_option, rerank_option, split_csv
 from linker.cli.main import app
 from linker.errors import ConfigError, UnknownNameError
 from linker.eval.capabilities import DEFAULT_SAMPLE, DEFAULT_SEED, capability_table, evaluate_capabilities
@@ -43,6 +43,8 @@ def eval_cli(
     templates: list[Path] = typer.Option(None, "--templates", help="--suite: your own templates (kind, capability, lang, template TSV)."),
     hierarchy: Path = typer.Option(None, "--hierarchy", help="--suite: OBO file whose is_a lines give the DIR cases."),
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
+    max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
+    max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
 ) -> None:
     """Score an index on a test set, or run a capability suite; prints the table (and writes a report with --report)."""
     if suite is not None:
@@ -54,7 +56,9 @@ def eval_cli(
                                         overwrite=overwrite)
         typer.echo(capability_table(reports))
         if report is not None:
-            typer.echo(f"report: {report}.md, {report}.json, {report}.png")
+            # The chart is left out when it could not be drawn (a warning said so); the tables always are written.
+            written = [f"{report}.{ext}" for ext in ("md", "json", "png") if Path(f"{report}.{ext}").is_file()]
+            typer.echo(f"report: {', '.join(written)}")
         return
     if dataset is None:
         raise ConfigError("linker eval needs --dataset FORMAT:PATH (or --suite capabilities)")
@@ -71,7 +75,7 @@ def eval_cli(
         gold_via_xref=gold_via_xref, query_lang=query_lang, abbreviations=abbreviations, lenient=lenient,
         rerank=rerank, rerank_k=rerank_k, nil_fraction=nil_fraction, min_confidence=min_confidence,
         overwrite=overwrite,
-        precision=precision,
+        precision=precision, limits=read_limits(max_line_bytes, max_document_bytes),
     )
     typer.echo(markdown_table([(Path(dataset.split(":", 1)[-1].split("#")[0]).name, result)], intervals=True))
     for line in trust_markdown(result):

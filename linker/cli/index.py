@@ -92,6 +92,11 @@ def build_cli(
                               dense=_dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice), **extra)
     else:
         config = None  # build_index names the valid kinds
+    if dev is not None:  # read after the build: the folder the build replaces may not hold it
+        from linker.eval.datasets import spec_inputs
+        from linker.fileio import check_output
+
+        check_output(out, inputs=spec_inputs(dev, "--dev"), overwrite=overwrite, folder=True, option="--out")
     manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker, prior=prior or (),
                            overwrite=overwrite)
     counts = manifest["counts"]
@@ -136,8 +141,14 @@ def tune_cli(
     query_lang: bool = typer.Option(False, "--query-lang", help="Restrict candidates to names in each mention's language."),
 ) -> None:
     """Choose a hybrid index's sparse/dense weights on dev mentions by a grid; store them and the dev scores in its manifest."""
+    from linker.eval.datasets import spec_inputs
     from linker.eval.tune import DEFAULT_GRID, parse_grid, tune_sparse_weight
+    from linker.fileio import check_output
+    from linker.index.manifest import MANIFEST
 
+    # tune rewrites the index's manifest (its job); the dev mentions may not be that file
+    check_output(index / MANIFEST, inputs=spec_inputs(dataset, "--dataset"), overwrite=True,
+                 option=f"--index {index}: its manifest")
     echo_json(tune_sparse_weight(index, dataset, grid=DEFAULT_GRID if grid is None else parse_grid(grid),
                                  composite=composite, gold_via_xref=gold_via_xref, query_lang=query_lang))
 

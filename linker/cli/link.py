@@ -8,12 +8,13 @@ from pathlib import Path
 import typer
 
 from linker.cli.common import (
-    MAX_LINE_HELP, QUERY_PRECISION_HELP, echo_json, min_confidence_option, read_limits, rerank_k_option, rerank_option,
+    MAX_LINE_HELP, QUERY_PRECISION_HELP, echo_json, min_confidence_option, option_inputs, read_limits, rerank_k_option,
+    rerank_option,
 )
 from linker.cli.main import app
 from linker.errors import InputFormatError
 from linker.link import Linker, LinkResult
-from linker.normalize import normalize_jsonl_stream
+from linker.normalize import check_paths, normalize_jsonl_stream
 
 
 EXPLAINED_NGRAMS = 12  # shared n-grams printed per candidate by --explain (the JSON has all)
@@ -62,10 +63,14 @@ def link_cli(
         raise InputFormatError("command line", "mention texts or --input, not both", "both")
     if explain and input_path is not None:
         raise InputFormatError("command line", "--explain with mention texts on the command line", "--input")
+    limits = read_limits(max_line_bytes, None)
+    if input_path is not None:  # before the index is loaded: the index and model folders are inputs too
+        check_paths(str(input_path), str(output or "-"), fmt="jsonl", overwrite=overwrite,
+                    inputs=option_inputs(index, rerank))
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if input_path is not None:
         summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
-                                         limits=read_limits(max_line_bytes, None), overwrite=overwrite)
+                                         limits=limits, overwrite=overwrite)
         if output is not None and str(output) != "-":
             typer.echo(f"linked {summary.mentions:,} mentions to {output}", err=True)
         return

@@ -6,6 +6,7 @@ and exit code 1, so users never see a traceback for a problem in their input.
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
@@ -129,8 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         # What the checks before the work cannot see (a permission, a full disk, a folder that
         # vanished): still one line naming the file, never a traceback.
+        # linker.fileio's atomic writes name their output on a full disk; "a file" is the last resort.
         where = exc.filename if exc.filename is not None else "a file"
-        _fail(f"{where}: {exc.strerror or exc}" + (f" (and {exc.filename2})" if exc.filename2 else ""))
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        _fail(f"{where}: {exc.strerror or exc}" + (f" (and {exc.filename2})" if exc.filename2 else "")
+              + ("; free space there, or write elsewhere" if full else ""))
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

@@ -8,11 +8,12 @@ from pathlib import Path
 import typer
 
 from linker.cli.common import (
-    LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, min_confidence_option, read_limits,
-    rerank_k_option, rerank_option,
+    LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, min_confidence_option, option_inputs,
+    read_limits, rerank_k_option, rerank_option,
 )
 from linker.cli.main import app
 from linker.errors import ConfigError, UnknownNameError
+from linker.formats import check_identifier
 from linker.link import Linker
 from linker.normalize import BATCH, FORMATS, check_paths, normalize_jsonl_stream, normalize_path
 
@@ -52,13 +53,13 @@ def normalize_cli(
     if engine == "ray":
         local_only = {"--format brat/ade-xml": fmt not in (None, "jsonl"), "--db": db is not None,
                       "--expand-abbreviations": expand_abbreviations, "--lenient": lenient,
-                      "--max-document-bytes": max_document_bytes is not None, "`-`": "-" in (input_path, output)}
+                      "`-`": "-" in (input_path, output)}
         used = [name for name, given in local_only.items() if given]
         if used:
             raise ConfigError(f"--engine ray reads Parquet and JSONL shards into Parquet shards; {', '.join(used)} "
                               "work with --engine local only")
         _normalize_ray(index, input_path, output, k=k, lang=lang, overwrite=overwrite, workers=workers or 2,
-                       batch_size=batch_size or BATCH, address=address, limits=read_limits(max_line_bytes, None),
+                       batch_size=batch_size or BATCH, address=address, limits=read_limits(max_line_bytes, max_document_bytes),
                        rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
         return
     ray_only = [name for name, value in (("--workers", workers), ("--batch-size", batch_size), ("--address", address))
@@ -70,7 +71,10 @@ def normalize_cli(
     if (input_path == "-" or output == "-") and fmt != "jsonl":
         raise ConfigError(f"`-` (stdin/stdout) works with --format jsonl only, found --format {fmt}")
     limits = read_limits(max_line_bytes, max_document_bytes)
-    check_paths(input_path, output, fmt=fmt, overwrite=overwrite)  # before the index is loaded
+    if db is not None:  # checked where it enters, so a bad value is refused before any work, naming the option
+        check_identifier(db, "--db", forbid=":")
+    # before the index is loaded: the index and model folders are inputs too
+    check_paths(input_path, output, fmt=fmt, overwrite=overwrite, inputs=option_inputs(index, rerank))
     started = time.perf_counter()
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if input_path == "-" or output == "-":

@@ -5,12 +5,36 @@ FastAPI and uvicorn are imported inside the command so that other commands start
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import typer
 
 from linker.cli.common import QUERY_PRECISION_HELP, min_confidence_option, rerank_k_option, rerank_option
 from linker.cli.main import app
+from linker.errors import ConfigError
+
+
+def check_port(port: int) -> None:
+    if not 0 <= port <= 65535:  # socket.bind raises OverflowError for these, a traceback
+        raise ConfigError(f"--port: expected a TCP port from 0 to 65535 (0: any free port), found {port}")
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port, as uvicorn binds one, or ConfigError in one line: a port out of range,
+    one in use or not allowed, a host this machine does not have or cannot resolve."""
+    check_port(port)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError, UnicodeError) as exc:
+        sock.close()
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ConfigError(f"--host {host} --port {port}: expected an address this machine can listen on, "
+                          f"found {reason}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @app.command("serve")
@@ -33,10 +57,15 @@ def serve_cli(
 
     from linker.service import ServiceLimits, create_app
 
+    check_port(port)  # before the indexes load, which may take minutes
     given = {"max_text_chars": max_text_chars, "max_mentions": max_mentions, "max_request_chars": max_request_chars,
              "max_k": max_k}
     limits = ServiceLimits(**{name: value for name, value in given.items() if value is not None})
     linker_options = {"rerank": rerank, "rerank_k": rerank_k, "min_confidence": min_confidence, "precision": precision}
     service = create_app(index, limits, linker_options=linker_options)  # loads every index now: a bad one fails before the port opens
-    typer.echo(f"serving {', '.join(service.state.indexes)} on http://{host}:{port} (docs at /docs)", err=True)
-    uvicorn.run(service, host=host, port=port, log_level="warning", access_log=False)
+    sock = listen_socket(host, port)  # bound here, not by uvicorn, so that a failure is one error line
+    shown = f"[{host}]" if ":" in host else host
+    typer.echo(f"serving {', '.join(service.state.indexes)} on http://{shown}:{sock.getsockname()[1]} (docs at /docs)",
+               err=True)
+    config = uvicorn.Config(service, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -119,6 +119,12 @@ def rerank_cli(
     from linker.index.tfidf import get_preset
     from linker.train.rerank import RerankConfig, train_rerank
 
+    if mine_index is not None:  # read while training: neither the model folder nor its checkpoint may touch it
+        from linker.fileio import Input, check_output
+        from linker.train.common import checkpoint_dir
+
+        for path, checked in ((out, overwrite), (checkpoint_dir(out), True)):
+            check_output(path, inputs=[Input(mine_index, "--mine-index")], overwrite=checked, folder=True, option="--out")
     config = RerankConfig(
         mining=None if mine_preset is None else get_preset(mine_preset),
         mine_index=None if mine_index is None else str(mine_index),

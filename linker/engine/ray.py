@@ -1,21 +1,26 @@
-"""Ray Data engine: `linker normalize --engine ray` and the same inside your own Ray program.
+"""Ray engine: `linker normalize --engine ray` and the same inside your own Ray program.
 
     from linker.engine.ray import normalize_ray, link_dataset
     normalize_ray("indexes/default", "spans/*.jsonl", "linked/", workers=8)      # files -> files, exactly once
     linked = link_dataset(ray.data.read_parquet("s3://bucket/spans/"), "indexes/default", k=3)  # Dataset -> Dataset
 
-Both run `map_batches` on an actor pool: each actor loads the index once (`Linker.load`) and links
-with `linker.engine.arrow.link_arrow`, the function `linker normalize` and Spark's `mapInArrow` use.
+`normalize_ray` runs `workers` Ray actors (`ShardWorker`): each loads the index once
+(`Linker.load`) and normalises whole shards with `linker.engine.shards.normalize_shard`, which
+reads a shard with linker's own readers (a bad row is named by file and line as in the local CLI)
+and writes its Parquet output atomically. That is what makes a job exactly-once and resumable: a
+shard's output is complete or absent whichever process dies, and a re-run skips finished shards.
 
-`normalize_ray` hands Ray Data one row per input *shard*, not the spans: an actor reads its shard
-with linker's own readers (`linker.engine.shards.read_shard`, so a bad row is named by file and
-line as in the local CLI, which Ray's JSON reader cannot do) and writes its Parquet output
-atomically. That is what makes a job exactly-once and resumable: a shard's output is complete or
-absent whichever process dies, and a re-run skips finished shards. A shard that fails (bad row,
-index that does not load) comes back as an error row; the others finish, and the run fails with
-one line naming every failed file, before ``_SUCCESS`` is written. A killed worker process is
-restarted by Ray and its shard redone (tested with kill -9 mid-shard); the dead one's temporary is
-removed by the next write into the folder.
+The driver hands out one shard at a time and owns every failure, so one shard never ends the job:
+- a shard that fails (a bad row, a truncated ``.gz``, a value above the read caps, any error in its
+  worker) comes back as one line naming it; the others are linked, and the run then fails with one
+  line naming every failed shard, before ``_SUCCESS`` is written;
+- a worker process that dies (kill -9, killed for memory, a lost node) is replaced by a fresh
+  actor and its shard tried again, at most `MAX_ATTEMPTS` times in all; a shard that kills its
+  worker every time (one that does not fit in memory) then fails like a bad one instead of being
+  retried forever. The dead writers' temporaries are removed once the run's workers have ended.
+
+`link_dataset` is a Ray Data transform (`map_batches` on an actor pool) with the same Arrow
+function, `linker.engine.arrow.link_arrow`, that `linker normalize` and Spark's `mapInArrow` use.
 
 Ray is an optional dependency (``pip install 'linker[ray]'``); importing this module does not need it.
 """
@@ -25,8 +30,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import resource
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,28 +41,26 @@ import pyarrow as pa
 
 import linker
 from linker.engine.arrow import OUTPUT_SCHEMA, link_arrow
-from linker.engine.shards import Shard, failure_message, job_document, normalize_shard, prepare_output, write_success
+from linker.engine.shards import Shard, failure_message, job_document, job_inputs, normalize_shard, \
+    prepare_output, write_success
 from linker.errors import ConfigError, LinkerError
+from linker.fileio import remove_stale_temporaries
 from linker.formats import DEFAULT_LIMITS, ReadLimits
 from linker.link import Linker
 from linker.normalize import BATCH
 
 log = logging.getLogger(__name__)
 
-RESULT_SCHEMA = pa.schema([
-    ("input", pa.string()), ("spans", pa.int64()), ("nil", pa.int64()), ("error", pa.string()),
-    ("pid", pa.int64()), ("peak_rss_mib", pa.float64()), ("link_cpu_seconds", pa.float64()), ("seconds", pa.float64()),
-    ("load_seconds", pa.float64()),
-])
-"""What a shard worker reports per shard: counts or the error, its process's memory peak
-and the CPU time it has spent linking so far (the index load left out)."""
+MAX_ATTEMPTS = 3
+"""Tries of a shard whose worker process dies under it (Ray's default for a task is 4: a shard that
+killed its worker three times will do so again, and each try costs a worker its index load)."""
 
 
 def import_ray():
     """The `ray` module, or a one-line ConfigError saying how to install it."""
     try:
         import ray
-        import ray.data  # noqa: F401  (Ray Data is the part we use; `ray` alone lacks it)
+        import ray.data  # noqa: F401  (link_dataset uses Ray Data; `ray` alone lacks it)
     except ImportError:
         raise ConfigError("--engine ray needs Ray, which is not installed: pip install 'linker[ray]'") from None
     return ray
@@ -65,14 +70,19 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: BaseException, shard: Path | None = None) -> str:
+    """One line for a failure, naming the shard when the message does not already."""
     if isinstance(exc, OSError) and exc.filename is not None:
-        return f"{exc.filename}: {exc.strerror or exc}"
-    return " ".join(str(exc).split())
+        message = f"{exc.filename}: {exc.strerror or exc}"
+    elif isinstance(exc, LinkerError):
+        message = " ".join(str(exc).split())
+    else:  # an error linker did not foresee: its type says more than a bare message
+        message = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    return message if shard is None or str(shard) in message else f"{shard}: {message}"
 
 
 class ShardWorker:
-    """A Ray Data actor: one Linker, loaded once; each call normalises the shards named in its batch."""
+    """A Ray actor: one Linker, loaded once; `link` normalises one shard and reports it as a row."""
 
     def __init__(self, index: str, load_options: dict, k: int, lang: str | None, batch_size: int,
                  limits: ReadLimits) -> None:
@@ -81,26 +91,23 @@ class ShardWorker:
         self.linker, self.error = None, None
         try:
             self.linker = Linker.load(index, **load_options)
-        except LinkerError as exc:  # reported with every shard, so the driver shows it as one line
+        except Exception as exc:  # noqa: BLE001 - reported with every shard, so the driver shows it as one line
             self.error = _describe(exc)
         self.load_seconds = time.perf_counter() - started
         self.ready_cpu = time.process_time()
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = []
-        for item in batch.to_pylist():
-            shard = Shard(Path(item["source"]), item["name"], Path(item["output"]))
-            started = time.perf_counter()
-            counts, error = {"spans": 0, "nil": 0}, self.error
-            if error is None:
-                try:
-                    counts = normalize_shard(self.linker, shard, **self.options)
-                except (LinkerError, OSError) as exc:
-                    error = _describe(exc)
-            rows.append({"input": shard.name, "spans": counts["spans"], "nil": counts["nil"], "error": error,
-                         "pid": os.getpid(), "peak_rss_mib": _peak_rss_mib(), "link_cpu_seconds": time.process_time() - self.ready_cpu,
-                         "seconds": time.perf_counter() - started, "load_seconds": self.load_seconds})
-        return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+    def link(self, item: dict) -> dict:
+        shard = Shard(Path(item["source"]), item["name"], Path(item["output"]))
+        started = time.perf_counter()
+        counts, error = {"spans": 0, "nil": 0}, None if self.error is None else f"{shard.source}: {self.error}"
+        if error is None:
+            try:
+                counts = normalize_shard(self.linker, shard, **self.options)
+            except Exception as exc:  # noqa: BLE001 - any failure is this shard's, never the job's
+                error = _describe(exc, shard.source)
+        return {"input": shard.name, "spans": counts["spans"], "nil": counts["nil"], "error": error,
+                "pid": os.getpid(), "peak_rss_mib": _peak_rss_mib(), "link_cpu_seconds": time.process_time() - self.ready_cpu,
+                "seconds": time.perf_counter() - started, "load_seconds": self.load_seconds}
 
 
 class BatchLinker:
@@ -131,8 +138,10 @@ def ray_session(*, address: str | None = None, workers: int = 2):
         root = str(Path(linker.__file__).resolve().parents[1])
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *([saved] if saved else [])])
     try:
+        # Ray's own notices (its token authentication, for one) would stand beside linker's lines on
+        # every run, and before the one `error:` line of a failed one; its errors still show.
         ray.init(address=address, num_cpus=workers if address is None else None, include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.WARNING)
+                 log_to_driver=False, logging_level=logging.ERROR)
     finally:
         if saved is None:
             os.environ.pop("PYTHONPATH", None)
@@ -142,11 +151,6 @@ def ray_session(*, address: str | None = None, workers: int = 2):
         yield ray
     finally:
         ray.shutdown()
-
-
-def _quiet_ray_data() -> None:
-    # linker logs one line per finished shard; Ray Data's own progress lines would repeat them
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True)
@@ -164,47 +168,99 @@ def normalize_ray(
     limits: ReadLimits = DEFAULT_LIMITS, **load_options,
 ) -> ScaleoutSummary:
     """Normalise every shard of `input_spec` (a folder, a glob or a file of Parquet / JSONL spans)
-    into `output` on Ray Data: one Parquet shard per input shard, then ``_SUCCESS``.
+    into `output` on Ray: one Parquet shard per input shard, then ``_SUCCESS``.
 
     Exactly-once and resumable (`linker.engine.shards`): run it again after a crash and it finishes
     the job; the result is byte-identical to an uninterrupted run. `load_options` go to
     `Linker.load` (rerank, rerank_k, min_confidence, precision). Inside a Ray program it uses that
-    program's Ray; else it connects to `address` or starts a local Ray with `workers` CPUs.
+    program's Ray; else it connects to `address` or starts a local Ray with `workers` CPUs. A
+    failed shard (see the module docstring) fails the run with one line, once every other is done.
     """
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, found {workers}")
     import_ray()
     job = job_document(index, k=k, lang=lang, batch_size=batch_size, load_options=load_options)
-    shards, pending = prepare_output(input_spec, output, job, overwrite=overwrite)
+    shards, pending = prepare_output(input_spec, output, job, overwrite=overwrite,
+                                     protected=job_inputs(index, load_options))
     log.info("%d of %d shards to link (%d done before)", len(pending), len(shards), len(shards) - len(pending))
     results: list[dict] = []
     if pending:
+        options = {"index": str(index), "load_options": load_options, "k": k, "lang": lang,
+                   "batch_size": batch_size, "limits": limits}
         with ray_session(address=address, workers=workers) as ray:
-            _quiet_ray_data()
-            items = [{"source": str(s.source), "name": s.name, "output": str(s.output)} for s in pending]
-            dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-                ShardWorker,
-                fn_constructor_kwargs={"index": str(index), "load_options": load_options, "k": k, "lang": lang,
-                                       "batch_size": batch_size, "limits": limits},
-                batch_size=1, batch_format="pyarrow", num_cpus=1,
-                compute=ray.data.ActorPoolStrategy(size=min(workers, len(pending))),
-                # A killed worker (kill -9, OOM, a lost node) is restarted and its shard redone: exactly
-                # once holds because the shard is written atomically. Ray Data's defaults, pinned.
-                max_restarts=-1, max_task_retries=-1,
-            )
-            for row in dataset.iter_rows():
-                results.append(row)
-                log.info("shard %d/%d %s: %s", len(results), len(pending), row["input"],
-                         f"failed: {row['error']}" if row["error"] else f"{row['spans']:,} spans in {row['seconds']:.1f}s")
+            results = _run_shards(ray, pending, options, min(workers, len(pending)))
+        for folder in sorted({s.output.parent for s in pending}):
+            remove_stale_temporaries(folder)  # of workers that died: every writer of this run has ended
     errors = sorted((r["input"], r["error"]) for r in results if r["error"])
     if errors:
         raise LinkerError(failure_message(errors, len(shards)))
     return ScaleoutSummary(write_success(output, shards, job), len(results), _per_worker(results))
 
 
+def _run_shards(ray, pending: list[Shard], options: dict, size: int) -> list[dict]:
+    """Every pending shard through at most `size` `ShardWorker` actors; one result row per shard.
+
+    Ray never restarts an actor here (max_restarts=0, max_task_retries=0): the driver starts a fresh
+    one when a shard needs it and counts each shard's tries itself, so the bound is per shard."""
+    worker_class = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(ShardWorker)
+    queue = deque((shard, 1) for shard in pending)
+    idle: list = []
+    running: dict = {}  # call -> (actor, shard, try)
+    results: list[dict] = []
+    try:
+        while queue or running:
+            while queue and (idle or len(running) < size):
+                actor = idle.pop() if idle else worker_class.remote(**options)
+                shard, attempt = queue.popleft()
+                # absolute: a worker's working folder is not the driver's (`..` kept: symlinks decide it)
+                item = {"source": str(shard.source.absolute()), "name": shard.name, "output": str(shard.output.absolute())}
+                running[actor.link.remote(item)] = (actor, shard, attempt)
+            [done], _ = ray.wait(list(running), num_returns=1)
+            actor, shard, attempt = running.pop(done)
+            try:
+                row = ray.get(done)
+                idle.append(actor)
+            except ray.exceptions.RayError as exc:  # the worker process died, or Ray lost it
+                ray.kill(actor)
+                reason = _death(ray, exc)
+                if attempt < MAX_ATTEMPTS:
+                    log.warning("shard %s: its worker %s; trying it again (%d of %d)", shard.name, reason,
+                                attempt + 1, MAX_ATTEMPTS)
+                    queue.append((shard, attempt + 1))
+                    continue
+                row = {"input": shard.name, "spans": 0, "nil": 0, "pid": -1, "peak_rss_mib": 0.0,
+                       "link_cpu_seconds": 0.0, "seconds": 0.0, "load_seconds": 0.0,
+                       "error": f"{shard.source}: its worker {reason}, on each of {MAX_ATTEMPTS} tries; not tried "
+                                "again (split the shard if it does not fit in a worker's memory)"}
+            results.append(row)
+            log.info("shard %d/%d %s: %s", len(results), len(pending), row["input"],
+                     f"failed: {row['error']}" if row["error"] else f"{row['spans']:,} spans in {row['seconds']:.1f}s")
+    finally:
+        for actor in idle + [actor for actor, _, _ in running.values()]:
+            ray.kill(actor)
+    return results
+
+
+def _death(ray, exc: Exception) -> str:
+    """What happened to a worker, in a few words, from Ray's (multi-line) exception."""
+    text = str(exc)
+    # Ray's memory monitor says so in the exit type; a plain kill's text lists the OOM killer among
+    # the "common causes", so the word "memory" alone proves nothing.
+    if isinstance(exc, getattr(ray.exceptions, "OutOfMemoryError", ())) or re.search(
+            r"NODE_OUT_OF_MEMORY|running low on memory", text):
+        return "was killed for lack of memory by Ray's memory monitor"
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    first = " ".join(text.splitlines()[0].split())[:200] if text.strip() else type(exc).__name__
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return f"process died ({exit_type.group(1) if exit_type else first}: killed, by the kernel's OOM killer for one, or crashed)"
+    return f"failed in Ray ({first})"
+
+
 def _per_worker(results: list[dict]) -> tuple[dict, ...]:
     workers: dict[int, dict] = {}
     for row in results:
+        if row["pid"] < 0:  # a shard whose every worker died: no worker to report
+            continue
         seen = workers.setdefault(row["pid"], {"pid": row["pid"], "shards": 0, "spans": 0, "peak_rss_mib": 0.0,
                                                "link_cpu_seconds": 0.0, "load_seconds": row["load_seconds"]})
         seen["shards"] += 1
@@ -221,7 +277,8 @@ def link_dataset(dataset, index: str | Path, *, k: int = 1, lang: str | None = N
     For use inside a Ray program (`ray.init` done by the caller): lazy like every Ray Data
     transform; write it with ``.write_parquet(...)`` or consume it. `workers` actors, each with
     one Linker loaded once. Unlike `normalize_ray` it is not exactly-once by itself: Ray Data's
-    writers are not. Rows are checked as they are linked (an empty text fails the job).
+    writers are not. Rows are checked as they are linked (an empty text fails the job). A dead
+    actor is restarted as Ray Data's settings say (`DataContext`), like any other map_batches actor.
     """
     ray = import_ray()
     if workers < 1:
@@ -232,4 +289,4 @@ def link_dataset(dataset, index: str | Path, *, k: int = 1, lang: str | None = N
     )
 
 
-__all__ = ["RESULT_SCHEMA", "ScaleoutSummary", "import_ray", "link_dataset", "normalize_ray", "ray_session"]
+__all__ = ["MAX_ATTEMPTS", "ScaleoutSummary", "ShardWorker", "import_ray", "link_dataset", "normalize_ray", "ray_session"]

@@ -30,11 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from linker.confidence import expected_calibration_error, fit_isotonic, raw_probability, write_calibration
+from linker.confidence import CALIBRATION, expected_calibration_error, fit_isotonic, raw_probability, write_calibration
 from linker.errors import ConfigError
-from linker.eval.datasets import load_dataset
+from linker.eval.datasets import load_dataset, spec_inputs
 from linker.eval.metrics import mention_hits
 from linker.eval.report import Ranked, gold_matcher, predict, top_of
+from linker.fileio import check_output, model_inputs
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,16 @@ def mix_hits(ranked: list[tuple[Ranked, ...]], gold, weights, *, composite: str,
                                   expand=expand) for w in weights], axis=1)
 
 
+def check_calibration_output(index_dir: str | Path, dataset_spec: str, *, rerank: str | Path | None = None) -> None:
+    """calibrate rewrites two files of the index folder (that is its job); neither may be a file it reads:
+    the held-in mentions (and the files their spec names) or the re-ranker."""
+    from linker.index.manifest import MANIFEST
+
+    inputs = [*spec_inputs(dataset_spec, "--dataset"), *model_inputs(rerank, "--rerank")]
+    for name, what in ((CALIBRATION, "calibration file"), (MANIFEST, "manifest")):
+        check_output(Path(index_dir) / name, inputs=inputs, overwrite=True, option=f"--index {index_dir}: its {what}")
+
+
 def calibrate(
     index_dir: str | Path,
     dataset_spec: str,
@@ -90,6 +101,7 @@ def calibrate(
     from linker.rerank import DEFAULT_RERANK_K
 
     started = time.perf_counter()
+    check_calibration_output(index_dir, dataset_spec, rerank=rerank)
     linker_ = Linker.load(index_dir, rerank=rerank, rerank_k=rerank_k or DEFAULT_RERANK_K)
     linker_.calibration = None  # fit on the scorer's raw scores, whatever an earlier calibration said
     mentions = load_dataset(dataset_spec)

@@ -53,7 +53,8 @@ import numpy as np
 
 import linker
 from linker.errors import ConfigError, InputFormatError, shorten
-from linker.fileio import atomic_file, check_output, iter_lines
+from linker.eval.charts import write_chart
+from linker.fileio import Input, atomic_file, check_output, iter_lines, model_inputs
 from linker.preprocess import expand_abbreviations, find_abbreviations
 from linker.progress import bar
 from linker.text import code_key, normalize
@@ -553,13 +554,19 @@ class CapabilityReport:
 
 
 def wilson_interval(failures: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a proportion (95% by default); (nan, nan) when n == 0."""
+    """Wilson score interval of a proportion (95% by default); (nan, nan) when n == 0.
+
+    The interval always holds the observed rate. In floating point centre - half and centre + half
+    land a rounding error off their exact values 0 and 1 at 0/n and n/n (1.0 - 1e-16 at 4/4, which
+    put the rate outside its own interval and made the chart's error bar negative), so the bounds
+    are clamped to the rate and to [0, 1].
+    """
     if n == 0:
         return math.nan, math.nan
     p = failures / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def _instructive(failures: list[tuple[str, Failure]], count: int) -> tuple[Failure, ...]:
@@ -707,7 +714,8 @@ def evaluate_capabilities(
         raise ConfigError(f"--dict-sample must be a positive number of concepts, found {sample}")
     if labels is not None and len(labels) != len(index_dirs):
         raise ConfigError(f"{len(labels)} label(s) for {len(index_dirs)} index(es)")
-    inputs = [*index_dirs, *templates, *([hierarchy] if hierarchy else [])]
+    inputs = [*(Input(d, "--index") for d in index_dirs), *(Input(t, "--templates") for t in templates),
+              *([Input(hierarchy, "--hierarchy")] if hierarchy else []), *model_inputs(rerank, "--rerank")]
     if report_dir is not None:
         report_paths(report_dir, name, inputs=inputs, overwrite=overwrite)
     data = load_suite_data(templates)
@@ -813,6 +821,9 @@ def _chart(reports: Sequence[CapabilityReport], path: Path, title: str) -> None:
         values = [100 * rows[c].rate if c in rows and rows[c].n else 0 for c in capabilities]
         errors = np.array([[100 * (rows[c].rate - rows[c].low), 100 * (rows[c].high - rows[c].rate)]
                            if c in rows and rows[c].n else [0, 0] for c in capabilities]).T
+        # matplotlib refuses a negative error bar: a report read back from JSON may hold a rate a rounding
+        # error outside its interval (wilson_interval clamps since), and an unknown bound is no bar at all
+        errors = np.clip(np.nan_to_num(errors, nan=0.0), 0.0, None)
         ax.barh(y + j * height, values, height, xerr=errors, capsize=1.5, label=rep.label)
     ax.set_yticks(y + height * (len(reports) - 1) / 2, capabilities, fontsize=7)
     ax.invert_yaxis()
@@ -872,6 +883,8 @@ def write_capability_report(reports: Sequence[CapabilityReport], report_dir: str
     ]
     with atomic_file(paths["md"]) as tmp:
         tmp.write_text("\n".join(md), encoding="utf-8")
-    with atomic_file(paths["png"]) as tmp:
-        _chart(reports, tmp, name)
+    # The tables are written; a chart must never cost them (nor the exit code).
+    if not write_chart(paths["png"], lambda tmp: _chart(reports, tmp, name), overwrite=overwrite,
+                       tables=f"{paths['md'].name} and {paths['json'].name}"):
+        return [paths["json"], paths["md"]]
     return list(paths.values())

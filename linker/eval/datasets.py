@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from linker.errors import InputFormatError, MissingInputError, UnknownNameError, shorten
+from linker.fileio import Input
 from linker.formats import DEFAULT_LIMITS, ReadLimits
 from linker.formats.brat import brat_sources, read_source
 from linker.formats.codiesp import read_codiesp
@@ -125,6 +126,22 @@ def parse_spec(spec: str) -> DatasetSpec:
         key, _, value = item.partition("=")
         options[key.strip()] = value.strip()
     return DatasetSpec(fmt, Path(path), options)
+
+
+# Spec options whose value is a file the loader reads (so an input no output may touch).
+PATH_OPTIONS = ("typos",)
+
+
+def spec_inputs(spec: str, option: str = "--dataset") -> list[Input]:
+    """Every path dataset `spec` reads, for `linker.fileio.check_output`: its PATH, the files its options
+    name (``typos=FILE``) and, for one brat ``.ann`` file, the ``.txt`` read beside it."""
+    parsed = parse_spec(spec)
+    inputs = [Input(parsed.path, option)]
+    if parsed.format == "brat" and parsed.path.suffix == ".ann":
+        inputs.append(Input(parsed.path.with_suffix(".txt"), f"the text of {option} {parsed.path}"))
+    inputs += [Input(Path(parsed.options[key]), f"{key}= of {option} {parsed.path}")
+               for key in PATH_OPTIONS if parsed.options.get(key)]
+    return inputs
 
 
 def load_dataset(spec: str, *, limits: ReadLimits = DEFAULT_LIMITS, lenient: bool = False) -> list[Mention]:

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 import linker
 from linker.errors import ConfigError, UnknownNameError
-from linker.eval.datasets import Mention, load_dataset, parse_spec
+from linker.eval.datasets import Mention, load_dataset, spec_inputs
 from linker.eval.filters import FILTERS, Normaliser, ReferenceSet, filter_indices, read_abbreviations
 from linker.eval.metrics import (
     BOOTSTRAP_RESAMPLES,
@@ -35,8 +35,10 @@ from linker.eval.metrics import (
     accuracy,
     mention_hits,
 )
+from linker.eval.charts import write_chart
 from linker.eval.trust import calibration_section, coverage_chart, nil_section, remove_gold_concepts
-from linker.fileio import atomic_file, check_output, portable_paths
+from linker.formats import DEFAULT_LIMITS, ReadLimits
+from linker.fileio import Input, atomic_file, check_output, model_inputs, portable_paths
 from linker.progress import bar
 from linker.text import code_key
 
@@ -192,6 +194,7 @@ def evaluate(
     min_confidence: float = 0.5,
     overwrite: bool = False,
     precision: str | None = None,
+    limits: ReadLimits = DEFAULT_LIMITS,
 ) -> EvalReport:
     """Link a test set with the index at `index_dir` and score it under each filter.
 
@@ -230,8 +233,10 @@ def evaluate(
     if not ks or ks[0] < 1:
         raise ConfigError(f"k must be positive integers, found {ks}")
     train_specs = (train_spec,) if isinstance(train_spec, str) else tuple(train_spec or ())
-    inputs = [index_dir, *(parse_spec(s).path for s in (dataset_spec, *train_specs))]
-    inputs += [p for p in (abbreviations, rerank) if p is not None and Path(p).exists()]
+    inputs = [Input(Path(index_dir), "--index"), *spec_inputs(dataset_spec, "--dataset"),
+              *(i for spec in train_specs for i in spec_inputs(spec, "--train")),
+              *([Input(Path(abbreviations), "--abbreviations")] if abbreviations is not None else []),
+              *model_inputs(rerank, "--rerank")]
     if report_dir is not None:
         check_report_paths(report_dir, name, inputs=inputs, overwrite=overwrite)
     filter_names = resolve_filters(filters, have_train=bool(train_specs))
@@ -243,8 +248,8 @@ def evaluate(
     seconds["load_index"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    mentions = load_dataset(dataset_spec, lenient=lenient)
-    train_texts = [m.text for spec in train_specs for m in load_dataset(spec, lenient=lenient)]
+    mentions = load_dataset(dataset_spec, lenient=lenient, limits=limits)
+    train_texts = [m.text for spec in train_specs for m in load_dataset(spec, lenient=lenient, limits=limits)]
     seconds["load_data"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -470,12 +475,15 @@ def write_report(
     ]
     with atomic_file(paths["md"]) as tmp:
         tmp.write_text(portable_paths("\n".join(md)), encoding="utf-8")
-    with atomic_file(paths["png"]) as tmp:
-        _chart(report, tmp, name)
+    # The tables are written; a chart must never cost them (nor the exit code).
+    tables = f"{paths['md'].name} and {paths['json'].name}"
+    drawn = {"png": write_chart(paths["png"], lambda tmp: _chart(report, tmp, name), overwrite=overwrite,
+                                tables=tables)}
     if "coverage" in paths:
-        with atomic_file(paths["coverage"]) as tmp:
-            coverage_chart(report.calibration, tmp, name)
-    return report
+        drawn["coverage"] = write_chart(paths["coverage"], lambda tmp: coverage_chart(report.calibration, tmp, name),
+                                        overwrite=overwrite, tables=tables)
+    written = tuple(str(p) for key, p in paths.items() if drawn.get(key, True))
+    return EvalReport(**{**asdict_shallow(report), "files": written})
 
 
 def trust_markdown(report: EvalReport) -> list[str]:

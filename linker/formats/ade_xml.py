@@ -8,7 +8,10 @@ before it is parsed.
 
 Writer: the label with its ``<Reactions>`` replaced: one ``Reaction`` per distinct (lower-cased)
 mention string with exactly one ``Normalization`` (``meddra_pt``, ``meddra_pt_id``, and
-``meddra_llt``/``meddra_llt_id`` when the matched name was an LLT).
+``meddra_llt``/``meddra_llt_id`` when the matched name was an LLT). XML 1.0 cannot hold NUL and most
+other control characters, even escaped: names, labels only, are cleaned (`linker.formats.clean_label`),
+ids that are not one token are refused, and any other character XML cannot hold is refused with the
+element and attribute it is in, so a written label is always well-formed and reads back.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from xml.parsers import expat
 
-from linker.errors import InputFormatError, MissingInputError
-from linker.formats import DEFAULT_LIMITS, ReadLimits, read_document
+from linker.errors import InputFormatError, MissingInputError, shorten
+from linker.formats import DEFAULT_LIMITS, ReadLimits, check_identifier, clean_label, read_document
 
 if TYPE_CHECKING:
     from linker.link import Candidate
@@ -80,7 +83,11 @@ def _parse_xml(path: Path, limits: ReadLimits) -> tuple[ET.Element, dict[int, in
     return root, lines
 
 
-_OFFSETS = re.compile(r"^\d+(,\d+)*$")
+# ASCII digits, at most 18 each: int() refuses more than 4,300 digits with a ValueError.
+_FIX_ID = "the index holds this id; rebuild its concept table with the current linker, which refuses such ids"
+_OFFSETS = re.compile(r"^[0-9]{1,18}(,[0-9]{1,18})*$")
+# What XML 1.0 can hold (its Char production); anything else makes the file not well-formed.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _SPACES = re.compile(r"\s+")
 
 
@@ -176,9 +183,11 @@ def write_reactions(doc: AdeDoc, candidates: Sequence[tuple[Candidate, ...]]) ->
         attrs = {"id": f"AR{number}.N1"}
         if cands:
             best = cands[0]
-            attrs.update(meddra_pt=best.preferred_name, meddra_pt_id=best.concept_id)
+            attrs.update(meddra_pt=clean_label(best.preferred_name),
+                         meddra_pt_id=check_identifier(best.concept_id, "meddra_pt_id", where=doc.path, fix=_FIX_ID))
             if best.term_type == "LLT":
-                attrs.update(meddra_llt=best.matched_name, meddra_llt_id=best.term_id)
+                attrs.update(meddra_llt=clean_label(best.matched_name),
+                             meddra_llt_id=check_identifier(best.term_id, "meddra_llt_id", where=doc.path, fix=_FIX_ID))
         else:
             attrs["flag"] = "unmapped"  # TAC's value for a reaction without a MedDRA term
         ET.SubElement(reaction, "Normalization", attrs)
@@ -189,8 +198,19 @@ def write_reactions(doc: AdeDoc, candidates: Sequence[tuple[Candidate, ...]]) ->
     return root
 
 
+def check_xml(root: ET.Element, where: str | Path) -> None:
+    """Refuse a tree holding a character XML 1.0 cannot hold, naming the element and attribute."""
+    for element in root.iter():
+        values = [("text", element.text), ("tail", element.tail), *element.attrib.items()]
+        for field, value in values:
+            if value and (bad := _NOT_XML.search(value)):
+                raise InputFormatError(where, f"<{element.tag}> {field} in characters XML 1.0 can hold",
+                                       f"{bad.group()!r} at character {bad.start()} of {shorten(value, 60)}")
+
+
 def write_ade_xml(doc: AdeDoc, target: Path) -> None:
     """Write the label (after `write_reactions`) to `target`, creating its folder."""
+    check_xml(doc.root, doc.path)
     target.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(doc.root).write(target, encoding="UTF-8", xml_declaration=True)
 

@@ -33,7 +33,7 @@ class Span:
     lang: str | None
 
 
-def _check_structure(record: dict, where: str, number: int) -> None:
+def _check_structure(record: dict, where: str, number: int | None) -> None:
     """Refuse nesting deeper than MAX_DEPTH and strings (keys or values) that are not valid Unicode text."""
     stack: list[tuple[object, int, str]] = [(record, 1, "")]
     while stack:
@@ -51,7 +51,7 @@ def _check_structure(record: dict, where: str, number: int) -> None:
             _check_text(value, where, number, field)
 
 
-def _check_text(value: str, where: str, number: int, field: str) -> None:
+def _check_text(value: str, where: str, number: int | None, field: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -98,7 +98,13 @@ def jsonl_source(
     second at constant memory; stdin cannot be read twice and is held (its lines capped).
     """
     if input_path == "-":
-        lines = list(iter_handle_lines(sys.stdin.buffer, "<stdin>", max_line_bytes=limits.max_line_bytes))
+        lines, held = [], 0
+        for number, line in iter_handle_lines(sys.stdin.buffer, "<stdin>", max_line_bytes=limits.max_line_bytes):
+            held += len(line)
+            if held > limits.max_document_bytes:  # held whole, so capped whole (characters, a lower bound of bytes)
+                raise InputFormatError("<stdin>", f"at most {limits.max_document_bytes:,} bytes of spans on stdin",
+                                       "more", line=number, fix="pass the spans as a file, or raise --max-document-bytes")
+            lines.append((number, line))
         return (lambda: lines), "<stdin>"
     path = Path(input_path)
     if not path.is_file():
@@ -107,7 +113,14 @@ def jsonl_source(
 
 
 def write_jsonl(out: TextIO, record: dict) -> None:
-    """One output line: the record as JSON, non-ASCII kept as is."""
+    """One output line: the record as JSON, non-ASCII kept as is.
+
+    JSON escapes every control character and line separator, so what it cannot hold is only what
+    `read_jsonl` refuses: a lone surrogate (no UTF-8) and nesting deeper than `MAX_DEPTH`. Such a
+    record is refused here with its field, before a half line is written.
+    """
+    span_id = record.get("id")
+    _check_structure(record, "output record" + (f" {shorten(str(span_id), 40)}" if span_id is not None else ""), None)
     out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import shutil
 import time
 from collections import Counter
@@ -30,8 +31,9 @@ import numpy as np
 import linker
 from linker.dictionary import ConceptTable, hierarchy_path, read_concept_table
 from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError
-from linker.fileio import atomic_dir, check_output
-from linker.index.manifest import CONCEPTS, INDEX_FORMAT, MANIFEST, read_manifest, verify, write_manifest
+from linker.fileio import Input, atomic_dir, check_output, model_inputs
+from linker.index.manifest import (CONCEPTS, HIERARCHY, INDEX_FORMAT, JSON_MAX_BYTES, LARGE_MAX_BYTES, MANIFEST,
+                                   folder_file, read_folder_json, read_manifest, verify, write_manifest)
 from linker.precision import check_precision
 from linker.text import code_key, normalize
 
@@ -141,7 +143,14 @@ def build_index(
     if not isinstance(config, spec.config_type):
         raise ConfigError(f"index kind {kind!r} takes a {spec.config_type.__name__}, found {type(config).__name__}")
     out = Path(out)
-    inputs = [dict_path, hierarchy_path(Path(dict_path)), *([reranker] if reranker is not None else [])]
+    from linker.eval.datasets import spec_inputs  # eval's spec reader; imported here, index sits below eval
+
+    # Every path the build reads is an input the index folder may not touch: the table, its side table,
+    # the re-ranker and encoder folders, the prior's datasets and the files their options name.
+    encoder = getattr(config, "encoder", None) or getattr(getattr(config, "dense", None), "encoder", None)
+    inputs = [Input(Path(dict_path), "--dict"), Input(hierarchy_path(Path(dict_path)), "--dict's hierarchy side table"),
+              *([Input(Path(reranker), "--reranker")] if reranker is not None else []),
+              *model_inputs(encoder, "--encoder"), *(i for spec in prior for i in spec_inputs(spec, "--prior"))]
     check_output(out, inputs=inputs, overwrite=overwrite, folder=True,
                  option="--out")
     table = read_concept_table(dict_path)
@@ -188,6 +197,9 @@ def build_index(
 
 
 PRIOR = "concept_prior.json"
+# A prior holds counts per gold concept and per (mention text, concept) of a labelled training set: a few MB for
+# the largest we use; read whole into Python objects, so bounded like the other metadata JSON.
+PRIOR_MAX_BYTES = JSON_MAX_BYTES
 
 
 def write_prior(table: ConceptTable, specs: Sequence[str], folder: Path) -> dict:
@@ -270,9 +282,38 @@ def read_prior(index: LoadedIndex) -> Prior | None:
     entry = index.manifest.get("prior")
     if not entry:
         return None
-    data = json.loads((index.folder / entry["file"]).read_text(encoding="utf-8"))
+    # `check_manifest` made 'prior.file' a listed (so verified) file; `read_folder_json` keeps it inside the
+    # folder, a regular file of bounded size.
+    path = index.folder / entry["file"]
+    data = read_folder_json(index.folder, entry["file"], what="a concept prior (from `linker index build --prior`)",
+                            max_bytes=PRIOR_MAX_BYTES, named_by=f"{index.folder / MANIFEST}: field 'prior.file'")
+
+    def refuse(field: str, expected: str, found: object) -> InputFormatError:
+        return InputFormatError(path, f"{field!r} as {expected}", f"{type(found).__name__} {str(found)[:60]!r}",
+                                fix="rebuild the index with `linker index build --prior`")
+
+    def counts(field: str, value: object) -> dict[str, int]:
+        if not isinstance(value, dict) or not all(type(n) is int and n >= 0 for n in value.values()):
+            raise refuse(field, "an object {concept id: count >= 0}", value)
+        return value
+
+    concepts = counts("counts", data.get("counts"))
+    names = data.get("names", {})
+    if not isinstance(names, dict):
+        raise refuse("names", "an object {mention text: {concept id: count}}", names)
+    for text, per_concept in names.items():
+        counts(f"names.{text[:40]}", per_concept)
     rows = data.get("name_rows")
-    return Prior(data["counts"], data.get("names", {}), (rows["row"], rows["count"]) if rows else None)
+    name_rows = None
+    if rows is not None:
+        if not isinstance(rows, dict) or not all(isinstance(rows.get(key), list) for key in ("row", "count")):
+            raise refuse("name_rows", 'an object {"row": [...], "count": [...]}', rows)
+        size = index.concepts.table.num_rows
+        if (len(rows["row"]) != len(rows["count"]) or not all(type(r) is int and 0 <= r < size for r in rows["row"])
+                or not all(type(c) is int and c >= 0 for c in rows["count"])):
+            raise refuse("name_rows", f"equally long lists of name rows in 0..{size - 1} and counts >= 0", rows)
+        name_rows = (rows["row"], rows["count"])
+    return Prior(concepts, names, name_rows)
 
 
 def load_index(folder: str | Path, *, checksums: bool = True, precision: str | None = None) -> LoadedIndex:
@@ -293,8 +334,15 @@ def load_index(folder: str | Path, *, checksums: bool = True, precision: str | N
     spec = get_kind(manifest["kind"])
     try:
         config = spec.config_from_dict(manifest.get("parameters", {}))
-    except TypeError as exc:
+    except (TypeError, ValueError, KeyError) as exc:  # a missing or mistyped parameter (`typed_parameters`)
         raise IndexMismatchError(f"{folder / MANIFEST}: parameters do not fit this library ({exc}); rebuild the index") from None
+    # The concept table and its MedDRA side table (read when present): inside the folder, regular, listed.
+    for name in (CONCEPTS, HIERARCHY):
+        if os.path.lexists(folder / name):
+            folder_file(folder, name, max_bytes=LARGE_MAX_BYTES, what="a parquet concept table")
+            if name not in manifest["files"]:
+                raise IndexMismatchError(f"{folder / name}: not listed in the manifest (added after the build); "
+                                         "remove it or rebuild the index")
     concepts = read_concept_table(folder / CONCEPTS)
     names = spec.load(folder, config, manifest, precision=precision)
     if names.size != concepts.table.num_rows:

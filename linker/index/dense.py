@@ -38,9 +38,10 @@ from pathlib import Path
 import numpy as np
 
 from linker.encoders import TOKEN_BUDGET, check_compile_choice, should_compile
-from linker.errors import ConfigError, IndexMismatchError, MissingInputError, UnknownNameError
+from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError
 from linker.progress import bar
 from linker.fileio import native_read
+from linker.index.manifest import LARGE_MAX_BYTES, folder_file, read_folder_array, read_folder_json, typed_parameters
 from linker.precision import check_precision, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class DenseConfig:
     @classmethod
     def from_dict(cls, params: dict) -> DenseConfig:
         """A recorded config; one written before precisions existed was encoded in fp32."""
-        return cls(**{"precision": "fp32", **params})
+        return cls(**{"precision": "fp32", **typed_parameters(cls, params)})
 
 
 def _names_key(names: Sequence[str], encoder) -> str:
@@ -471,21 +472,35 @@ class DenseNameIndex:
 
         folder = Path(folder)
         if params is None:
-            path = folder / PARAMS
-            if not path.is_file():
-                raise MissingInputError(f"{path}: missing; {folder} has no dense index")
-            with native_read(path, "dense index parameters (JSON)", fix=REBUILD):
-                params = json.loads(path.read_text(encoding="utf-8"))
+            params = read_folder_json(folder, PARAMS, what="dense index parameters (JSON)", fix=REBUILD)
         with native_read(folder / PARAMS, "dense index parameters with config, encoder, files, rows, dim", fix=REBUILD):
             config = DenseConfig.from_dict(params["config"])
             files, rows, dim, built = params["files"], int(params["rows"]), int(params["dim"]), params["encoder"]
             missing = [key for key in ("name", "revision", "dim") if key not in built]
             if missing:
                 raise KeyError(f"encoder without {', '.join(missing)}")
-            if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            if not isinstance(files, dict) or not isinstance(files.get("embeddings"), str):
                 raise TypeError(f"files {files!r}")
-            for name in files.values():
-                _inside(folder, name)
+            if rows < 1 or dim < 1:
+                raise ValueError(f"rows {rows} and dim {dim}, expected both >= 1")
+        # Every file it names: inside the folder, a regular file of bounded size (linker.index.manifest).
+        named = {key: folder_file(folder, name, max_bytes=LARGE_MAX_BYTES, what=f"the dense index's {key} file",
+                                  named_by=f"{folder / PARAMS}: field 'files.{key}'", fix=REBUILD)
+                 for key, name in files.items()}
+        # Memory-mapped, its header checked against its size, every value finite (NaN scores would rank at random);
+        # read before the encoder loads, so that a damaged folder is refused at once.
+        embeddings = read_folder_array(folder, files["embeddings"], what="an .npy array of name embeddings",
+                                       shape=(rows, dim), mmap=True, max_bytes=LARGE_MAX_BYTES, fix=REBUILD)
+        faiss_index = None
+        if "faiss" in files:
+            with native_read(folder / files["faiss"], "a FAISS index file", fix=REBUILD):
+                # IVF lists are memory-mapped read-only (IO_FLAG_MMAP): the workers of a machine share their
+                # pages; linker never adds to a loaded index. (FAISS 1.15 still reads HNSW/flat storage.)
+                faiss_index = faiss.read_index(str(named["faiss"]), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+            if (faiss_index.ntotal, faiss_index.d) != (rows, dim):
+                raise IndexMismatchError(f"{folder / files['faiss']}: {faiss_index.ntotal} vectors of {faiss_index.d} "
+                                         f"dimensions, expected {rows} of {dim}; rebuild the index")
+            _tune(faiss_index, config)
         if encoder is None:
             from linker.encoders import load_encoder
 
@@ -500,36 +515,22 @@ class DenseNameIndex:
                 f"given {encoder.spec.name!r} ({encoder.spec.revision}, {encoder.dim}-d); load it with the same "
                 "encoder or rebuild the index"
             )
-        embeddings_path = folder / files["embeddings"]
-        if not embeddings_path.is_file():
-            raise MissingInputError(f"{embeddings_path}: missing; rebuild the index")
-        with native_read(embeddings_path, "an .npy array of name embeddings", fix=REBUILD):
-            embeddings = np.load(embeddings_path, mmap_mode="r", allow_pickle=False)
-        if embeddings.shape != (rows, dim):
-            raise IndexMismatchError(
-                f"{embeddings_path}: shape {embeddings.shape}, expected ({params['rows']}, {params['dim']}); rebuild the index"
-            )
-        faiss_index = None
-        if "faiss" in files:
-            with native_read(folder / files["faiss"], "a FAISS index file", fix=REBUILD):
-                # IVF lists are memory-mapped read-only (IO_FLAG_MMAP): the workers of a machine share their
-                # pages; linker never adds to a loaded index. (FAISS 1.15 still reads HNSW/flat storage.)
-                faiss_index = faiss.read_index(str(folder / files["faiss"]), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-            if faiss_index.ntotal != params["rows"]:
-                raise IndexMismatchError(f"{folder / params['files']['faiss']}: {faiss_index.ntotal} vectors, expected {params['rows']}")
-            _tune(faiss_index, config)
         return cls(encoder, config, embeddings, faiss_index, {k: v for k, v in params.items() if k not in ("files", "encoder", "config")})
 
 
 REBUILD = "rebuild it with `linker index build`"
 
 
-def _inside(folder: Path, name: str) -> Path:
-    """A file named by a manifest must lie inside its folder: no absolute path, no `..`."""
-    path = Path(name)
-    if path.is_absolute() or ".." in path.parts:
-        raise ValueError(f"a file name inside the folder, found {name!r}")
-    return folder / path
+def listed_params(folder: Path, manifest: dict) -> dict:
+    """``dense/params.json`` of an index folder, every file it names listed in the manifest (so that `verify`
+    checked its size and checksum: an unlisted file would be read unverified)."""
+    params = read_folder_json(folder, PARAMS, what="dense index parameters (JSON)", fix=REBUILD)
+    files, listed = params.get("files"), manifest.get("files")  # no 'files': a folder used on its own, not an index
+    for key, name in (files.items() if isinstance(files, dict) and listed is not None else ()):
+        if isinstance(name, str) and name not in listed:
+            raise InputFormatError(folder / PARAMS, f"field 'files.{key}' naming one of the files the manifest lists",
+                                   f"{name!r}, which the manifest does not list (its checksum is unknown)", fix=REBUILD)
+    return params
 
 
 def _recorded_encoder(built: dict) -> str:
@@ -664,6 +665,6 @@ def dense_kind():
     from linker.index import IndexKind
 
     def load(folder: Path, config: DenseConfig, manifest: dict, precision: str | None = None):
-        return DenseNameIndex.load(folder, precision=precision)
+        return DenseNameIndex.load(folder, listed_params(folder, manifest), precision=precision)
 
     return IndexKind("dense", DenseConfig, build_dense, load, DenseConfig.from_dict)

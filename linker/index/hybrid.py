@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError
-from linker.index.dense import DenseConfig, DenseNameIndex, build_dense, exact_scores
+from linker.index.dense import DenseConfig, DenseNameIndex, build_dense, exact_scores, listed_params
+from linker.index.manifest import typed_parameters
 from linker.index.tfidf import TfidfConfig, TfidfNameIndex, config_from_manifest
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class HybridConfig:
 
     @classmethod
     def from_dict(cls, params: dict) -> HybridConfig:
+        typed_parameters(cls, params)  # the weights are JSON numbers (TypeError, refused by `load_index`)
         return cls(tfidf=config_from_manifest(params["tfidf"]), dense=DenseConfig.from_dict(params["dense"]),
                    sparse_weight=float(params["sparse_weight"]),
                    dense_weight=float(params.get("dense_weight", 1.0)))  # indexes built before it existed: 1
@@ -137,7 +139,8 @@ def hybrid_kind():
         return {"features": sparse.matrix.shape[1], **build_dense(names, config.dense, folder)}
 
     def load(folder: Path, config: HybridConfig, manifest: dict, precision: str | None = None) -> HybridNameIndex:
-        return HybridNameIndex(TfidfNameIndex.load(folder, config.tfidf), DenseNameIndex.load(folder, precision=precision),
-                               config.sparse_weight, config.dense_weight)
+        sparse = TfidfNameIndex.load(folder, config.tfidf)  # first: it refuses a damaged folder before the encoder loads
+        dense = DenseNameIndex.load(folder, listed_params(folder, manifest), precision=precision)
+        return HybridNameIndex(sparse, dense, config.sparse_weight, config.dense_weight)
 
     return IndexKind("hybrid", HybridConfig, build, load, HybridConfig.from_dict)

@@ -10,10 +10,15 @@ version of the library wrote, because such an index would silently return wrong 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
+import stat
 from pathlib import Path
+
+import numpy as np
 
 import linker
 from linker.dictionary import sha256_file
@@ -67,12 +72,13 @@ def read_manifest(folder: str | Path) -> dict:
         )
     if not folder.is_dir():
         raise MissingInputError(f"{folder}: no such index folder; build one with `linker index build`")
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise IndexMismatchError(
             f"{path}: missing; {folder} is not an index folder (build one with `linker index build`)"
         )
+    raw = read_folder_bytes(folder, MANIFEST, what="a linker index manifest", fix="rebuild the index")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise IndexMismatchError(f"{path}: not valid JSON ({exc}); rebuild the index") from None
     if not isinstance(manifest, dict) or "kind" not in manifest or "files" not in manifest:
@@ -137,6 +143,25 @@ def check_manifest(path: Path, manifest: dict) -> None:
     if concepts.is_absolute() or ".." in concepts.parts:
         raise InputFormatError(path, "field 'concepts.path' inside the index folder", repr(str(concepts)),
                                fix="rebuild the index with `linker index build`")
+    for field, kind in _OPTIONAL.items():
+        value = manifest.get(field)
+        if value is not None and not isinstance(value, kind):
+            raise InputFormatError(path, f"field {field!r} as {_TYPE_NAMES[kind]} or null",
+                                   f"{type(value).__name__} {str(value)[:40]!r}", fix=REBUILD_FIX)
+    # A file that a field names is read by a loader: it must be one of the listed files, whose sizes and
+    # checksums `verify` checks (a prior named '../../x.json' would otherwise be read unverified).
+    named = {"concepts.path": manifest["concepts"]["path"]}
+    if manifest.get("prior"):
+        named["prior.file"] = manifest["prior"].get("file")
+    for field, name in named.items():
+        _relative_name(path.parent, name, "a file", f"{path}: field {field!r}", REBUILD_FIX)
+        if name not in manifest["files"]:
+            raise InputFormatError(path, f"field {field!r} naming one of the files the manifest lists",
+                                   f"{name!r}, which 'files' does not list (its checksum is unknown)", fix=REBUILD_FIX)
+
+
+# Fields that only some indexes have: when present (and not null), of this type.
+_OPTIONAL: dict[str, type] = {"prior": dict, "calibration": dict, "reranker": dict, "encoder": dict, "dense": dict}
 
 
 _MISSING = object()
@@ -163,13 +188,240 @@ def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> Non
         )
     for relative, entry in manifest["files"].items():
         path = folder / relative
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise IndexMismatchError(f"{path}: listed in the manifest but missing; {hint}")
+        # Inside the folder, a regular file: a link out of it or to a device is refused before it is hashed.
+        path = folder_file(folder, relative, max_bytes=LARGE_MAX_BYTES, what="a file of the index", fix=hint)
         size = path.stat().st_size
         if size != entry["size"]:
-            raise IndexMismatchError(
-                f"{path}: {size} bytes, the manifest says {entry['size']} (changed or truncated after the build); {hint}"
-            )
+            raise IndexMismatchError(f"{folder / relative}: {size} bytes, the manifest says {entry['size']} "
+                                     f"(changed or truncated after the build); {hint}")
         if checksums and sha256_file(path) != entry["sha256"]:
-            raise IndexMismatchError(f"{path}: sha256 differs from the manifest (changed after the build); {hint}")
+            raise IndexMismatchError(f"{folder / relative}: sha256 differs from the manifest "
+                                     f"(changed after the build); {hint}")
     log.debug("verified %d files of %s", len(manifest["files"]), folder)
+
+
+# ----------------------------------------------------------------------------- files of a folder
+#
+# Every file that an index or model folder names is read through `folder_file`: the name must be a
+# relative path that resolves (symlinks included) inside the folder to a regular file of bounded
+# size. So a hostile or damaged folder is refused in one line before a reader sees the file, instead
+# of reading /etc/passwd, blocking on a fifo or filling memory from /dev/zero. The caps are by kind
+# of file and generous (ten times and more what the largest real folders hold); they bound what a
+# load can cost, the manifest's sizes and checksums check the content.
+
+# Metadata JSON (manifest, dense params, calibration, prior, a model's config and tokenizer files):
+# parsed whole into Python objects, which take several times the file's bytes. The largest we know
+# are a prior counted from a large training set (a few MB) and XLM-R's 17 MB tokenizer.json.
+JSON_MAX_BYTES = 64 << 20
+# Arrays read into memory (the tf-idf idf vector: 8 bytes per n-gram; a multilingual UMLS has a few
+# million n-grams, so 1 GiB is over a hundred million).
+ARRAY_MAX_BYTES = 1 << 30
+# Files memory-mapped or streamed (tf-idf matrix, embeddings, FAISS, parquet, model weights): their
+# pages are shared and read on demand, so the cap only refuses absurd (sparse) files; 100M names x
+# 384 floats is 154 GB.
+LARGE_MAX_BYTES = 256 << 30
+# Files of a model folder walked by `check_model_folder` (a model repository holds tens).
+MODEL_MAX_FILES = 10_000
+REBUILD_FIX = "rebuild the index with `linker index build`"
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind_of(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _relative_name(folder: Path, name: object, what: str, named_by: str | None, fix: str) -> Path:
+    """`name` as a relative path with no '..' (the check on the text, before the file system is asked)."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        found = f"{type(name).__name__} {str(name)[:60]!r}"
+    elif Path(name).is_absolute() or ".." in Path(name).parts:
+        found = repr(name[:120])
+    else:
+        return Path(name)
+    raise InputFormatError(named_by or folder, f"{what} named by a relative path inside {folder}", found, fix=fix)
+
+
+def folder_file(folder: str | Path, name: object, *, max_bytes: int, what: str, named_by: str | None = None,
+                fix: str = REBUILD_FIX) -> Path:
+    """The resolved path of file `name` of `folder`, after refusing what a load must not read.
+
+    Refused in one line (InputFormatError naming the file): a name that is not a relative path
+    without '..'; a path that resolves outside the folder (a symlink included); anything but a regular
+    file (a folder, fifo, device, socket); a file over `max_bytes`. A missing file is a
+    MissingInputError. `what` says what the file should be; `named_by` where the name came from
+    (``manifest.json field 'prior.file'``), for a bad name."""
+    folder = Path(folder)
+    path = folder / _relative_name(folder, name, what, named_by, fix)
+    try:
+        root, resolved = folder.resolve(), path.resolve()
+    except (OSError, RuntimeError) as exc:  # a link loop (RuntimeError before Python 3.13)
+        raise InputFormatError(path, what, f"a path that does not resolve ({exc})", fix=fix) from None
+    if resolved != root and root not in resolved.parents:
+        raise InputFormatError(path, f"{what} inside {folder}", f"a link to {resolved}, outside it", fix=fix)
+    try:
+        info = os.stat(resolved)
+    except FileNotFoundError:
+        raise MissingInputError(f"{path}: missing (expected {what}); {fix}") from None
+    except OSError as exc:
+        raise InputFormatError(path, what, f"a file that cannot be read ({exc.strerror})", fix=fix) from None
+    if not stat.S_ISREG(info.st_mode):
+        shown = _kind_of(info.st_mode) + (f" (a link to {resolved})" if os.path.islink(path) else "")
+        raise InputFormatError(path, f"{what} (a regular file)", shown, fix=fix)
+    if info.st_size > max_bytes:
+        raise InputFormatError(path, f"{what} of at most {max_bytes:,} bytes", f"{info.st_size:,} bytes", fix=fix)
+    return resolved
+
+
+def read_folder_bytes(folder: str | Path, name: object, *, what: str, max_bytes: int = JSON_MAX_BYTES,
+                      named_by: str | None = None, fix: str = REBUILD_FIX) -> bytes:
+    """The bytes of `folder_file`, read from a descriptor that is checked again (a regular file; never
+    more than `max_bytes` even if the file grows or is swapped after the check)."""
+    path = folder_file(folder, name, max_bytes=max_bytes, what=what, named_by=named_by, fix=fix)
+    shown = Path(folder) / str(name)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputFormatError(shown, f"{what} (a regular file)", "a file replaced while it was read", fix=fix)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise InputFormatError(shown, f"{what} of at most {max_bytes:,} bytes", "a longer file", fix=fix)
+    return data
+
+
+def read_folder_json(folder: str | Path, name: object, *, what: str, expect: type = dict,
+                     max_bytes: int = JSON_MAX_BYTES, named_by: str | None = None, fix: str = REBUILD_FIX):
+    """`read_folder_bytes` parsed as JSON whose top level is an `expect` (one line when it is not)."""
+    data = read_folder_bytes(folder, name, what=what, max_bytes=max_bytes, named_by=named_by, fix=fix)
+    shown = Path(folder) / str(name)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InputFormatError(shown, f"{what} (JSON)", _error_text(exc), fix=fix) from None
+    if not isinstance(value, expect):
+        raise InputFormatError(shown, f"{what} (a JSON {_JSON_NAMES.get(expect, expect.__name__)})",
+                               f"a JSON {_JSON_NAMES.get(type(value), type(value).__name__)}", fix=fix)
+    return value
+
+
+def _error_text(exc: BaseException) -> str:
+    """A foreign reader's exception as one short line."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def npy_header(handle, where: str | Path, available: int, *,
+               fix: str = REBUILD_FIX) -> tuple[tuple, bool, np.dtype, int]:
+    """(shape, fortran order, dtype, data offset) of the ``.npy`` at `handle`'s position, refusing object
+    arrays and a header whose data does not take exactly the `available` bytes after it (so that no
+    reader allocates for a shape the file does not hold)."""
+    start = handle.tell()
+    try:
+        version = np.lib.format.read_magic(handle)
+        shape, fortran, dtype = (np.lib.format.read_array_header_1_0(handle) if version == (1, 0)
+                                 else np.lib.format.read_array_header_2_0(handle, max_header_size=1 << 16))
+    except (ValueError, OSError, SyntaxError, TypeError) as exc:
+        raise InputFormatError(where, "a numpy .npy array", _error_text(exc), fix=fix) from None
+    if dtype.hasobject:
+        raise InputFormatError(where, "a numeric array", "an object array (it would need pickle)", fix=fix)
+    offset = handle.tell() - start
+    data = math.prod(shape) * dtype.itemsize
+    if offset + data != available:
+        raise InputFormatError(where, f"{offset + data:,} bytes for an array of shape {shape} {dtype}",
+                               f"{available:,} bytes", fix=fix)
+    return shape, fortran, dtype, offset
+
+
+def check_array(where: str | Path, array: np.ndarray, *, what: str, shape: tuple[int | None, ...],
+                kinds: str = "f", fix: str = REBUILD_FIX) -> np.ndarray:
+    """Refuse an array of another dimension count, shape (None = any length) or dtype kind, or a float
+    array with a NaN or infinity (checked in blocks: a memory-mapped array stays mapped)."""
+    if array.ndim != len(shape) or any(want is not None and got != want for got, want in zip(array.shape, shape)):
+        wanted = "(" + ", ".join("n" if n is None else str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise InputFormatError(where, f"{what} of shape {wanted}", f"shape {array.shape}", fix=fix)
+    if array.dtype.kind not in kinds:
+        raise InputFormatError(where, f"{what} of dtype kind {'/'.join(kinds)}", f"dtype {array.dtype}", fix=fix)
+    if array.dtype.kind == "f":
+        flat = array.reshape(-1) if array.flags.c_contiguous else array.ravel(order="K")
+        block = 1 << 24
+        for start in range(0, flat.size, block):
+            part = np.asarray(flat[start : start + block])
+            if not np.isfinite(part).all():
+                bad = start + int(np.argmin(np.isfinite(part)))
+                raise InputFormatError(where, f"{what} of finite numbers", f"{flat[bad]} at flat position {bad}",
+                                       fix=fix)
+    return array
+
+
+def read_folder_array(folder: str | Path, name: object, *, what: str, shape: tuple[int | None, ...],
+                      kinds: str = "f", mmap: bool = False, max_bytes: int = ARRAY_MAX_BYTES,
+                      named_by: str | None = None, fix: str = REBUILD_FIX) -> np.ndarray:
+    """A ``.npy`` file of a folder (`folder_file`), its header checked against its size (`npy_header`)
+    before numpy reads it and its content by `check_array`; memory-mapped read-only with `mmap`."""
+    path = folder_file(folder, name, max_bytes=max_bytes, what=what, named_by=named_by, fix=fix)
+    shown = Path(folder) / str(name)
+    with path.open("rb") as handle:
+        npy_header(handle, shown, os.fstat(handle.fileno()).st_size, fix=fix)
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputFormatError(shown, what, _error_text(exc), fix=fix) from None
+    return check_array(shown, array, what=what, shape=shape, kinds=kinds, fix=fix)
+
+
+def check_model_folder(folder: str | Path, *, what: str, fix: str) -> list[str]:
+    """Refuse a model folder (an encoder, a re-ranker) that a loader must not read: every entry, walked
+    without following links, must resolve inside the folder; every file must be a regular file, of at
+    most `JSON_MAX_BYTES` when a loader parses it whole (.json, .txt, .model: configs, vocabularies,
+    tokenizers) and `LARGE_MAX_BYTES` otherwise (weights are memory-mapped); at most `MODEL_MAX_FILES`.
+    Names starting with '.' (``.git``, ``.cache``) are skipped: no loader reads them.
+    Returns the files' relative paths."""
+    folder = Path(folder)
+    root = folder.resolve()
+    files: list[str] = []
+    for current, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        here = Path(current)
+        for entry in dirs:  # os.walk does not follow a linked folder, so its target must lie inside
+            resolved = (here / entry).resolve()
+            if resolved != root and root not in resolved.parents:
+                raise InputFormatError(here / entry, f"a folder inside {what} {folder}",
+                                       f"a link to {resolved}, outside it", fix=fix)
+        for entry in sorted(n for n in names if not n.startswith(".")):
+            relative = (here / entry).relative_to(folder).as_posix()
+            cap = JSON_MAX_BYTES if Path(entry).suffix in (".json", ".txt", ".model") else LARGE_MAX_BYTES
+            folder_file(folder, relative, max_bytes=cap, what=f"a file of {what}", fix=fix)
+            files.append(relative)
+            if len(files) > MODEL_MAX_FILES:
+                raise InputFormatError(folder, f"{what} of at most {MODEL_MAX_FILES:,} files",
+                                       "more files", fix=fix)
+    return files
+
+
+_PARAMETER_TYPES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def typed_parameters(config_type: type, parameters: dict) -> dict:
+    """`parameters` (a manifest's JSON) for the dataclass `config_type`, each value of its field's default
+    type (an integer where a float goes); TypeError naming the field otherwise, so that a wrong type is
+    refused when the index loads instead of failing inside a search."""
+    if not isinstance(parameters, dict):
+        raise TypeError(f"parameters as an object, found {type(parameters).__name__}")
+    for field in dataclasses.fields(config_type):
+        if field.name not in parameters or field.default is dataclasses.MISSING:
+            continue
+        want, value = type(field.default), parameters[field.name]
+        fits = (isinstance(value, want) and (want is bool or not isinstance(value, bool))) or (
+            want is float and type(value) is int)
+        if not fits:
+            raise TypeError(f"{field.name}: expected {_PARAMETER_TYPES.get(want, want.__name__)}, found {value!r}")
+    return parameters

@@ -61,6 +61,8 @@ from sparse_dot_topn import sp_matmul_topn
 
 from linker.errors import ConfigError, InputFormatError, UnknownNameError
 from linker.index import maxscore
+from linker.index.manifest import (LARGE_MAX_BYTES, folder_file, npy_header, read_folder_array, read_folder_json,
+                                   typed_parameters)
 from linker.progress import track
 from linker.fileio import native_read
 from linker.text import MODES, normalize
@@ -131,7 +133,7 @@ LEGACY_PARAMETERS = {"analyzer": "char", "ngram_min": 1, "ngram_max": 2, "normal
 
 def config_from_manifest(parameters: dict) -> TfidfConfig:
     """The config recorded in an index manifest; fields it lacks take the values of the time before they existed."""
-    return TfidfConfig(**{**LEGACY_PARAMETERS, **parameters})
+    return TfidfConfig(**{**LEGACY_PARAMETERS, **typed_parameters(TfidfConfig, parameters)})
 
 
 def get_preset(name: str) -> TfidfConfig:
@@ -290,45 +292,107 @@ def save_npz_aligned(path: Path, matrix: sp.csr_matrix) -> None:
                 np.lib.format.write_array(member, np.ascontiguousarray(array_), allow_pickle=False)
 
 
-def _member_arrays(path: Path) -> dict[str, np.ndarray] | None:
-    """The arrays of an uncompressed ``.npz``, large ones memory-mapped read-only; None when a member
-    is compressed or its data is not aligned (an ``.npz`` written by numpy or scipy themselves)."""
-    arrays = {}
+# A vocabulary is read whole into a dict (its bound for a given idf is computed in `TfidfNameIndex.load`); a
+# multilingual UMLS has a few million n-grams, some 100 MB of JSON.
+VOCABULARY_MAX_BYTES = 1 << 30
+_CSR_MEMBERS = ("format", "shape", "indptr", "indices", "data")
+# Deflate cannot shrink data more than 1032-fold: a member that claims more was not written by numpy or
+# scipy, and its claimed size would be allocated before the read finds out.
+_DEFLATE_MAX_RATIO = 1032
+
+
+def _member_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a CSR ``.npz``, every member's ``.npy`` header checked against its size first
+    (`linker.index.manifest.npy_header`: no object arrays, no shape the member does not hold): large
+    members of an uncompressed ``.npz`` whose data is aligned (`save_npz_aligned`) memory-mapped
+    read-only, the others read (an ``.npz`` written by numpy or scipy themselves)."""
+    arrays: dict[str, np.ndarray] = {}
     with zipfile.ZipFile(path) as archive, path.open("rb") as raw:
-        for info in archive.infolist():
-            if info.compress_type != zipfile.ZIP_STORED:
-                return None
-            raw.seek(info.header_offset)
-            local = raw.read(30)
-            if local[:4] != b"PK\x03\x04":
-                raise ValueError(f"member {info.filename}: no zip local header")
-            name_length, extra_length = struct.unpack("<HH", local[26:30])
-            raw.seek(info.header_offset + 30 + name_length + extra_length)
-            version = np.lib.format.read_magic(raw)
-            shape, fortran, dtype = (np.lib.format.read_array_header_1_0(raw) if version == (1, 0)
-                                     else np.lib.format.read_array_header_2_0(raw))
-            if dtype.hasobject:
-                raise ValueError(f"member {info.filename}: object arrays are refused (they would need pickle)")
-            offset, size = raw.tell(), int(np.prod(shape)) * dtype.itemsize
-            key = info.filename.removesuffix(".npy")
-            if size < _MAP_MIN_BYTES:
-                arrays[key] = np.array(np.frombuffer(raw.read(size), dtype=dtype).reshape(shape, order="F" if fortran else "C"))
-            elif offset % _NPY_ALIGN:
-                return None
-            else:
-                arrays[key] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
-                                        order="F" if fortran else "C")
+        infos = archive.infolist()
+        keys = [info.filename.removesuffix(".npy") for info in infos]
+        if sorted(keys) != sorted(_CSR_MEMBERS):
+            raise ValueError(f"members {', '.join(sorted(keys))[:120]}, expected {', '.join(sorted(_CSR_MEMBERS))}")
+        for key, info in zip(keys, infos):
+            where = f"{path} member {info.filename}"
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or (
+                    info.compress_type == zipfile.ZIP_DEFLATED
+                    and info.file_size > _DEFLATE_MAX_RATIO * info.compress_size + 1024):
+                raise ValueError(f"member {info.filename}: compression {info.compress_type} of "
+                                 f"{info.compress_size:,} into {info.file_size:,} bytes")
+            with archive.open(info) as member:  # reads (inflates) only the header
+                shape, fortran, dtype, header = npy_header(member, where, info.file_size)
+            order = "F" if fortran else "C"
+            size = info.file_size - header
+            if info.compress_type == zipfile.ZIP_STORED:
+                raw.seek(info.header_offset)
+                local = raw.read(30)
+                if local[:4] != b"PK\x03\x04":
+                    raise ValueError(f"member {info.filename}: no zip local header")
+                name_length, extra_length = struct.unpack("<HH", local[26:30])
+                offset = info.header_offset + 30 + name_length + extra_length + header
+                if size >= _MAP_MIN_BYTES and offset % _NPY_ALIGN == 0:
+                    arrays[key] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+                    continue
+            with archive.open(info) as member:
+                member.read(header)
+                data = member.read(size)
+            arrays[key] = np.frombuffer(data, dtype=dtype).reshape(shape, order=order).copy()
     return arrays
+
+
+def _is_permutation(values, n: int) -> bool:
+    """Whether `values` (JSON values) are the integers 0..n-1, each once."""
+    values = list(values)
+    if len(values) != n or not set(map(type, values)) <= {int}:
+        return False
+    try:
+        columns = np.fromiter(values, dtype=np.int64, count=n)
+    except OverflowError:  # an integer beyond 64 bits
+        return False
+    if n and (columns.min() < 0 or columns.max() >= n):
+        return False
+    seen = np.zeros(n, dtype=bool)
+    seen[columns] = True
+    return bool(seen.all())
 
 
 def load_npz_mapped(path: Path) -> sp.csr_matrix:
     """The CSR matrix of `save_npz_aligned`, its arrays memory-mapped read-only (shared between the
-    processes of a machine); any other scipy ``.npz`` is read into memory by `scipy.sparse.load_npz`."""
+    processes of a machine); another scipy CSR ``.npz`` (unaligned or compressed) is read into memory.
+    Its structure is checked (`_check_csr`), so that no search kernel indexes out of its arrays."""
     arrays = _member_arrays(path)
-    if (arrays is None or {"format", "data", "indices", "indptr", "shape"} - set(arrays)
-            or arrays["format"].item() != b"csr"):
-        return sp.load_npz(path).tocsr()  # load_npz reads with allow_pickle=False
-    return sp.csr_matrix((arrays["data"], arrays["indices"], arrays["indptr"]), shape=tuple(int(n) for n in arrays["shape"]))
+    fmt = arrays["format"].item() if arrays["format"].size == 1 else None
+    if fmt not in (b"csr", "csr"):
+        raise ValueError(f"format {fmt!r}, expected 'csr'")
+    return _check_csr(arrays)
+
+
+def _check_csr(arrays: dict[str, np.ndarray]) -> sp.csr_matrix:
+    """A CSR matrix of L2-normalised tf-idf rows from its arrays, refusing what scipy's own constructor
+    lets through: indices out of range, a decreasing indptr, non-finite values."""
+    shape, indptr, indices, data = (arrays[k] for k in ("shape", "indptr", "indices", "data"))
+    if shape.shape != (2,) or shape.dtype.kind not in "iu" or (shape < 0).any():
+        raise ValueError(f"shape {shape.tolist()!r}, expected (names, n-grams)")
+    rows, columns = (int(n) for n in shape)
+    for name, array, kinds in (("indptr", indptr, "iu"), ("indices", indices, "iu"), ("data", data, "f")):
+        if array.ndim != 1 or array.dtype.kind not in kinds:
+            raise ValueError(f"{name}: a {array.ndim}-d {array.dtype} array")
+    if len(indptr) != rows + 1 or len(indices) != len(data) or (rows >= 0 and (
+            indptr[0] != 0 or indptr[-1] != len(indices))):
+        raise ValueError(f"indptr of {len(indptr)} entries ending at {indptr[-1] if len(indptr) else None} for "
+                         f"{rows} rows and {len(indices)} values")
+    block = 1 << 24  # checked in blocks: a mapped array stays mapped
+    for start in range(0, len(indices), block):
+        part = np.asarray(indices[start : start + block])
+        if len(part) and (part.min() < 0 or part.max() >= columns):
+            raise ValueError(f"a column index outside 0..{columns - 1}")
+        if not np.isfinite(np.asarray(data[start : start + block])).all():
+            raise ValueError("a NaN or infinite value")
+    for start in range(0, len(indptr), block):
+        part = np.asarray(indptr[start : start + block + 1])
+        if (np.diff(part) < 0).any():
+            raise ValueError("a decreasing indptr")
+    return sp.csr_matrix((data, indices, indptr), shape=(rows, columns))
 
 
 def sorted_top_n(queries: sp.csr_matrix, names: sp.csr_matrix, top_n: int, threads: int) -> sp.csr_matrix:
@@ -405,16 +469,25 @@ class TfidfNameIndex:
 
     @classmethod
     def load(cls, folder: Path, config: TfidfConfig) -> TfidfNameIndex:
+        """Read ``tfidf/`` of an index folder, every file through `linker.index.manifest`'s folder policy (inside
+        the folder, regular, bounded) and checked against the others: idf values finite and positive, one
+        vocabulary column per idf value, a well-formed CSR matrix with as many columns."""
         fix = "rebuild it with `linker index build`"
-        with native_read(folder / VOCABULARY, "a JSON vocabulary {n-gram: column}", fix=fix):
-            vocabulary = json.loads((folder / VOCABULARY).read_text(encoding="utf-8"))
-            if not isinstance(vocabulary, dict):
-                raise ValueError(f"a JSON {type(vocabulary).__name__}")
-        with native_read(folder / IDF, "an .npy array of idf values", fix=fix):
-            idf = np.load(folder / IDF, allow_pickle=False)
-        with native_read(folder / MATRIX, "a scipy .npz sparse matrix", fix=fix):
-            matrix = load_npz_mapped(folder / MATRIX)
-        if len(vocabulary) != idf.shape[0] or matrix.shape[1] != idf.shape[0]:
+        idf = read_folder_array(folder, IDF, what="an .npy vector of idf values", shape=(None,), fix=fix)
+        if (idf <= 0).any():
+            raise InputFormatError(folder / IDF, "idf values > 0", f"{idf.min()}", fix=fix)
+        # A vocabulary entry is an n-gram of at most ngram_max characters, each at most 6 bytes of JSON
+        # ("\u00e9"), plus quotes, separators and a column number: the file cannot be larger for this idf.
+        cap = min(VOCABULARY_MAX_BYTES, len(idf) * (6 * config.ngram_max + 26) + 64)
+        vocabulary = read_folder_json(folder, VOCABULARY, what="a JSON vocabulary {n-gram: column}", max_bytes=cap,
+                                      fix=fix)
+        if not _is_permutation(vocabulary.values(), len(idf)):
+            raise InputFormatError(folder / VOCABULARY, f"the columns 0..{len(idf) - 1}, once each (one per idf value)",
+                                   f"{len(vocabulary)} entries, not those columns", fix=fix)
+        path = folder_file(folder, MATRIX, max_bytes=LARGE_MAX_BYTES, what="a scipy .npz sparse matrix", fix=fix)
+        with native_read(folder / MATRIX, "a scipy .npz CSR matrix of tf-idf rows", fix=fix):
+            matrix = load_npz_mapped(path)
+        if matrix.shape[1] != idf.shape[0]:
             raise InputFormatError(folder / IDF, f"{len(vocabulary)} idf values and matrix columns",
                                    f"{idf.shape[0]} idf values, {matrix.shape[1]} columns",
                                    fix="rebuild it with `linker index build`")

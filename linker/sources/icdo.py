@@ -38,7 +38,7 @@ def read_icdo(paths: Sequence[Path], options: SourceOptions) -> SourceOutput:
     def names() -> Iterator[ConceptName]:
         for path in map(Path, paths):
             codes = named = 0
-            for number, line in iter_lines(path):
+            for number, line in iter_lines(path, max_line_bytes=options.limits.max_line_bytes):
                 cells = [c.strip() for c in line.split("\t")]
                 if not cells[0]:
                     if len(cells) == 1:

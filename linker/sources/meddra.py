@@ -25,6 +25,7 @@ from pathlib import Path
 
 from linker.errors import ConfigError, InputFormatError, MissingInputError, UnknownNameError, shorten
 from linker.fileio import iter_lines
+from linker.formats import DEFAULT_LIMITS, ReadLimits
 from linker.schema import ConceptName, HierarchyRow
 from linker.sources import SourceOptions, SourceOutput, register
 from linker.text import LANGUAGE_CODES
@@ -66,6 +67,7 @@ class Release:
     lang: str
     lang_from: str
     version: str | None
+    limits: ReadLimits = DEFAULT_LIMITS
 
     def describe(self) -> dict:
         return {"folder": str(self.folder), "lang": self.lang, "lang_from": self.lang_from, "version": self.version}
@@ -105,7 +107,7 @@ def _lang_from_name(name: str) -> str | None:
     return None
 
 
-def read_release(folder: Path, root: Path) -> Release:
+def read_release(folder: Path, root: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Release:
     """Locate the files of one MedAscii folder and work out its language and version."""
     files = _asc_files(folder)
     missing = [name for name in ("llt.asc", "pt.asc") if name not in files]
@@ -115,7 +117,7 @@ def read_release(folder: Path, root: Path) -> Release:
         )
     lang = lang_from = version = None
     if "meddra_release.asc" in files:
-        for number, line in iter_lines(files["meddra_release.asc"]):
+        for number, line in iter_lines(files["meddra_release.asc"], max_line_bytes=limits.max_line_bytes):
             fields = line.split("$")
             if line.strip() and len(fields) >= 2:
                 version = fields[0].strip() or None
@@ -136,7 +138,7 @@ def read_release(folder: Path, root: Path) -> Release:
             version = f"{match.group(1)}.{match.group(2)}"
     if lang is None:
         lang, lang_from = "en", "default (no language in meddra_release.asc or folder names)"
-    return Release(folder=folder, files=files, lang=lang, lang_from=lang_from, version=version)
+    return Release(folder=folder, files=files, lang=lang, lang_from=lang_from, version=version, limits=limits)
 
 
 def _fields(path: Path, number: int, line: str, names: tuple[str, ...]) -> list[str]:
@@ -155,13 +157,13 @@ def _fields(path: Path, number: int, line: str, names: tuple[str, ...]) -> list[
 
 def _code(path: Path, number: int, value: str, field: str) -> str:
     code = value.strip()
-    if not code.isdigit():
+    if not (code.isascii() and code.isdigit()):  # str.isdigit alone takes '²' and Arabic digits
         raise InputFormatError(path, f"a numeric {field}", shorten(value), line=number)
     return code
 
 
-def _rows(path: Path, names: tuple[str, ...]) -> Iterator[tuple[int, list[str]]]:
-    for number, line in iter_lines(path):
+def _rows(path: Path, names: tuple[str, ...], limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[int, list[str]]]:
+    for number, line in iter_lines(path, max_line_bytes=limits.max_line_bytes):
         if line.strip():
             yield number, _fields(path, number, line, names)
 
@@ -170,12 +172,12 @@ def _names(release: Release, target: str) -> Iterator[ConceptName]:
     """PT names first (collecting the PT codes), then LLT names checked against them."""
     pt_path, llt_path = release.files["pt.asc"], release.files["llt.asc"]
     pt_codes: set[str] = set()  # bounded by the number of PTs (about 27,000)
-    for number, fields in _rows(pt_path, PT_FIELDS):
+    for number, fields in _rows(pt_path, PT_FIELDS, release.limits):
         code = _code(pt_path, number, fields[0], "pt_code")
         pt_codes.add(code)
         yield ConceptName(concept_id=code, name=fields[1].strip(), lang=release.lang, source=SOURCE,
                           term_id=code, term_type="PT", preferred=True)
-    for number, fields in _rows(llt_path, LLT_FIELDS):
+    for number, fields in _rows(llt_path, LLT_FIELDS, release.limits):
         llt = _code(llt_path, number, fields[0], "llt_code")
         pt = _code(llt_path, number, fields[2], "pt_code")
         if pt not in pt_codes:
@@ -193,7 +195,7 @@ def _hierarchy(release: Release) -> list[HierarchyRow]:
     if path is None:
         return []
     rows = []
-    for number, f in _rows(path, MDHIER_FIELDS):
+    for number, f in _rows(path, MDHIER_FIELDS, release.limits):
         codes = [_code(path, number, f[i], MDHIER_FIELDS[i]) for i in range(4)]
         flag = f[11].strip().upper()
         if flag not in ("Y", "N"):
@@ -220,7 +222,7 @@ def releases_for(paths: Sequence[Path], options: SourceOptions) -> list[Release]
                 f"up to {_MAX_DEPTH} levels below"
             )
         root = path if path.is_dir() else path.parent
-        releases.extend(read_release(folder, root) for folder in folders)
+        releases.extend(read_release(folder, root, options.limits) for folder in folders)
     by_lang: dict[str, Release] = {}
     for release in releases:
         if release.lang in by_lang:

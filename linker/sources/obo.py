@@ -32,6 +32,7 @@ from pathlib import Path
 
 from linker.errors import ConfigError, InputFormatError, shorten
 from linker.fileio import iter_lines
+from linker.formats import DEFAULT_LIMITS, ReadLimits, check_identifier
 from linker.schema import ConceptName
 from linker.sources import SourceOptions, SourceOutput, register
 
@@ -91,7 +92,7 @@ def _strip_comment(value: str) -> str:
     return value.strip()
 
 
-def iter_obo_terms(path: Path, header: OboHeader) -> Iterator[OboTerm]:
+def iter_obo_terms(path: Path, header: OboHeader, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[OboTerm]:
     """Stream the non-obsolete [Term] stanzas of an OBO file; fill `header` as it goes."""
     stanza: str | None = None
     start = 0
@@ -126,9 +127,11 @@ def iter_obo_terms(path: Path, header: OboHeader) -> Iterator[OboTerm]:
             header.nameless += 1
         xrefs = tuple(dict.fromkeys(_xref(v.split()[0]) for _, v in tags.get("xref", []) if v.split()))
         parents = tuple(dict.fromkeys(v.split()[0] for _, v in tags.get("is_a", []) if v.split()))
-        return OboTerm(ids[0][1].split()[0], name, tuple(synonyms), xrefs, parents)
+        term_id = check_identifier(ids[0][1].split()[0] if ids[0][1].split() else "", "a term id", where=path,
+                                   line=ids[0][0])
+        return OboTerm(term_id, name, tuple(synonyms), xrefs, parents)
 
-    for number, line in iter_lines(path):
+    for number, line in iter_lines(path, max_line_bytes=limits.max_line_bytes):
         line = line.strip()
         if not line or line.startswith("!"):
             continue
@@ -168,10 +171,11 @@ def read_obo_parents(path: str | Path) -> dict[str, tuple[str, ...]]:
 
 
 def ontology_source(header: OboHeader, path: Path) -> str:
-    """The `source` column: `hpo`, `doid`, or the ontology's own name."""
+    """The `source` column: `hpo`, `doid`, or the ontology's own name (one token: brat writes it as a db)."""
     name = header.ontology or path.name.split(".")[0]
     name = name.removesuffix(".obo").lower()
-    return _SOURCE_NAMES.get(name, name)
+    return check_identifier(_SOURCE_NAMES.get(name, name), "an ontology name (the `ontology:` header or the file name)",
+                            where=path)
 
 
 def term_names(
@@ -192,15 +196,15 @@ def term_names(
             yield ConceptName(term.id, text, "en", source, term.id, term_type, False, current, term.xrefs)
 
 
-def _first_line(path: Path) -> str:
-    for _number, line in iter_lines(path):
+def _first_line(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
+    for _number, line in iter_lines(path, max_line_bytes=limits.max_line_bytes):
         if line.strip():
             return line
     return ""
 
 
-def _kind(path: Path) -> str:
-    first = _first_line(path)
+def _kind(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
+    first = _first_line(path, limits)
     columns = first.split("\t")
     if "subject_id" in columns and "translation_value" in columns:
         return "babelon" if "predicate_id" in columns else "synonyms"
@@ -220,17 +224,18 @@ def _header_index(path: Path, header: list[str], required: Sequence[str]) -> dic
     return {name: header.index(name) for name in header}
 
 
-def _cells(path: Path) -> Iterator[tuple[int, list[str]]]:
-    for number, line in iter_lines(path):
+def _cells(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[int, list[str]]]:
+    for number, line in iter_lines(path, max_line_bytes=limits.max_line_bytes):
         if line.strip():
             yield number, line.split("\t")
 
 
 def iter_babelon(
-    path: Path, terms: dict[str, tuple[str, ...]], source: str, scopes: Sequence[str], counts: Counter
+    path: Path, terms: dict[str, tuple[str, ...]], source: str, scopes: Sequence[str], counts: Counter,
+    limits: ReadLimits = DEFAULT_LIMITS,
 ) -> Iterator[ConceptName]:
     """Names from a Babelon translation table (columns found by header name)."""
-    rows = _cells(path)
+    rows = _cells(path, limits)
     _, header = next(rows)
     col = _header_index(path, header, ("subject_id", "predicate_id", "translation_value", "translation_language"))
     status_col = col.get("translation_status")
@@ -266,10 +271,11 @@ _FILE_LANG = re.compile(r"-([a-z]{2})\.synonyms\.tsv$")
 
 
 def iter_synonyms_tsv(
-    path: Path, terms: dict[str, tuple[str, ...]], source: str, scopes: Sequence[str], counts: Counter
+    path: Path, terms: dict[str, tuple[str, ...]], source: str, scopes: Sequence[str], counts: Counter,
+    limits: ReadLimits = DEFAULT_LIMITS,
 ) -> Iterator[ConceptName]:
     """Names from an HPO `hp-<lang>.synonyms.tsv` (ROBOT template: header, template row, rows)."""
-    rows = _cells(path)
+    rows = _cells(path, limits)
     _, header = next(rows)
     col = _header_index(path, header, ("subject_id", "translation_value"))
     type_col = col.get("synonym_type")
@@ -308,7 +314,7 @@ def read_obo_paths(
     paths: Sequence[Path], options: SourceOptions, *, extra_types: frozenset[str] = frozenset()
 ) -> SourceOutput:
     """Shared by the `obo` and `default` sources: ontologies first, then their translations."""
-    kinds = [(Path(p), _kind(Path(p))) for p in paths]
+    kinds = [(Path(p), _kind(Path(p), options.limits)) for p in paths]
     ontologies = [p for p, k in kinds if k == "obo"]
     translations = [(p, k) for p, k in kinds if k != "obo"]
     if not ontologies:
@@ -326,7 +332,7 @@ def read_obo_paths(
     def names() -> Iterator[ConceptName]:
         for path in ontologies:
             header = OboHeader()
-            for term in iter_obo_terms(path, header):
+            for term in iter_obo_terms(path, header, options.limits):
                 source = ontology_source(header, path)
                 terms[term.id] = term.xrefs
                 yield from term_names(term, source, scopes, extra_types=extra_types)
@@ -340,7 +346,7 @@ def read_obo_paths(
         for path, kind in translations:
             counts: Counter = Counter()
             reader = iter_babelon if kind == "babelon" else iter_synonyms_tsv
-            yield from reader(path, terms, sources[0], scopes, counts)
+            yield from reader(path, terms, sources[0], scopes, counts, options.limits)
             description["translations"].append(
                 {"path": str(path), "kind": kind, "names": counts.pop("names", 0),
                  "unknown_or_obsolete": counts.pop("unknown_or_obsolete", 0), **counts}

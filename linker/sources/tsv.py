@@ -30,6 +30,7 @@ from pathlib import Path
 
 from linker.errors import ConfigError, InputFormatError, shorten
 from linker.fileio import iter_lines
+from linker.formats import DEFAULT_LIMITS, ReadLimits, check_identifier
 from linker.schema import ConceptName
 from linker.sources import SourceOptions, SourceOutput, register
 from linker.text import LANGUAGE_CODES
@@ -37,8 +38,8 @@ from linker.text import LANGUAGE_CODES
 log = logging.getLogger(__name__)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    for number, line in iter_lines(path):
+def _lines(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[int, str]]:
+    for number, line in iter_lines(path, max_line_bytes=limits.max_line_bytes):
         if line.strip() and not line.startswith("#"):
             yield number, line
 
@@ -49,15 +50,18 @@ def pipe_ids(field: str) -> list[str]:
     return [f"OMIM:{i}" if i.isdigit() else i for i in ids]
 
 
-def iter_pipe(path: Path, lang: str, source: str, counts: dict) -> Iterator[ConceptName]:
+def iter_pipe(path: Path, lang: str, source: str, counts: dict,
+              limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ConceptName]:
     seen: set[str] = set()
-    for number, line in _lines(path):
+    for number, line in _lines(path, limits):
         ids_field, sep, names_field = line.partition("||")
         ids = pipe_ids(ids_field)
         names = [html.unescape(n).strip() if "&" in n else n.strip() for n in names_field.split("|")]
         names = [n for n in names if n]
         if not sep or not ids or not names:
             raise InputFormatError(path, "ID[|ID...]||name[|synonym...]", shorten(line), line=number)
+        for concept_id in ids:
+            check_identifier(concept_id, "a concept id", where=path, line=number)
         counts["lines"] += 1
         primary = next((i for i in ids if not i.startswith("OMIM:")), ids[0])
         concept_id, xrefs = primary, tuple(i for i in ids if i != primary)
@@ -70,15 +74,15 @@ def iter_pipe(path: Path, lang: str, source: str, counts: dict) -> Iterator[Conc
             )
 
 
-def iter_tsv(path: Path, lang: str, counts: dict) -> Iterator[ConceptName]:
+def iter_tsv(path: Path, lang: str, counts: dict, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[ConceptName]:
     seen: set[tuple[str, str]] = set()
-    for number, line in _lines(path):
+    for number, line in _lines(path, limits):
         cells = line.split("\t")
         if number == 1 and cells[0].strip().lower() in ("concept_id", "id", "code"):
             continue
         if len(cells) < 2 or not cells[0].strip() or not cells[1].strip():
             raise InputFormatError(path, "concept_id<TAB>name[<TAB>lang]", shorten(line), line=number)
-        concept_id, name = cells[0].strip(), cells[1].strip()
+        concept_id, name = check_identifier(cells[0].strip(), "a concept id", where=path, line=number), cells[1].strip()
         name_lang = cells[2].strip() if len(cells) > 2 and cells[2].strip() else lang
         name_lang = LANGUAGE_CODES.get(name_lang, name_lang)  # UMLS-style ENG/SPA -> en/es
         preferred = (concept_id, name_lang) not in seen
@@ -87,8 +91,8 @@ def iter_tsv(path: Path, lang: str, counts: dict) -> Iterator[ConceptName]:
         yield ConceptName(concept_id, name, name_lang, "tsv", concept_id, "PT" if preferred else "SY", preferred)
 
 
-def file_format(path: Path) -> str:
-    for _number, line in _lines(path):
+def file_format(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
+    for _number, line in _lines(path, limits):
         return "pipe" if "||" in line else "tsv"
     raise InputFormatError(path, "concept names, one per line", "an empty file")
 
@@ -103,13 +107,13 @@ def read_tsv(paths: Sequence[Path], options: SourceOptions) -> SourceOutput:
 
     def names() -> Iterator[ConceptName]:
         for path in map(Path, paths):
-            kind = file_format(path)
+            kind = file_format(path, options.limits)
             counts = {"path": str(path), "format": kind, "lines": 0}
             if kind == "pipe":
                 source = "medic" if "medic" in path.name.lower() else "biosyn"
-                yield from iter_pipe(path, lang, source, counts)
+                yield from iter_pipe(path, lang, source, counts, options.limits)
             else:
-                yield from iter_tsv(path, lang, counts)
+                yield from iter_tsv(path, lang, counts, options.limits)
             description["files"].append(counts)
             log.info("%s: %d lines (%s format)", path, counts["lines"], kind)
 

@@ -16,6 +16,9 @@ first-wins dedupe keeps that flag when other vocabularies repeat the same string
 filters removed that row (e.g. `--sab MDR` while the preferred atom is from SNOMED CT), the
 first kept row with ISPREF=Y, else the first kept row, stands in: every kept concept has
 exactly one preferred name per language.
+
+Lines are read through `linker.fileio`'s bounded layer (``max_line_bytes``, gzip decompressed);
+a CUI or SAB that is not one token (white space, a control character) is refused with its line.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from importlib import resources
 from pathlib import Path
 
 from linker.errors import InputFormatError, MissingInputError, UnknownNameError, shorten
-from linker.fileio import decode_line, iter_lines, open_binary
+from linker.fileio import decode_line, iter_lines, iter_raw_lines, open_binary
+from linker.formats import DEFAULT_LIMITS, ReadLimits, check_identifier
 from linker.schema import ConceptName
 from linker.sources import SourceOptions, SourceOutput, register
 from linker.text import LANGUAGE_CODES
@@ -120,12 +124,12 @@ def locate(path: Path) -> tuple[Path, Path | None]:
     )
 
 
-def _release_name(conso: Path) -> str | None:
+def _release_name(conso: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str | None:
     """The release name (e.g. 2024AA) from release.dat beside META, when present."""
     for folder in (conso.parent, conso.parent.parent):
         dat = folder / "release.dat"
         if dat.is_file():
-            for _number, line in iter_lines(dat):
+            for _number, line in iter_lines(dat, max_line_bytes=limits.max_line_bytes):
                 if line.startswith("umls.release.name="):
                     return line.split("=", 1)[1].strip()
     return None
@@ -141,10 +145,10 @@ def _split(path: Path, number: int, line: str, names: tuple[str, ...]) -> list[s
     return fields
 
 
-def cuis_with_types(mrsty: Path, tuis: frozenset[str]) -> set[str]:
+def cuis_with_types(mrsty: Path, tuis: frozenset[str], limits: ReadLimits = DEFAULT_LIMITS) -> set[str]:
     """CUIs that carry at least one of `tuis` in MRSTY.RRF (bounded by the release's CUI count)."""
     cuis: set[str] = set()
-    for number, line in iter_lines(mrsty):
+    for number, line in iter_lines(mrsty, max_line_bytes=limits.max_line_bytes):
         if line.strip():
             fields = _split(mrsty, number, line, MRSTY_FIELDS)
             if fields[1] in tuis:
@@ -195,10 +199,10 @@ def read_mrconso(
     group: list[list[str]] = []
     previous = ""
     expected_bars = len(MRCONSO_FIELDS)
+    checked: set[str] = set()  # SABs already checked (a few dozen)
     with open_binary(path) as handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, line in iter_raw_lines(handle, path, max_line_bytes=options.limits.max_line_bytes):
             # Checks on raw bytes first: a row of another language costs a count and a split, no decoding.
-            line = raw.rstrip(b"\r\n")
             if line.count(b"|") != expected_bars or not line.endswith(b"|"):
                 if not line.strip():
                     continue
@@ -216,7 +220,10 @@ def read_mrconso(
             if cuis is not None and f[CUI] not in cuis:
                 counts["semantic type"] += 1
                 continue
+            if f[SAB] not in checked:
+                checked.add(check_identifier(f[SAB], "a SAB (source vocabulary)", where=path, line=number))
             if f[CUI] != previous:
+                check_identifier(f[CUI], "a CUI", where=path, line=number)
                 if f[CUI] < previous:
                     raise InputFormatError(
                         path, "rows sorted by CUI, as in a UMLS release", f"{f[CUI]} after {previous}",
@@ -248,11 +255,11 @@ def read_umls(paths: Sequence[Path], options: SourceOptions) -> SourceOutput:
             raise MissingInputError(
                 f"{conso.parent}: no MRSTY.RRF beside {conso.name}; a semantic type or group filter needs it"
             )
-        cui_sets.append(cuis_with_types(mrsty, tuis))
+        cui_sets.append(cuis_with_types(mrsty, tuis, options.limits))
         log.info("%s: %d CUIs of the %d wanted semantic types", mrsty, len(cui_sets[-1]), len(tuis))
 
     description = {
-        "release": [_release_name(conso) for conso, _ in located],
+        "release": [_release_name(conso, options.limits) for conso, _ in located],
         "mrconso": [str(conso) for conso, _ in located],
         "mrsty": [str(m) if m else None for _, m in located],
         "semantic_types": sorted(tuis),

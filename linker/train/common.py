@@ -187,9 +187,12 @@ def check_train_output(
     """Before training: the model folder (and its checkpoint) may not touch an input (the concept table,
     the training sets, the base encoder's folder); an existing model folder is replaced only with
     `overwrite` and only if linker wrote it."""
-    from linker.eval.datasets import parse_spec
+    from linker.dictionary import hierarchy_path
+    from linker.eval.datasets import spec_inputs
+    from linker.fileio import Input, model_inputs
 
-    inputs = [dict_path, *(parse_spec(s).path for s in train_specs), *([encoder] if Path(encoder).exists() else [])]
+    inputs = [Input(Path(dict_path), "--dict"), Input(hierarchy_path(dict_path), "--dict's hierarchy side table"),
+              *(i for spec in train_specs for i in spec_inputs(spec, "--train")), *model_inputs(encoder, "--encoder")]
     check_output(out, inputs=inputs, overwrite=overwrite, folder=True, option="--out")
     check_output(checkpoint_dir(out), inputs=inputs, overwrite=True, folder=True, option="--out (checkpoint)")
 
