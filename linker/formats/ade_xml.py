@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 # ADE Eval: OSE_Labeled_AE and NonOSE_AE). Severity, Factor, Negation, DrugClass, Animal mentions
 # qualify a reaction and are left without a normalisation.
 ADE_MENTION_TYPES = ("AdverseReaction", "OSE_Labeled_AE", "NonOSE_AE")
-XML_ROOTS = ("Label", "SubmissionLabel")
+# TAC 2017 labels are <Label>; ADE Eval gold files <GoldLabel>, its submissions <SubmissionLabel>.
+XML_ROOTS = ("Label", "GoldLabel", "SubmissionLabel")
 
 
 @dataclass(frozen=True)
