@@ -1,11 +1,11 @@
-# Two commands do all the set-up:  `make demo` (main job, offline) and `make test`.
+# Two commands do all the set-up:  `make demo` (main job, offline) and `make test`; `make docs` builds the site.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LINKER := $(VENV)/bin/linker
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-typer-floor
+.PHONY: setup demo test test-typer-floor docs
 
 setup: $(VENV)/.installed
 
@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e ".[dev,spacy,ray]"
+	$(VENV)/bin/pip install -q -e ".[dev,spacy,ray,docs]"
 	touch $@
 
 indexes/default.parquet: | setup
@@ -30,6 +30,12 @@ demo: indexes/default
 test: setup
 	$(PY) -m pytest
 
+# The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link, anchor or report fails it, and so
+# does a CLI reference (docs/cli.md) that no longer matches the commands' --help (regenerate: python docs/gen_cli.py).
+docs: setup
+	$(PY) docs/gen_cli.py --check
+	$(VENV)/bin/mkdocs build --strict -d site
+
 # The CLI against the lowest typer pyproject allows (installed beside, not into, the venv).
 TYPER_FLOOR = $(shell sed -n 's/.*"typer>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 test-typer-floor: setup
@@ -38,7 +44,7 @@ test-typer-floor: setup
 	PYTHONPATH=.typer-floor $(PY) -m pytest -q -p no:cacheprovider tests/test_link.py tests/test_normalize.py tests/test_first_hour.py
 
 # One target per benchmark or accuracy table of the README: each reruns the script that wrote the table's
-# report under eval/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).
+# report under eval/<study>/ (real data from ../shared/data; minutes to hours on 2 cores; see each report's command).
 .PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-ncbi-biosyn eval-ncbi-biosyn-sap eval-ncbi-biosyn-dev eval-multilingual eval-multilingual-full eval-cantemist-biosyn eval-codiesp-biosyn eval-rerank eval-mix-choice eval-capabilities eval-hybrid-tuning
 
 bench-link: setup
@@ -137,7 +143,7 @@ eval-rerank: setup
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapinit --systems reranked --rerank-k 16 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapall-sapinit --systems reranked --rerank-k 16 --threads 2 --biosyn-model models/ncbi-biosyn-minilm-sap-all-biosyn-devgrid-epochs
 	# ties between equally scored concepts broken by the train annotations (index build --prior): measured on dev
-	# first (eval/ncbi_tie_prior.md), then both systems above on test with it
+	# first (eval/ncbi_ties/ncbi_tie_prior.md), then both systems above on test with it
 	$(PY) scripts/ncbi_tie_prior.py
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapinit-prior --systems reranked --rerank-k 16 --threads 2
 	$(PY) scripts/rerank_confidence.py --datasets ncbi-sapall-sapinit-prior --systems reranked --rerank-k 16 --threads 2 --biosyn-model models/ncbi-biosyn-minilm-sap-all-biosyn-devgrid-epochs
@@ -168,7 +174,7 @@ eval-rerank: setup
 eval-mix-choice: setup
 	$(PY) scripts/mix_choice.py
 
-# Capability suites (eval/capabilities_*.md): the indexes once, then the reports and the suite-driven fix.
+# Capability suites (eval/capabilities/): the indexes once, then the reports and the suite-driven fix.
 eval-capabilities: setup
 	$(PY) scripts/capability_indexes.py
 	$(PY) scripts/eval_capabilities.py --part default --sample 200

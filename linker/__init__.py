@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 # other thread of its own team needs, so every operator of an encoder waits for a scheduler slice.
 # Measured on 2 shared cores at load 12-28 (`scripts/bench_dense_build.py --sample 20|40 --no-full`
 # with OMP_WAIT_POLICY unset / ACTIVE / PASSIVE): e5-small bf16 with 2 threads encoded 0.4 / 0.7 /
-# 21 names/s; the dense service: eval/service_load_medic_dense_vs_tfidf.md. PASSIVE threads sleep
+# 21 names/s; the dense service: eval/service/service_load_medic_dense_vs_tfidf.md. PASSIVE threads sleep
 # at once. libgomp reads the setting when torch or faiss is first imported, hence here, before
 # either; a value already in the environment wins.
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:

@@ -278,7 +278,7 @@ class Linker:
         (`linker index build --reranker`) if any, ``"none"`` disables it. `precision`: how a dense
         index encodes mentions: auto, fp32, bf16 or int8; None (default) uses the precision the
         index's names were encoded in (`linker.precision`). `rerank_precision`: the re-ranker's, auto (bf16 where
-        the device runs it natively), bf16 or fp32 (eval/bench_rerank_precision_ncbi.md: their agreement).
+        the device runs it natively), bf16 or fp32 (eval/bench/bench_rerank_precision_ncbi.md: their agreement).
         """
         index = load_index(index_dir, checksums=checksums, precision=precision)
         if rerank is None and index.manifest.get("reranker"):

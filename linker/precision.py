@@ -16,7 +16,7 @@ time (CLI, service, eval, normalise) and in training.
   falls back to fp32 when the check fails.
 
 Which precisions `auto` may choose is decided by the parity measured on real benchmarks
-(NCBI-disease, Cantemist; eval/bench_encode.md, scripts/bench_encode.py).
+(NCBI-disease, Cantemist; eval/bench/bench_encode.md, scripts/bench_encode.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 # Fastest first. A precision is an auto choice only once it met the parity bar on the real
-# benchmarks (top-1 agreement with fp32 >= 99.5%, Acc@1 within 0.3 points; eval/bench_encode.md):
+# benchmarks (top-1 agreement with fp32 >= 99.5%, Acc@1 within 0.3 points; eval/bench/bench_encode.md):
 # bf16 did on NCBI-disease (minilm) and Cantemist (e5-small); int8 (dynamic, per-tensor weights)
 # did not (top-1 agreement 92-94%, vector cosine to fp32 down to 0.82), so it is opt-in only.
 AUTO_CHOICES = ("bf16",)

@@ -7,7 +7,7 @@ Modes:
   "toe(s)" -> "toe s"), so that a mention written without a name's punctuation gets the same
   character n-grams; unlike ``biosyn`` it keeps NFKC. The capability suite found char 1-2 tf-idf's
   top-1 changing when a name lost its punctuation; ``--normalization words`` repairs that and raises
-  Acc@1 on every tf-idf benchmark (eval/capabilities_fix.md).
+  Acc@1 on every tf-idf benchmark (eval/capabilities/capabilities_fix.md).
 - ``faithful``: ``lower().strip()`` only, exactly as the Medical Crossing filtering does.
 - ``biosyn``: as BioSyn's preprocessing: lower case, punctuation replaced by spaces, white space collapsed.
 """

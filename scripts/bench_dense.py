@@ -6,7 +6,7 @@ mentions. Measures
   2. for --faiss-names names encoded once with --faiss-encoder: build seconds, queries/s and
      recall@1/@10 against exact search (tie-aware, `linker.index.dense.recall_against_exact`)
      of flat, hnsw, ivf-sq8 and ivf-pq.
-Writes eval/bench_dense.json and eval/bench_dense.md. The CPU may be shared: the load average
+Writes eval/bench/bench_dense.json and eval/bench/bench_dense.md. The CPU may be shared: the load average
 is recorded, and ratios within one run are more telling than absolute numbers.
 
     .venv/bin/python scripts/bench_dense.py [--encoders minilm,e5-small] [--threads 2]
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--faiss-encoder", default="minilm")
     parser.add_argument("--faiss-names", type=int, default=20000)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("eval"))
+    parser.add_argument("--out", type=Path, default=Path("eval/bench"))
     args = parser.parse_args()
 
     names = medic_names(DATA / "ncbi_disease" / "medic_06Jul2012.txt")

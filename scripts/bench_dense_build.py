@@ -1,4 +1,4 @@
-"""Dense index build of ICD-10-CM with multilingual-e5-small on this machine's CPU; writes eval/bench_dense_build.{md,json}.
+"""Dense index build of ICD-10-CM with multilingual-e5-small on this machine's CPU; writes eval/bench/bench_dense_build.{md,json}.
 
     python scripts/bench_dense_build.py [--sample 1000] [--repeats 3] [--no-full] [--full-runs 1]
 
@@ -240,7 +240,7 @@ def main() -> None:
     parser.add_argument("--no-full", action="store_true", help="skip the full build")
     parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"), help="torch.compile in the full build")
     parser.add_argument("--full-runs", type=int, default=1, help="full builds in a row; the median one is reported")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_dense_build")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench" / "bench_dense_build")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch

@@ -4,9 +4,9 @@
     .venv/bin/python scripts/bench_encode.py --part parity
     .venv/bin/python scripts/bench_encode.py --part build [--build-names 0]
     .venv/bin/python scripts/bench_encode.py --part train
-    .venv/bin/python scripts/bench_encode.py --report          # eval/bench_encode.md from the JSON
+    .venv/bin/python scripts/bench_encode.py --report          # eval/bench/bench_encode.md from the JSON
 
-Each part adds its results to eval/bench_encode.json (other parts' results are kept) and the
+Each part adds its results to eval/bench/bench_encode.json (other parts' results are kept) and the
 report is rewritten from the JSON. The CPU is shared with other jobs, so speeds are measured as
 ratios: the contenders run alternately in one process, each repeat in turn, and the median of the
 repeats is reported with the load average around each part.
@@ -15,9 +15,9 @@ repeats is reported with the load average around each part.
   and multilingual-e5-small: sentence-transformers' own `encode` (batch 64, the loop before this
   change) and linker's loop (length-sorted, batches filled to a token budget) in fp32, bf16, int8.
 - parity: dense indexes in each precision over (a) MEDIC + NCBI train/dev mentions, queried with
-  the NCBI-disease test set preprocessed as BioSyn does (minilm; eval/ncbi_biosyn.md's set-up),
+  the NCBI-disease test set preprocessed as BioSyn does (minilm; eval/ncbi_biosyn/ncbi_biosyn.md's set-up),
   (b) ICD-O names + Cantemist train mentions, queried with the Cantemist test set (e5-small;
-  eval/cantemist_tfidf_train.md's set-up). Top-1 agreement with fp32 and Acc@1 (Full).
+  eval/accuracy/cantemist_tfidf_train.md's set-up). Top-1 agreement with fp32 and Acc@1 (Full).
 - build: a dense flat index of ICD-10-CM (simple-icd-10-cm's names and inclusion terms) with
   e5-small at precision auto; wall-clock time and the manifest's figures.
 - train: SAP pairs/s and BioSyn seconds per step (minilm, MEDIC), alternating: the code before
@@ -457,7 +457,7 @@ def main() -> None:
     parser.add_argument("--part", choices=("throughput", "parity", "build", "train"))
     parser.add_argument("--report", action="store_true", help="only rewrite the Markdown from the JSON")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_encode")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench" / "bench_encode")
     parser.add_argument("--names", type=int, default=1500)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budgets", default="", help="also sweep these token budgets, e.g. 2048,4096,8192,16384")

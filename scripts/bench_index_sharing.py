@@ -14,7 +14,7 @@ For each copy, 1 and then 2 worker processes (plain processes, as a Ray actor or
 is one) load the index with `Linker.load` and link `--spans` spans (so that search touches what it
 uses), then wait while the parent reads each one's /proc/PID/smaps_rollup: RSS and PSS (a shared
 page counts 1/n in each of the n processes that map it). The copies alternate within each of
-`--rounds` rounds; the report gives medians and the load average. Writes eval/bench_index_sharing.{md,json}.
+`--rounds` rounds; the report gives medians and the load average. Writes eval/bench/bench_index_sharing.{md,json}.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--index", type=Path, default=ROOT / "indexes" / "default")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--spans", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_index_sharing")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench" / "bench_index_sharing")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.spans)

@@ -1,11 +1,11 @@
 """Benchmark index build and linking; compare tf-idf search with rapidfuzz and scikit-learn.
 
-    .venv/bin/python scripts/bench_link.py                 # full run, writes eval/bench_link.{md,json}
+    .venv/bin/python scripts/bench_link.py                 # full run, writes eval/bench/bench_link.{md,json}
     .venv/bin/python scripts/bench_link.py --quick         # small sizes, a smoke test of the script
-    .venv/bin/python scripts/bench_link.py --focus --report eval/bench_link_focus
+    .venv/bin/python scripts/bench_link.py --focus --report eval/bench/bench_link_focus
                                  # the new default's searches only (exact, approximate, maxscore): a short run
     .venv/bin/python scripts/bench_link.py --part generated-new   # one part of the full run, merged into
-                                 # eval/bench_link.{md,json} (parts: see --help); the others keep their rows
+                                 # eval/bench/bench_link.{md,json} (parts: see --help); the others keep their rows
 
 Dictionaries: (a) the embedded default dictionary (`linker dict build --source default`:
 ICD-10-CM + English HPO), (b) a generated dictionary of ~1M names (every default name with
@@ -326,7 +326,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="link: timed batches per thread count (medians)")
     parser.add_argument("--baseline-queries", type=int, default=100)
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "bench")
-    parser.add_argument("--report", type=Path, default=ROOT / "eval" / "bench_link")
+    parser.add_argument("--report", type=Path, default=ROOT / "eval" / "bench" / "bench_link")
     parser.add_argument("--big-names", type=int, default=1_000_000)
     parser.add_argument("--dense-names", type=int, default=5_000)
     parser.add_argument("--dense-latency-queries", type=int, default=50)

@@ -13,7 +13,7 @@ The interpreter-plus-imports baseline (`linker dict sources`) is measured the sa
 beside it.
 
 Usage: python scripts/bench_mrconso.py [--small 200000] [--large 2000000] [--workdir DIR]
-Writes eval/dict_build_benchmark.md and eval/dict_build_benchmark.json.
+Writes eval/bench/dict_build_benchmark.md and eval/bench/dict_build_benchmark.json.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from linker.fileio import portable_paths
 
 ROOT = Path(__file__).resolve().parents[1]
-EVAL = ROOT / "eval"
+EVAL = ROOT / "eval" / "bench"
 SEED = 13
 
 # The mix of a real MRCONSO: English is about 40% of its rows; the rest spreads over ~25 languages.
@@ -176,7 +176,7 @@ def main() -> None:
         "baseline": {"command": "linker dict sources", **baseline},
         "runs": results,
     }
-    EVAL.mkdir(exist_ok=True)
+    EVAL.mkdir(parents=True, exist_ok=True)
     (EVAL / "dict_build_benchmark.json").write_text(portable_paths(json.dumps(report, indent=2) + "\n", root=ROOT, scratch=tmp), encoding="utf-8")
     (EVAL / "dict_build_benchmark.md").write_text(portable_paths(markdown(report), root=ROOT, scratch=tmp), encoding="utf-8")
     print(f"wrote {EVAL / 'dict_build_benchmark.md'} and .json")

@@ -12,7 +12,7 @@ top-1 agreement with the first and each one's Acc@1 (each mention linked whole, 
 links it: a composite is right when some gold id is on top, BioSyn's rule), the index's calibrated
 mix applying to all. ``int8`` is measured here only, as the library does not offer it for re-rankers: the fp32
 re-ranker with its Linear layers quantised dynamically (`linker.precision.quantize_int8`), to show why.
-Writes eval/NAME.{md,json}.
+Writes eval/bench/NAME.{md,json}.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--name", default="bench_rerank")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
                         help="the shared data folder, written as ../shared/data in the report")
     args = parser.parse_args()

@@ -15,7 +15,7 @@ before and after every run:
   each worker's linking CPU seconds and peak RSS (from the workers themselves).
 
 The dense contender uses a flat minilm index over `--dense-names` MEDIC names (built once here, in
-the scratch folder). Writes eval/bench_scaleout.{md,json}.
+the scratch folder). Writes eval/bench/bench_scaleout.{md,json}.
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ def capacity(per_cpu_s: float) -> float:
 
 
 # Inputs of the capacity plan that this script does not measure, with where they were measured.
-RERANK_FACTOR = 74.3  # eval/bench_rerank_ncbi.md: re-ranking the top 8 costs 74.3x the retriever alone (per mention)
-TFIDF_MATRIX_MIB_PER_M_NAMES = 397  # eval/bench_link.md: the char_wb 3-3 matrix of 1,000,000 generated names
+RERANK_FACTOR = 74.3  # eval/bench/bench_rerank_ncbi.md: re-ranking the top 8 costs 74.3x the retriever alone (per mention)
+TFIDF_MATRIX_MIB_PER_M_NAMES = 397  # eval/bench/bench_link.md: the char_wb 3-3 matrix of 1,000,000 generated names
 DENSE_DIM = 384  # minilm and e5-small vectors
 
 
@@ -232,7 +232,7 @@ def capacity_plan(result: dict) -> list[str]:
              "Core-hours = 10⁸ / (spans per linking CPU-second) / 3600, from the 2-worker Ray rows (what a worker "
              "sustains on a dedicated core); index loading (once per worker) and Ray's start are extra, minutes per "
              "worker. The re-ranked row divides by the re-ranker's cost, 74.3× the retriever per mention at top 8 "
-             "(eval/bench_rerank_ncbi.md: not measured here).", "",
+             "(eval/bench/bench_rerank_ncbi.md: not measured here).", "",
              "| index | spans / linking CPU-s | core-hours for 10⁸ | on 64 cores | with the re-ranker (×74.3): core-hours | on 64 cores |",
              "|---|---:|---:|---:|---:|---:|"]
     for kind, rows in result["indexes"].items():
@@ -251,8 +251,8 @@ def capacity_plan(result: dict) -> list[str]:
         "", "**A 10M-name dictionary (UMLS-sized), estimated, not measured.** Measured above: a tf-idf worker over the "
         f"150,749-name default index peaks at {worker:,.0f} MiB, most of it the Python process and its libraries. At "
         f"10M names the tf-idf matrix is about {TFIDF_MATRIX_MIB_PER_M_NAMES * 10 / 1024:.1f} GiB "
-        f"({TFIDF_MATRIX_MIB_PER_M_NAMES} MiB per million names, eval/bench_link.md). A load memory-maps it read-only "
-        "(`tfidf/names.npz` written aligned; eval/bench_index_sharing.md measures the sharing at 1 and 2 workers), so a "
+        f"({TFIDF_MATRIX_MIB_PER_M_NAMES} MiB per million names, eval/bench/bench_link.md). A load memory-maps it read-only "
+        "(`tfidf/names.npz` written aligned; eval/bench/bench_index_sharing.md measures the sharing at 1 and 2 workers), so a "
         "node holds it once in its page cache, whatever its number of workers. Each worker still builds its own search "
         "structure from it: maxscore's postings (the search above 500,000 names), a transposed copy about as large as "
         "the matrix, and it holds the concept table (Arrow) and the per-name Python lists (names, term ids), roughly "
@@ -391,7 +391,7 @@ def main() -> None:
     parser.add_argument("--skip-dense", action="store_true")
     parser.add_argument("--contenders", type=lambda s: s.split(","), default=CONTENDERS,
                         help="Comma-separated subset of local,ray-1,ray-2, run in this order (a long run may skip ray-1).")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench_scaleout")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "bench" / "bench_scaleout")
     parser.add_argument("--from-json", type=Path, help="Only rewrite the report from an earlier run's JSON.")
     parser.add_argument("--note", default="", help="What else ran on the machine (stored in the JSON, shown in the report).")
     parser.add_argument("--from-log", type=Path,

@@ -14,7 +14,7 @@ tf-idf default. This script measures, with every other setting equal:
    same dictionaries, test sets and xref rules, under the Full and exact-match filters
    (the 0.2 filters take most of eval_all's time and do not depend on the index).
 
-Writes ``eval/capabilities_fix.md|json`` (and the suite's ``eval/capabilities_fix_suite.*``).
+Writes ``eval/capabilities/capabilities_fix.md|json`` (and the suite's ``eval/capabilities/capabilities_fix_suite.*``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def tfidf(dict_path: Path, mode: str, idx: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "capabilities")
     parser.add_argument("--indexes", type=Path, default=ROOT / "indexes" / "eval")
     parser.add_argument("--sample", type=int, default=200)
     parser.add_argument("--seed", type=int, default=15)

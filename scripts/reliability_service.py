@@ -1,5 +1,5 @@
 """Hostile requests against a real `linker serve`, before and after the issue-10 fixes; writes
-eval/reliability_service.{md,json}.
+eval/reliability/reliability_service.{md,json}.
 
     python scripts/reliability_service.py --index indexes/default --before ../old826 [--clients 4]
 
@@ -309,7 +309,7 @@ def main() -> None:
     parser.add_argument("--chunked-mib", type=int, default=50)
     parser.add_argument("--case-timeout", type=float, default=600.0, help="well-behaved clients stop after this")
     parser.add_argument("--only", default="", help="comma-separated case names (default: all)")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "reliability_service")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "reliability" / "reliability_service")
     args = parser.parse_args()
     index = args.index if args.index.is_absolute() else (Path.cwd() / args.index)
     if not (index / "manifest.json").is_file():

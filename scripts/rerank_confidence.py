@@ -6,7 +6,7 @@
         [--biosyn-model models/ncbi-biosyn-minilm-biosyn] [--codiesp-model models/codiesp-e5-biosyn-all] [--heldin-only]
 
 For each dataset: a tf-idf retriever over the dictionary plus the training mentions (as in
-eval/ncbi_biosyn.md and eval/cantemist_tfidf_train.md; character uni+bigrams, the parameters these
+eval/ncbi_biosyn/ncbi_biosyn.md and eval/accuracy/cantemist_tfidf_train.md; character uni+bigrams, the parameters these
 reports were measured with, pinned here since the library's default became char_wb trigrams), then
 
 1. a cross-encoder re-ranker (`train_rerank`) trained on the dictionary's synonyms and the
@@ -53,8 +53,8 @@ above the e5-small retriever that BioSyn trained on all CodiEsp-D train mentions
 by that dense retriever; ``codiesp-sapbiosyn-sapinit`` the same for CodiEsp-D.
 ``--heldin-only`` stops after the held-in calibration, so that two recipes are compared on dev, never on test
 (the calibration is kept beside the index and reused by the full run).
-Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank_confidence.{md,json}
-and one report per (dataset, system) (eval/rr_*.md/json/png, *.coverage.png).
+Stages are skipped when their output exists (unless --rebuild). Writes eval/rerank/rerank_confidence.{md,json}
+and one report per (dataset, system) (eval/rerank/rr_*.md/json/png, *.coverage.png).
 """
 
 from __future__ import annotations
@@ -130,14 +130,14 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         **out["ncbi-biosyn"], "title": "NCBI-disease test (BioSyn preprocessing), BioSyn dense retriever, re-ranker "
         "negatives mined by it", "reranker_of": None, "mine_index": True,
     }
-    # That re-ranker above the stronger retriever of eval/ncbi_biosyn_sapall.md (sap on every MEDIC pair, then
+    # That re-ranker above the stronger retriever of eval/ncbi_biosyn/ncbi_biosyn_sapall.md (sap on every MEDIC pair, then
     # BioSyn): pass `--biosyn-model models/ncbi-biosyn-minilm-sap-all-biosyn`.
     out["ncbi-sapall-mined"] = {
         **out["ncbi-biosyn-mined"], "title": "NCBI-disease test (BioSyn preprocessing), sap + BioSyn dense retriever, "
         "the re-ranker of the row above", "reranker_of": "ncbi-biosyn-mined", "mine_index": False,
     }
     # The "ncbi" recipe from a domain-adapted transformer: MiniLM after sap on every MEDIC synonym pair
-    # (eval/ncbi_biosyn_sapall.md's first stage; no mention seen, so the dev split stays held-in).
+    # (eval/ncbi_biosyn/ncbi_biosyn_sapall.md's first stage; no mention seen, so the dev split stays held-in).
     out["ncbi-sapinit"] = {
         **out["ncbi"], "init": ("ncbi-biosyn-minilm-sap-all", "make eval-ncbi-biosyn-sap"),
         "title": "NCBI-disease test (BioSyn preprocessing), re-ranker initialised from the sap encoder",
@@ -171,7 +171,7 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         "title": "NCBI-disease test (BioSyn preprocessing), re-ranker initialised from the sap e5-small (HPO + DOID)",
     }
     # The Cantemist recipe's start on NCBI: MiniLM after sap on MEDIC and then BioSyn on the *train* mentions only
-    # (the dev-chosen lr / batch / top-k / 4 epochs of eval/ncbi_biosyn_sapall.md, without dev, so dev stays held-in;
+    # (the dev-chosen lr / batch / top-k / 4 epochs of eval/ncbi_biosyn/ncbi_biosyn_sapall.md, without dev, so dev stays held-in;
     # `make eval-rerank` trains it with `linker train biosyn`), its weights under a fresh one-output head.
     out["ncbi-sapbiosyninit"] = {
         **out["ncbi"], "init": ("ncbi-biosyn-minilm-sap-all-biosyn-train", "make eval-rerank"),
@@ -183,7 +183,7 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         out[f"ncbi-sapinit-k{k}"] = {**out["ncbi-sapinit"], "reranker_of": "ncbi-sapinit", "rerank_k": k,
                                      "title": out["ncbi-sapinit"]["title"] + f", re-ranking the top {k}"}
     # Ties decided by the train annotations (`linker index build --prior`): MEDIC gives one name to several concepts,
-    # and on dev a train-annotation prior put the gold first for 34 mentions more and 4 fewer (eval/ncbi_tie_prior.md).
+    # and on dev a train-annotation prior put the gold first for 34 mentions more and 4 fewer (eval/ncbi_ties/ncbi_tie_prior.md).
     for base in ("ncbi-sapinit", "ncbi-sapall-sapinit"):
         out[f"{base}-prior"] = {**out[base], "reranker_of": "ncbi-sapinit", "prior": [n_train],
                                 "title": out[base]["title"] + ", ties by the train annotations"}
@@ -205,7 +205,7 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         return medic, table(work / "medic_train_dev.parquet",
                             [SourceSpec("tsv", (ncbi / "medic_06Jul2012.txt", names))], rebuild=rebuild)
 
-    # The same system under BioSyn's own dictionary (MEDIC + train + dev mentions, as eval/ncbi_biosyn_full.md and
+    # The same system under BioSyn's own dictionary (MEDIC + train + dev mentions, as eval/ncbi_biosyn/ncbi_biosyn_full.md and
     # the published 91.1): dev mentions are then dictionary names, so nothing is fitted here; the mix and the
     # confidence map are those "ncbi-biosyn" chose on dev. Filtered0.2 filters by train+dev mentions, as there.
     out["ncbi-biosyn-protocol"] = {
@@ -239,7 +239,7 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
     out["cantemist-mined-e3"] = {**out["cantemist-mined"], "recipe": {"epochs": 3},
                                  "title": "Cantemist test, negatives mined by the retriever's tf-idf, three epochs"}
     # The same recipe from a domain-adapted transformer (xMEN initialises its cross-encoder from SapBERT): the full-size
-    # bi-encoder of eval/train_cantemist_e5_sap_all.md (cross-lingual sap on HPO + DOID, then BioSyn on the train
+    # bi-encoder of eval/train_multilingual/train_cantemist_e5_sap_all.md (cross-lingual sap on HPO + DOID, then BioSyn on the train
     # mentions; dev1 unseen by it), its weights under a fresh one-output head.
     out["cantemist-mined-sapinit"] = {
         **out["cantemist-mined"], "init": ("cantemist-e5-sap-biosyn-all", "make eval-multilingual-full"),
@@ -289,7 +289,7 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
         **out["codiesp-biosyn"], "title": "CodiEsp-D test, BioSyn-trained e5-small dense retriever, re-ranker "
         "negatives mined by it", "reranker_of": None, "mine_index": True,
     }
-    # The full-size retriever of eval/train_cantemist_e5_sap_all.md (cross-lingual sap on HPO + DOID, then BioSyn for
+    # The full-size retriever of eval/train_multilingual/train_cantemist_e5_sap_all.md (cross-lingual sap on HPO + DOID, then BioSyn for
     # 10 epochs on every train mention, on a lent GPU; scripts/gpu_multilingual.sh) over the same dictionary, with the
     # tf-idf-mined re-ranker above: does a re-ranker still add to the best retriever?
     out["cantemist-sapbiosyn"] = {
@@ -323,7 +323,7 @@ def datasets(data: Path, work: Path, rebuild: bool) -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "rerank")
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "rr")
     parser.add_argument("--models", type=Path, default=ROOT / "models")
     parser.add_argument("--datasets", default="ncbi,cantemist,codiesp")
@@ -437,7 +437,7 @@ def main() -> None:
                           "acc1_interval": [r.acc(1).low, r.acc(1).high]} for r in report.rows if r.lang == "all"],
                 "rerank": report.rerank, "calibration": {k: v for k, v in report.calibration.items() if k != "curve"},
                 "nil": report.nil, "seconds": report.seconds, "load_average": report.config["load_average"],
-                "report": f"eval/rr_{name}_{system}.md",
+                "report": f"eval/rerank/rr_{name}_{system}.md",
             }
         if spec.get("heldin_seen_by_retriever") and "reranked" in systems:
             entry["weight_sensitivity"] = test_weight_sensitivity(reranked, spec, args)
@@ -469,7 +469,7 @@ def rerank_k(spec: dict, args) -> int:
 
 
 def write_summary(summary: dict, path: Path, args) -> None:
-    """eval/rerank_confidence.{json,md}, with portable paths."""
+    """eval/rerank/rerank_confidence.{json,md}, with portable paths."""
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(summary, indent=2, default=str))
     with atomic_file(args.out / "rerank_confidence.md") as tmp:
@@ -582,7 +582,7 @@ def markdown(summary: dict) -> str:
         f"{summary['hardware']['gpu']}; load average at the end {summary['hardware']['load_average_at_end']}.",
         "",
         "Retriever: character tf-idf over the dictionary plus the training mentions (for the row so named, the "
-        "BioSyn-trained dense MiniLM of eval/ncbi_biosyn_full.md over the same dictionary). Re-ranker: a cross-encoder "
+        "BioSyn-trained dense MiniLM of eval/ncbi_biosyn/ncbi_biosyn_full.md over the same dictionary). Re-ranker: a cross-encoder "
         "trained by `linker train rerank` within a CPU time budget, re-scoring the retriever's top *k*. Both columns "
         "come from one linking call (the re-ranked candidates keep the retriever's score). Calibration: isotonic, "
         "fitted on the held-in dev split with `linker calibrate`; ECE on the test set (10 bins); *raw* = the score "

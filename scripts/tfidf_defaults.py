@@ -1,6 +1,6 @@
 """Choose the tf-idf defaults by measurement: analyzer, n-gram range and normalisation mode.
 
-    .venv/bin/python scripts/tfidf_defaults.py            # writes eval/tfidf_defaults.{md,json}
+    .venv/bin/python scripts/tfidf_defaults.py            # writes eval/tfidf_defaults/tfidf_defaults.{md,json}
     .venv/bin/python scripts/tfidf_defaults.py --quick    # two settings, a smoke test of the script
 
 For every setting and every benchmark in ../shared/data (NCBI-disease test against MEDIC +
@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path,
                         default=Path(os.environ.get("LINKER_SHARED_DATA", ROOT.parent / "shared" / "data")))
     parser.add_argument("--indexes", type=Path, default=ROOT / "indexes" / "eval")
-    parser.add_argument("--report", type=Path, default=ROOT / "eval" / "tfidf_defaults")
+    parser.add_argument("--report", type=Path, default=ROOT / "eval" / "tfidf_defaults" / "tfidf_defaults")
     parser.add_argument("--quick", action="store_true", help="two settings only")
     parser.add_argument("--render", type=Path, help="only rewrite the Markdown from this JSON report")
     args = parser.parse_args()

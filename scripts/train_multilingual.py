@@ -15,8 +15,8 @@ cantemist: dictionary = ICD-O names of valid-codes.tsv (built as scripts/eval_al
   lower encoder layers frozen, as the Medical Crossing study did); dense indexes with e5-small before
   and after; Cantemist test scored Full / dict / train filters; optionally the same two encoders on
   the dictionary that adds the train mentions as names (eval_all.py's "ICD-O names + train mentions").
-  Writes eval/train_cantemist_e5.md|json. `--biosyn-queries 0` trains on every unique train mention
-  (model models/cantemist-e5-biosyn-all, report eval/train_cantemist_e5_all.md|json): the run resumes
+  Writes eval/train_multilingual/train_cantemist_e5.md|json. `--biosyn-queries 0` trains on every unique train mention
+  (model models/cantemist-e5-biosyn-all, report eval/train_multilingual/train_cantemist_e5_all.md|json): the run resumes
   from its last finished epoch (BioSyn checkpoints after each), and the dev1 mentions are watched
   before every epoch and after the last (dense Acc@1 against the training dictionary, a curve in
   eval/<report>_curve.png; dev1 is not trained on, and nothing is chosen by it). A run stopped after
@@ -28,18 +28,18 @@ mantra: dictionary = HPO with its es/fr/nl/de translations (eval_all.py's hpo_tr
   the Disease Ontology is left out with --no-doid, the default here, because one e5-small pass over
   its extra 18k names costs ~80 s and two dense builds over all 118k names do not fit the time box);
   `train_sap` of e5-small on the cross-lingual synonym pairs of that table; Mantra GSC scored per
-  language, gold via the terms' UMLS xrefs. Writes eval/train_mantra_e5.md|json.
+  language, gold via the terms' UMLS xrefs. Writes eval/train_multilingual/train_mantra_e5.md|json.
 codiesp: the same two encoders (e5-small, and e5-small + the mantra part's cross-lingual sap on HPO,
   trained first if missing) on CodiEsp-D test: Spanish mentions against the English ICD-10-CM names
-  (eval_all.py's icd10cm table), Full and the training-set filters. Writes eval/train_codiesp_e5.md|json.
+  (eval_all.py's icd10cm table), Full and the training-set filters. Writes eval/train_multilingual/train_codiesp_e5.md|json.
   `--biosyn-queries 0` instead trains BioSyn on every unique CodiEsp-D train mention (Spanish) against
   those English names (model models/codiesp-e5-biosyn-all, dev = devX watched per epoch, resumable as
-  for cantemist) and writes eval/train_codiesp_e5_all.md|json|_curve.png; the dictionary with the train
+  for cantemist) and writes eval/train_multilingual/train_codiesp_e5_all.md|json|_curve.png; the dictionary with the train
   mentions added is scored by `scripts/hybrid_tuning.py codiesp --encoder models/codiesp-e5-biosyn-all`.
 
 Full size: `mantra --sap-pairs 0` trains sap on every pair (SapBERT's cap of 50 per concept; with --doid
 the Disease Ontology's synonyms too, model models/mantra-e5-sap-all-doid, report
-eval/train_mantra_e5_all_doid.md), and `--sap-model` starts the cantemist / codiesp BioSyn runs from it (models
+eval/train_multilingual/train_mantra_e5_all_doid.md), and `--sap-model` starts the cantemist / codiesp BioSyn runs from it (models
 <part>-e5-sap-biosyn-all, reports eval/train_<part>_e5_sap_all.md). A BioSyn model trained on another kind of
 machine has its watched dev number recomputed here from the carried weights (`watched_acc1`).
 
@@ -93,7 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["cantemist", "mantra", "codiesp"])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "eval")
+    parser.add_argument("--out", type=Path, default=ROOT / "eval" / "train_multilingual")
     parser.add_argument("--work", type=Path, default=ROOT / "indexes" / "train_multilingual")
     parser.add_argument("--eval-indexes", type=Path, default=ROOT / "indexes" / "eval",
                         help="scripts/eval_all.py's folder: its dictionaries are reused when present")
@@ -271,7 +271,7 @@ def main() -> None:
         else:
             score("dense e5-small + sap (HPO cross-lingual pairs), ICD-10-CM names (en)",
                   dense(icd, args.work / "icd10cm_e5_sap", str(model)), test, train_spec=train, filters=("all",))
-    state["tfidf_rows"] = tfidf_rows(args.out / "summary.json", {"codiesp": "codiesp_d"}.get(args.part, args.part))
+    state["tfidf_rows"] = tfidf_rows(ROOT / "eval" / "accuracy" / "summary.json", {"codiesp": "codiesp_d"}.get(args.part, args.part))
     write(args.out, name, state, reports, data=args.data)
     print((args.out / f"{name}.md").read_text())
 
@@ -388,7 +388,7 @@ def markdown(s: dict, reports) -> str:
         lines.append(f"Published: {label}: " + "; ".join(f"{k} {a1:.2f}" + ("" if a5 is None else f" / {a5:.2f}")
                                                         for k, (a1, a5) in cols.items()))
     for row in s.get("tfidf_rows", []):
-        lines.append(f"tf-idf (eval/summary.json, same test set): {row}")
+        lines.append(f"tf-idf (eval/accuracy/summary.json, same test set): {row}")
     if t:
         lines += ["", "## Training run", "", f"Model {t['model']}; config {t['config']}; data {t['data']}.",
                   f"Training data: {t['extra']}.",

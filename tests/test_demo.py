@@ -23,7 +23,7 @@ EXPECTED = {  # adverse-event span -> the concept a drug-safety reader expects
     "ae-11": "HP:0000989",  # itchy skin -> Pruritus
     # swollen ankles: Ankle swelling (HP:0001785) with the medical-crossing preset's char 1-2-grams; the
     # default's trigrams share 7 with "Swollen finger", 5 with "Ankle swelling" (`linker link --explain`).
-    # The default was chosen on four benchmarks (eval/tfidf_defaults.md), not on this example.
+    # The default was chosen on four benchmarks (eval/tfidf_defaults/tfidf_defaults.md), not on this example.
     "ae-12": "HP:0025131",
     "ae-13": "M25.562",  # pain in left knee (ICD-10-CM)
     "ae-14": "HP:0000822",  # high blood pressure -> Hypertension

@@ -228,7 +228,7 @@ def test_preset_is_recorded_and_old_manifests_keep_their_setting(tmp_path):
 
 def test_words_normalisation_ignores_punctuation(tmp_path):
     """The capability suite's INV punctuation fix: "Aplasia/Hypoplasia ... toe(s)" and the same words without
-    punctuation have the same n-grams (eval/capabilities_fix.md)."""
+    punctuation have the same n-grams (eval/capabilities/capabilities_fix.md)."""
     from linker.text import normalize
 
     assert normalize("Aplasia/Hypoplasia of the  toe(s), NOS", "words") == "aplasia hypoplasia of the toe s nos"

@@ -94,7 +94,7 @@ def sap_cli(
 @train_app.command("rerank")
 def rerank_cli(
     dict_path: Path = typer.Option(..., "--dict", help="Concept table (.parquet): its synonyms are the self-supervised queries."),
-    encoder: str = typer.Option(..., "--encoder", help="Base model: minilm, e5-small, a model folder or a hub name. A folder from `train sap`/`train biosyn` on the same terminology is the better start (README: re-ranking)."),
+    encoder: str = typer.Option(..., "--encoder", help="Base model: minilm, e5-small, a model folder or a hub name. A folder from `train sap`/`train biosyn` on the same terminology is the better start (docs/training.md)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output re-ranker folder, e.g. models/ncbi-rerank."),
     train: list[str] = typer.Option(None, "--train", help="Labelled mentions as dataset specs (repeat), added to the synonym queries."),
     max_queries: int = typer.Option(20000, "--max-queries", help="Synonym queries (seeded sample); labelled mentions are all used."),

@@ -17,7 +17,7 @@ curve jagged (NCBI-disease dev: 88.18 at 64, 86.91 at 128), and its highest poin
 set's noise. Chosen on one half of a held-in set and scored on the other (300 random halvings of
 each of six held-in sets), this rule's held-out Acc@1 was on average above that of the best point
 of the earlier 15-weight grid on every set, by 0.01 to 0.40 points, 0.12 on average
-(scripts/mix_choice.py, eval/mix_choice.md). The map is then
+(scripts/mix_choice.py, eval/rerank/mix_choice.md). The map is then
 fitted on the mixed score. A re-ranker whose chosen mix does not beat the retriever's own order
 there is reported with a warning.
 """

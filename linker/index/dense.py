@@ -324,7 +324,7 @@ class DenseNameIndex:
         # one matrix product per block reads them once for all queries on every thread. A service links
         # a few mentions per call: on the 77,830-name MEDIC index (minilm, 2 cores) the product made
         # `Linker.link` 1.62x faster for 1 mention and 1.22x for 10 (scratch timing, same top-1), and
-        # the service 1.21x at ten mentions per request (eval/service_load_medic_dense_vs_tfidf.md).
+        # the service 1.21x at ten mentions per request (eval/service/service_load_medic_dense_vs_tfidf.md).
         # The setting is FAISS's, process-wide.
         faiss.cvar.distance_compute_blas_threshold = 1
         if faiss_index is None:
@@ -579,11 +579,11 @@ def partial_dir(parent: Path, names: Sequence[str], encoder) -> Path:
 # looser than the benchmark bar (top-1 agreement >= 99.5% on linking): here each name is a query
 # against the other sampled names, whose nearest neighbours are often near-ties (a name and its
 # plural), so a little agreement is lost to ties that linking never sees. Measured figures for
-# MEDIC and ICD-O names are in eval/bench_encode.md.
+# MEDIC and ICD-O names are in eval/bench/bench_encode.md.
 PARITY_MIN_AGREEMENT = 0.98
 PARITY_MIN_COSINE = 0.99
 # Two neighbours whose fp32 cosines differ by less than this are a tie: bf16's per-vector error
-# (cosine 0.99999 to fp32, eval/bench_encode.md) moves scores by up to ~1e-3.
+# (cosine 0.99999 to fp32, eval/bench/bench_encode.md) moves scores by up to ~1e-3.
 PARITY_TIE = 1e-3
 
 

@@ -34,7 +34,7 @@ Scores come from the rows, summed in column order as the full product sums them,
 bit-identical to its scores and equal names tie exactly (ties are ordered by table row, not by
 the length order); the bounds keep a margin `EPS` for the rounding of partial sums. The top k is
 therefore the exact one (tests/test_index_tfidf.py checks it against the full product;
-eval/bench_link.md measures speed and agreement).
+eval/bench/bench_link.md measures speed and agreement).
 
 The kernel is compiled with numba (`nogil`: `search` runs blocks of queries in threads, each thread
 taking the next block when done). Without numba, `available()` is False and tfidf.py searches with

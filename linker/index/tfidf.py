@@ -3,7 +3,7 @@
 The default is character trigrams inside word boundaries (``char_wb``, 3-3) over names and
 mentions normalised as BioSyn does (lower case, punctuation to spaces): over NCBI-disease,
 Cantemist, CodiEsp-D and Mantra it was the most accurate setting on average and visits about a
-tenth of the postings of the Medical Crossing setting per query (eval/tfidf_defaults.md, from
+tenth of the postings of the Medical Crossing setting per query (eval/tfidf_defaults/tfidf_defaults.md, from
 scripts/tfidf_defaults.py). That setting, character uni+bigrams as the Medical Crossing baseline
 and BioSyn's sparse encoder used, stays available as the preset ``medical-crossing``.
 
@@ -27,7 +27,7 @@ followed by a sort materialises every non-zero query-name score (measured by the
 names: ~95 queries/s at 2.6 GiB, against ~600 queries/s at 0.3 GiB with sp_matmul_topn).
 The names are searched in shards of `SHARD_NAMES`, so that the array in which the product accumulates
 a query's scores stays small enough for the CPU cache; whether that pays off depended on the run on
-the shared 2-core machine (eval/bench_link.md compares it with one product over all names).
+the shared 2-core machine (eval/bench/bench_link.md compares it with one product over all names).
 
 `TfidfConfig.search` picks the search: ``exact`` is that product; ``maxscore``
 (`linker.index.maxscore`) gives the same top-k with certified early termination: it reads a
@@ -36,7 +36,7 @@ score (given concept codes, the k-th concept's: `linker.retrieve` asks it for th
 directly); ``auto`` (the default) is exact up to `exact_max_names` names and maxscore above;
 ``approximate`` (a lever kept for comparison): a query's n-grams found in more than
 `candidate_df` of the names do not select candidates, the best-scoring names of the rest are
-rescored exactly with the whole query. eval/bench_link.md compares them.
+rescored exactly with the whole query. eval/bench/bench_link.md compares them.
 A mention that shares no n-gram with the vocabulary has an all-zero vector and gets no
 candidates (rows -1), never arbitrary ones.
 """
