@@ -79,6 +79,7 @@ def _register() -> None:
     from linker.cli import train as _train  # noqa: F401
     from linker.cli import normalize as _normalize, serve as _serve  # noqa: F401
     from linker.cli import index as _index, link as _link  # noqa: F401
+    from linker.cli import recipe as _recipe  # noqa: F401
 
 
 _register()
