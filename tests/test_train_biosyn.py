@@ -229,3 +229,17 @@ def test_a_finished_model_stopped_inside_an_epoch_is_not_continued(tmp_path, tin
     train_biosyn(TRAIN, biosyn_dict, encoder=enc, out=out, config=config)
     with pytest.raises(ConfigError, match="stopped by --max-seconds inside epoch 1"):
         train_biosyn(TRAIN, biosyn_dict, encoder=enc, out=out, config=replace(config, max_seconds=None), resume=True)
+
+
+def test_the_stages_before_the_first_epoch(tmp_path, biosyn_dict):
+    """`training_data` (queries with xref-widened gold, fixed tf-idf candidates) and a fresh `resume_point`."""
+    from linker.train.biosyn import resume_point, training_data
+
+    data = training_data(biosyn_dict, [TRAIN], BiosynConfig(topk=4), monitor=load_dataset(TRAIN))
+    assert len(data.queries) == 13 == len(data.watch) and data.sparse_rows.shape == (13, 4)
+    assert data.query_stats["queries"] == 13 and list(data.name_keys) == list(data.dictionary.keys)
+    start = resume_point(tmp_path / "none", resume=False, finished=None, extra={"queries": data.query_stats})
+    assert start.state == {"epoch": 0, "step": 0} and start.weights_from is None and start.optimizer_state is None
+    assert start.metrics.extra == {"queries": data.query_stats} and not start.metrics.epochs
+    with pytest.raises(MissingInputError, match="no checkpoint"):
+        resume_point(tmp_path / "none", resume=True, finished=None, extra={})

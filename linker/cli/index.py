@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from linker.cli.common import echo_json
 from linker.cli.main import app
 from linker.errors import ConfigError
-from linker.index import available_kinds, build_index
+from linker.index import available_kinds, build_index, get_kind
+from linker.index.dense import DenseConfig
 from linker.index.manifest import read_manifest, verify
+from linker.index.tfidf import TfidfConfig
 
 index_app = typer.Typer(help="Build and inspect index folders.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
@@ -24,11 +29,23 @@ def _ngram_range(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, normalization: str | None,
-                  threads: int | None, exact_max_names: int | None, search: str | None = None):
-    import dataclasses
+def _parameters(config_type: type, parts: dict[type, Callable[[], Any]], own: dict) -> dict:
+    """A kind's parameters, as its manifest records them, from the command line: a kind whose config is one
+    of `parts` (tfidf, dense) takes that part's options; a kind made of parts (hybrid) takes each part's,
+    field by field, and its `own` options, the rest at their defaults. `IndexKind.config_from_dict` reads them."""
+    if config_type in parts:
+        return dataclasses.asdict(parts[config_type]())
+    default = config_type()
+    params = {}
+    for field in dataclasses.fields(default):
+        value = getattr(default, field.name)
+        params[field.name] = dataclasses.asdict(parts[type(value)]()) if type(value) in parts else value
+    return {**params, **own}
 
-    from linker.index.tfidf import TfidfConfig, get_preset
+
+def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, normalization: str | None,
+                  threads: int | None, exact_max_names: int | None, search: str | None = None) -> TfidfConfig:
+    from linker.index.tfidf import get_preset
 
     options: dict = {"analyzer": analyzer, "normalization": normalization}
     if ngram is not None:
@@ -43,9 +60,8 @@ def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, n
 
 
 def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None,
-                  precision: str, compile_choice: str):
+                  precision: str, compile_choice: str) -> DenseConfig:
     from linker.encoders import check_encoder_name
-    from linker.index.dense import DenseConfig
 
     if encoder is not None:
         check_encoder_name(encoder)  # before the concept table is read
@@ -78,20 +94,17 @@ def build_cli(
     prior: list[str] = typer.Option(None, "--prior", help="Labelled training data FORMAT:PATH[#OPTIONS] (repeatable): among concepts tied at equal scores, the one most often gold there for the matched name ranks first, then the one most often gold overall."),
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
-    if kind == "tfidf":
-        config = _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search)
-    elif kind == "dense":
-        config = _dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice)
-    elif kind == "hybrid":
-        from linker.index.hybrid import HybridConfig
-
-        extra = {} if sparse_weight in (None, "tuned") else {"sparse_weight": _sparse_weight(sparse_weight, encoder)}
+    spec = get_kind(kind)
+    own = {}  # options of a kind's own config (the hybrid's weights), not of one of its parts
+    if "sparse_weight" in {f.name for f in dataclasses.fields(spec.config_type)}:
+        own = {} if sparse_weight in (None, "tuned") else {"sparse_weight": _sparse_weight(sparse_weight, encoder)}
         if (sparse_weight == "tuned") != (dev is not None):
             raise ConfigError("--sparse-weight tuned needs --dev SPEC (the dev mentions to tune on), and --dev needs it")
-        config = HybridConfig(tfidf=_tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search),
-                              dense=_dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice), **extra)
-    else:
-        config = None  # build_index names the valid kinds
+    parts = {
+        TfidfConfig: lambda: _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search),
+        DenseConfig: lambda: _dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice),
+    }
+    config = spec.config_from_dict(_parameters(spec.config_type, parts, own))
     if dev is not None:  # read after the build: the folder the build replaces may not hold it
         from linker.eval.datasets import spec_inputs
         from linker.fileio import check_output

@@ -57,6 +57,7 @@ from linker.formats.codiesp import read_codiesp
 from linker.formats.mention_lists import read_biosyn, read_id_list
 from linker.formats.pubtator import read_pubtator
 from linker.preprocess import expand_abbreviations, find_abbreviations, fix_typos, read_typos, split_composite
+from linker.registry import Registry
 from linker.text import normalize
 
 log = logging.getLogger(__name__)
@@ -101,15 +102,7 @@ LANGUAGE_FOLDERS = {"english": "en", "spanish": "es", "french": "fr", "german": 
                     "italian": "it", "portuguese": "pt"}
 
 Loader = Callable[[DatasetSpec], list[Mention]]
-LOADERS: dict[str, Loader] = {}
-
-
-def _loader(name: str) -> Callable[[Loader], Loader]:
-    def wrap(fn: Loader) -> Loader:
-        LOADERS[name] = fn
-        return fn
-
-    return wrap
+LOADERS: Registry[Loader] = Registry("dataset format")  # FORMAT of a spec -> its loader
 
 
 def parse_spec(spec: str) -> DatasetSpec:
@@ -117,9 +110,8 @@ def parse_spec(spec: str) -> DatasetSpec:
     fmt, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise InputFormatError("dataset spec", "FORMAT:PATH[#OPTIONS], e.g. pubtator:NCBItestset_corpus.txt",
-                               shorten(spec), fix=f"FORMAT is one of {', '.join(sorted(LOADERS))}")
-    if fmt not in LOADERS:
-        raise UnknownNameError("dataset format", fmt, LOADERS)
+                               shorten(spec), fix=f"FORMAT is one of {', '.join(LOADERS.names())}")
+    LOADERS.get(fmt)  # an unknown format names the known ones
     path, _, opts = rest.partition("#")
     options: dict[str, str] = {}
     for item in filter(None, opts.split("&")):
@@ -154,7 +146,7 @@ def load_dataset(spec: str, *, limits: ReadLimits = DEFAULT_LIMITS, lenient: boo
     parsed = DatasetSpec(parsed.format, parsed.path, parsed.options, limits, lenient)
     if not parsed.path.exists():
         raise MissingInputError(f"{parsed.path}: no such file or folder (dataset {spec})")
-    mentions = LOADERS[parsed.format](parsed)
+    mentions = LOADERS.get(parsed.format)(parsed)
     log.info("read %d mentions from %s", len(mentions), spec)
     return mentions
 
@@ -190,7 +182,7 @@ def _mesh(code: str) -> str:
     return code[5:] if code.startswith("MESH:") else code
 
 
-@_loader("pubtator")
+@LOADERS.register("pubtator")
 def _load_pubtator(spec: DatasetSpec) -> list[Mention]:
     _check_options(spec, {"lang", "abbrev", "split", "typos", "biosyn"})
     lang = spec.options.get("lang", "en")
@@ -277,7 +269,7 @@ def _note_id(note: str) -> str:
     return note
 
 
-@_loader("brat")
+@LOADERS.register("brat")
 def _load_brat(spec: DatasetSpec) -> list[Mention]:
     _check_options(spec, {"lang", "abbrev", "typos"})
     wanted = spec.options.get("lang")
@@ -319,7 +311,7 @@ def _load_brat(spec: DatasetSpec) -> list[Mention]:
 # --------------------------------------------------------------------------- codiesp
 
 
-@_loader("codiesp")
+@LOADERS.register("codiesp")
 def _load_codiesp(spec: DatasetSpec) -> list[Mention]:
     _check_options(spec, {"D", "P", "lang"})
     if "D" in spec.options and "P" in spec.options:
@@ -333,7 +325,7 @@ def _load_codiesp(spec: DatasetSpec) -> list[Mention]:
 # --------------------------------------------------------------------------- biosyn, tsv, query
 
 
-@_loader("biosyn")
+@LOADERS.register("biosyn")
 def _load_biosyn(spec: DatasetSpec) -> list[Mention]:
     _check_options(spec, {"lang"})
     lang = spec.options.get("lang", "en")
@@ -349,15 +341,15 @@ def _id_list(spec: DatasetSpec) -> list[Mention]:
             for row in read_id_list(spec.path, spec.format, limits=spec.limits)]
 
 
-@_loader("tsv")
+@LOADERS.register("tsv")
 def _load_tsv(spec: DatasetSpec) -> list[Mention]:
     return _id_list(spec)
 
 
-@_loader("query")
+@LOADERS.register("query")
 def _load_query(spec: DatasetSpec) -> list[Mention]:
     return _id_list(spec)
 
 
 def available_formats() -> list[str]:
-    return sorted(LOADERS)
+    return LOADERS.names()

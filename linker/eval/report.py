@@ -5,6 +5,10 @@ filter scores a subset of the same predictions, so Full / Filtered / Filtered0.2
 in which mentions count. The report records the resolved configuration (index manifest,
 dataset and training specs, filter mode, composite rule, seeds), the subset sizes, the share
 of mentions whose gold id the dictionary can reach at all, and the seconds each stage took.
+
+`evaluate` takes its options as keywords; `run_evaluation` takes them grouped (`EvalData`: what is
+evaluated, `Scoring`: what counts, `Linking`: how mentions are linked) and runs the stages: `predict`,
+`score_rows` per filter and language, then `rerank_section`, `calibration_report` and `nil_report`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -172,6 +177,71 @@ def gold_matcher(linker_, *, gold_via_xref: str | None = None):
     return expand, known
 
 
+@dataclass(frozen=True)
+class EvalData:
+    """What is evaluated: the test set (a dataset spec) and the training specs whose mention texts the
+    ``train``/``train0.2`` filters compare with. `lenient`: skip (and log) brat annotations whose spans do
+    not fit their .txt instead of failing; `limits`: the read caps (`linker.formats`)."""
+
+    dataset: str
+    train: tuple[str, ...] = ()
+    lenient: bool = False
+    limits: ReadLimits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        train = self.train
+        object.__setattr__(self, "train", (train,) if isinstance(train, str) else tuple(train or ()))
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What counts as right, and for which mentions: the filters, the cut-offs k, the composite rules, the
+    filters' normalisation (`mode`, `abbreviations`), the gold id space (`gold_via_xref`), and the "no link"
+    test (`nil_fraction` of the gold concepts removed, answered at `min_confidence`). Checked when made;
+    `composite` and `ks` are kept as tuples (ks sorted, without repeats)."""
+
+    filters: tuple[str, ...] = ("full",)
+    ks: tuple[int, ...] = (1, 5)
+    composite: tuple[str, ...] = ("all",)
+    mode: str = "faithful"
+    abbreviations: str | Path | None = None
+    gold_via_xref: str | None = None
+    nil_fraction: float = 0.0
+    min_confidence: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.nil_fraction < 1.0:
+            raise ConfigError(f"--nil-fraction is a share of the gold concepts from 0 to 1, found {self.nil_fraction}")
+        rules = (self.composite,) if isinstance(self.composite, str) else tuple(dict.fromkeys(self.composite))
+        for rule in rules or ("(none)",):
+            if rule not in COMPOSITE_RULES:
+                raise UnknownNameError("composite rule", rule, COMPOSITE_RULES)
+        ks = tuple(sorted(set(int(k) for k in self.ks)))
+        if not ks or ks[0] < 1:
+            raise ConfigError(f"k must be positive integers, found {ks}")
+        object.__setattr__(self, "composite", rules)
+        object.__setattr__(self, "ks", ks)
+        object.__setattr__(self, "filters", tuple(self.filters))
+
+    @property
+    def rule(self) -> str:
+        """The composite rule of the re-ranker, calibration and NIL sections: the first one."""
+        return self.composite[0]
+
+
+@dataclass(frozen=True)
+class Linking:
+    """How the test mentions are linked: `rerank`/`rerank_k` as `Linker.load`; `query_lang` restricts
+    candidates to names in each mention's language; `precision`: how a dense index encodes the mentions
+    (None: the precision its names were encoded in); `progress`: show a progress bar (None: on a terminal)."""
+
+    rerank: str | Path | None = None
+    rerank_k: int | None = None
+    query_lang: bool = False
+    precision: str | None = None
+    progress: bool | None = None
+
+
 def evaluate(
     index_dir: str | Path,
     dataset_spec: str,
@@ -217,148 +287,229 @@ def evaluate(
 
     The report files replace existing ones only with `overwrite`, and never an input. `precision`: how a dense
     index encodes the mentions (None: the precision its names were encoded in).
+
+    The options are grouped into `EvalData` (what), `Scoring` (what counts) and `Linking` (how) and passed
+    to `run_evaluation`.
     """
+    scoring = Scoring(filters=filters, ks=ks, composite=composite, mode=mode, abbreviations=abbreviations,
+                      gold_via_xref=gold_via_xref, nil_fraction=nil_fraction, min_confidence=min_confidence)
+    data = EvalData(dataset_spec, train_spec, lenient=lenient, limits=limits)
+    linking = Linking(rerank=rerank, rerank_k=rerank_k, query_lang=query_lang, precision=precision, progress=progress)
+    return run_evaluation(index_dir, data, scoring, linking, report_dir=report_dir, name=name, overwrite=overwrite)
+
+
+def run_evaluation(
+    index_dir: str | Path, data: EvalData, scoring: Scoring = Scoring(), linking: Linking = Linking(), *,
+    report_dir: str | Path | None = None, name: str | None = None, overwrite: bool = False,
+) -> EvalReport:
+    """`evaluate` with its options grouped: predict (link every distinct test text once), score each
+    filter and language, then the optional sections (re-ranker gain, calibration, "no link"); record the
+    configuration and the seconds of each stage; write the report files under `report_dir` when given."""
     from linker.link import Linker  # eval sits above link; imported here to keep `datasets` light
     from linker.rerank import DEFAULT_RERANK_K
 
-    if not 0.0 <= nil_fraction < 1.0:
-        raise ConfigError(f"--nil-fraction is a share of the gold concepts from 0 to 1, found {nil_fraction}")
-
-    rules = (composite,) if isinstance(composite, str) else tuple(dict.fromkeys(composite))
-    for rule in rules or ("(none)",):
-        if rule not in COMPOSITE_RULES:
-            raise UnknownNameError("composite rule", rule, COMPOSITE_RULES)
-    composite = rules[0]  # the rule of the re-ranker, calibration and NIL sections
-    ks = tuple(sorted(set(int(k) for k in ks)))
-    if not ks or ks[0] < 1:
-        raise ConfigError(f"k must be positive integers, found {ks}")
-    train_specs = (train_spec,) if isinstance(train_spec, str) else tuple(train_spec or ())
-    inputs = [Input(Path(index_dir), "--index"), *spec_inputs(dataset_spec, "--dataset"),
-              *(i for spec in train_specs for i in spec_inputs(spec, "--train")),
-              *([Input(Path(abbreviations), "--abbreviations")] if abbreviations is not None else []),
-              *model_inputs(rerank, "--rerank")]
+    inputs = evaluation_inputs(index_dir, data, scoring, linking)
     if report_dir is not None:
         check_report_paths(report_dir, name, inputs=inputs, overwrite=overwrite)
-    filter_names = resolve_filters(filters, have_train=bool(train_specs))
-    seconds: dict[str, float] = {}
-    started = time.perf_counter()
+    filter_names = resolve_filters(scoring.filters, have_train=bool(data.train))
+    clock = _Stopwatch()
+    with clock("load_index"):
+        linker_ = Linker.load(index_dir, rerank=linking.rerank, rerank_k=linking.rerank_k or DEFAULT_RERANK_K,
+                              precision=linking.precision)
+    if scoring.nil_fraction > 0 and linker_.calibration is None:  # before the test set is linked
+        raise ConfigError(f"--nil-fraction needs calibrated confidences; run `linker calibrate --index {index_dir}` "
+                          "(with the same re-ranker) first")
+    with clock("load_data"):
+        mentions = load_dataset(data.dataset, lenient=data.lenient, limits=data.limits)
+        train_texts = [m.text for spec in data.train for m in load_dataset(spec, lenient=data.lenient, limits=data.limits)]
+    with clock("filter"):
+        references = reference_sets(linker_, filter_names, train_texts if data.train else None, scoring)
+        texts = [m.text for m in mentions]
+        subsets = {f: filter_indices(texts, f, references=references) for f in filter_names}
+    with clock("link"):
+        ranked = predict(linker_, mentions, max(scoring.ks), query_lang=linking.query_lang, progress=linking.progress)
+    predictions = Predictions.of(linker_, mentions, ranked, gold_via_xref=scoring.gold_via_xref)
+    with clock("score"):
+        rule_hits = {rule: {k: predictions.hits(k, rule) for k in scoring.ks} for rule in scoring.composite}
+        rows = score_rows(predictions, subsets, rule_hits, scoring.ks)
+        hits = rule_hits[scoring.rule]
+        rerank = rerank_section(linker_, predictions, subsets, hits, scoring) if linker_.reranker is not None else None
+        calibration = calibration_report(linker_, predictions, hits, scoring.rule)
+        nil = nil_report(linker_, predictions, scoring, linking) if scoring.nil_fraction > 0 else None
+    config = run_config(index_dir, linker_, data, scoring, linking, filter_names, references, len(mentions))
+    report = EvalReport(data.dataset, str(index_dir), scoring.ks, tuple(rows), predictions.reachable, clock.finish(),
+                        config, rerank=rerank, calibration=calibration, nil=nil)
+    if report_dir is not None:
+        report = write_report(report, report_dir, name=name, overwrite=overwrite, inputs=inputs)
+    return report
 
-    t = time.perf_counter()
-    linker_ = Linker.load(index_dir, rerank=rerank, rerank_k=rerank_k or DEFAULT_RERANK_K, precision=precision)
-    seconds["load_index"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    mentions = load_dataset(dataset_spec, lenient=lenient, limits=limits)
-    train_texts = [m.text for spec in train_specs for m in load_dataset(spec, lenient=lenient, limits=limits)]
-    seconds["load_data"] = time.perf_counter() - t
+class _Stopwatch:
+    """Seconds per named stage (``with clock("link"): ...``) and in total since it was made."""
 
-    t = time.perf_counter()
-    normaliser = Normaliser(mode, read_abbreviations(abbreviations) if abbreviations else None)
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        t = time.perf_counter()
+        yield
+        self.seconds[stage] = time.perf_counter() - t
+
+    def finish(self) -> dict[str, float]:
+        seconds = {**self.seconds, "total": time.perf_counter() - self.started}
+        return {key: round(value, 3) for key, value in seconds.items()}
+
+
+def evaluation_inputs(index_dir: str | Path, data: EvalData, scoring: Scoring, linking: Linking) -> list[Input]:
+    """Every path an evaluation reads (no report file may be one of them)."""
+    return [Input(Path(index_dir), "--index"), *spec_inputs(data.dataset, "--dataset"),
+            *(i for spec in data.train for i in spec_inputs(spec, "--train")),
+            *([Input(Path(scoring.abbreviations), "--abbreviations")] if scoring.abbreviations is not None else []),
+            *model_inputs(linking.rerank, "--rerank")]
+
+
+def reference_sets(linker_, filter_names: Sequence[str], train_texts: Sequence[str] | None,
+                   scoring: Scoring) -> dict[str, ReferenceSet | None]:
+    """The strings the filters compare test mentions with: the dictionary's names (when a filter needs
+    them) and the training mention texts (when given), normalised as `scoring.mode` says."""
+    normaliser = Normaliser(scoring.mode, read_abbreviations(scoring.abbreviations) if scoring.abbreviations else None)
     references: dict[str, ReferenceSet | None] = {"dict": None, "train": None}
     if any(FILTERS[f].reference == "dict" for f in filter_names):
         references["dict"] = ReferenceSet(linker_.concepts.table.column("name").to_pylist(), normaliser)
-    if train_specs:
+    if train_texts is not None:
         references["train"] = ReferenceSet(train_texts, normaliser)
-    texts = [m.text for m in mentions]
-    subsets = {f: filter_indices(texts, f, references=references) for f in filter_names}
-    seconds["filter"] = time.perf_counter() - t
+    return references
 
-    t = time.perf_counter()
-    ranked = predict(linker_, mentions, max(ks), query_lang=query_lang, progress=progress)
-    predicted = [tuple(r.ids for r in queries) for queries in ranked]
-    seconds["link"] = time.perf_counter() - t
 
-    expand, known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
-    gold = [m.gold for m in mentions]
-    in_dict = np.array([all(any(code_key(a) in known for a in part) for part in g) for g in gold], dtype=bool)
-    reachable = float(in_dict.mean()) if gold else math.nan
+@dataclass(frozen=True)
+class Predictions:
+    """The test set linked once (`predict`), with what scoring needs: per mention its gold ids, language and
+    predicted ids (per query text), whether the dictionary can reach its gold at all, and the matcher that
+    lets a predicted id count as its alternative ids (`gold_matcher`)."""
 
-    t = time.perf_counter()
-    rule_hits = {rule: {k: mention_hits(gold, predicted, k, composite=rule, expand=expand) for k in ks}
-                 for rule in rules}
-    hits = rule_hits[composite]
-    langs = sorted({m.lang for m in mentions})
-    lang_of = np.array([m.lang for m in mentions])
+    mentions: Sequence[Mention]
+    ranked: list[tuple[Ranked, ...]]
+    predicted: list[tuple[tuple[str, ...], ...]]
+    expand: Callable[[str], Sequence[str]] | None
+    in_dict: np.ndarray  # (n,) bool: every part of the mention has a gold id the dictionary knows
+
+    @classmethod
+    def of(cls, linker_, mentions: Sequence[Mention], ranked: list[tuple[Ranked, ...]], *,
+           gold_via_xref: str | None = None) -> Predictions:
+        expand, known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
+        in_dict = np.array([all(any(code_key(a) in known for a in part) for part in m.gold) for m in mentions], dtype=bool)
+        return cls(mentions, ranked, [tuple(r.ids for r in queries) for queries in ranked], expand, in_dict)
+
+    @property
+    def gold(self) -> list[tuple[tuple[str, ...], ...]]:
+        return [m.gold for m in self.mentions]
+
+    @property
+    def reachable(self) -> float:
+        return float(self.in_dict.mean()) if self.mentions else math.nan
+
+    def hits(self, k: int, rule: str, predicted: Sequence[tuple[tuple[str, ...], ...]] | None = None) -> np.ndarray:
+        """(n,) bool: right within the top `k` under composite `rule` (`predicted`: another order of the same ids)."""
+        return mention_hits(self.gold, self.predicted if predicted is None else predicted, k, composite=rule,
+                            expand=self.expand)
+
+
+def score_rows(predictions: Predictions, subsets: dict[str, Sequence[int]], rule_hits: dict[str, dict[int, np.ndarray]],
+               ks: Sequence[int]) -> list[EvalRow]:
+    """Acc@k per composite rule, filter and language: the filter's whole subset ("all"), then each language
+    when the test set has several."""
+    langs = sorted({m.lang for m in predictions.mentions})
+    lang_of = np.array([m.lang for m in predictions.mentions])
     rows = []
-    for rule in rules:
-        for f in filter_names:
-            idx = np.array(subsets[f], dtype=np.int64)
+    for rule, hits in rule_hits.items():
+        for f, subset in subsets.items():
+            idx = np.array(subset, dtype=np.int64)
             groups = [("all", idx)] + ([(lang, idx[lang_of[idx] == lang]) for lang in langs] if len(langs) > 1 else [])
             for lang, sel in groups:
-                rows.append(EvalRow(f, lang, int(len(sel)), tuple(accuracy(rule_hits[rule][k][sel], k) for k in ks),
-                                    float(in_dict[sel].mean()) if len(sel) else math.nan, rule))
-    rerank_section = None
-    if linker_.reranker is not None:
-        retriever_predicted = [tuple(r.retriever_ids for r in queries) for queries in ranked]
-        retriever_hits = {k: mention_hits(gold, retriever_predicted, k, composite=composite, expand=expand) for k in ks}
-        stats = linker_.stats
-        rerank_section = {
-            "reranker": {"name": linker_.reranker.info.name, "sha256": linker_.reranker.info.sha256},
-            "rerank_k": linker_.rerank_k,
-            "rows": [{"filter": f, "n": len(subsets[f]),
-                      **{f"retriever_acc{k}": float(retriever_hits[k][subsets[f]].mean()) if subsets[f] else math.nan
-                         for k in ks},
-                      **{f"reranked_acc{k}": float(hits[k][subsets[f]].mean()) if subsets[f] else math.nan for k in ks}}
-                     for f in filter_names],
-            "texts_linked": stats["texts"],
-            "distinct_texts_linked": stats["distinct_texts"],
-            "pairs_scored": stats["rerank_pairs"],
-            # per distinct text: repeated mentions are linked once (`Linker.link`), so this is what one costs
-            "retrieve_ms_per_mention": 1000 * stats["retrieve_seconds"] / max(stats["distinct_texts"], 1),
-            "rerank_ms_per_mention": 1000 * stats["rerank_seconds"] / max(stats["distinct_texts"], 1),
-        }
-    top_score, top_conf = top_of(ranked, "top_score"), top_of(ranked, "top_confidence")
-    hits_at_1 = hits[1] if 1 in hits else mention_hits(gold, predicted, 1, composite=composite, expand=expand)
-    calibration_report = calibration_section(top_score, top_conf, hits_at_1, linker_.scorer)
-    nil_report = None
-    if nil_fraction > 0:
-        if linker_.calibration is None:
-            raise ConfigError(f"--nil-fraction needs calibrated confidences; run `linker calibrate --index {index_dir}` "
-                              "(with the same re-ranker) first")
-        removed, gold_nil = remove_gold_concepts(linker_.concepts.table.column("concept_id").to_pylist(), gold,
-                                                 nil_fraction, expand=expand)
-        concept_ids = linker_.concepts.table.column("concept_id")
-        removed_names = pc.is_in(concept_ids, value_set=pa.array(removed, pa.string())).to_numpy(zero_copy_only=False)
-        nil_ranked = predict(linker_, mentions, 1, query_lang=query_lang, progress=progress, exclude=removed_names)
-        nil_hits = mention_hits(gold, [tuple(r.ids for r in q) for q in nil_ranked], 1, composite=composite,
-                                expand=expand)
-        nil_report = nil_section(top_of(nil_ranked, "top_confidence"), nil_hits, gold_nil, min_confidence, removed,
-                                 nil_fraction)
-    seconds["score"] = time.perf_counter() - t
-    seconds["total"] = time.perf_counter() - started
-    seconds = {key: round(value, 3) for key, value in seconds.items()}
+                rows.append(EvalRow(f, lang, int(len(sel)), tuple(accuracy(hits[k][sel], k) for k in ks),
+                                    float(predictions.in_dict[sel].mean()) if len(sel) else math.nan, rule))
+    return rows
 
-    config = {
+
+def rerank_section(linker_, predictions: Predictions, subsets: dict[str, Sequence[int]],
+                   hits: dict[int, np.ndarray], scoring: Scoring) -> dict:
+    """The re-ranker's gain per filter (the retriever's own order of the same candidates against the re-ranked
+    one, `hits`) and its cost per distinct mention, from the linking pass's counters."""
+    retriever = [tuple(r.retriever_ids for r in queries) for queries in predictions.ranked]
+    retriever_hits = {k: predictions.hits(k, scoring.rule, retriever) for k in scoring.ks}
+
+    def share(hit: np.ndarray, subset: Sequence[int]) -> float:
+        return float(hit[subset].mean()) if subset else math.nan
+
+    stats = linker_.stats
+    return {
+        "reranker": {"name": linker_.reranker.info.name, "sha256": linker_.reranker.info.sha256},
+        "rerank_k": linker_.rerank_k,
+        "rows": [{"filter": f, "n": len(subset),
+                  **{f"retriever_acc{k}": share(retriever_hits[k], subset) for k in scoring.ks},
+                  **{f"reranked_acc{k}": share(hits[k], subset) for k in scoring.ks}}
+                 for f, subset in subsets.items()],
+        "texts_linked": stats["texts"],
+        "distinct_texts_linked": stats["distinct_texts"],
+        "pairs_scored": stats["rerank_pairs"],
+        # per distinct text: repeated mentions are linked once (`Linker.link`), so this is what one costs
+        "retrieve_ms_per_mention": 1000 * stats["retrieve_seconds"] / max(stats["distinct_texts"], 1),
+        "rerank_ms_per_mention": 1000 * stats["rerank_seconds"] / max(stats["distinct_texts"], 1),
+    }
+
+
+def calibration_report(linker_, predictions: Predictions, hits: dict[int, np.ndarray], rule: str) -> dict:
+    """ECE of the raw score and the calibrated confidence, accuracy at a coverage (`linker.eval.trust`), on Full."""
+    top_score, top_conf = top_of(predictions.ranked, "top_score"), top_of(predictions.ranked, "top_confidence")
+    hits_at_1 = hits[1] if 1 in hits else predictions.hits(1, rule)
+    return calibration_section(top_score, top_conf, hits_at_1, linker_.scorer)
+
+
+def nil_report(linker_, predictions: Predictions, scoring: Scoring, linking: Linking) -> dict:
+    """"No link": a seeded `scoring.nil_fraction` of the gold concepts is taken out of the dictionary, the test
+    set linked again without them, and the answers below `scoring.min_confidence` scored as "no link"."""
+    concept_ids = linker_.concepts.table.column("concept_id")
+    removed, gold_nil = remove_gold_concepts(concept_ids.to_pylist(), predictions.gold, scoring.nil_fraction,
+                                             expand=predictions.expand)
+    removed_names = pc.is_in(concept_ids, value_set=pa.array(removed, pa.string())).to_numpy(zero_copy_only=False)
+    nil_ranked = predict(linker_, predictions.mentions, 1, query_lang=linking.query_lang, progress=linking.progress,
+                         exclude=removed_names)
+    nil_hits = predictions.hits(1, scoring.rule, [tuple(r.ids for r in q) for q in nil_ranked])
+    return nil_section(top_of(nil_ranked, "top_confidence"), nil_hits, gold_nil, scoring.min_confidence, removed,
+                       scoring.nil_fraction)
+
+
+def run_config(index_dir: str | Path, linker_, data: EvalData, scoring: Scoring, linking: Linking,
+               filter_names: Sequence[str], references: dict[str, ReferenceSet | None], mentions: int) -> dict:
+    """The resolved configuration a report records."""
+    return {
         "library_version": linker.__version__,
         "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "index": str(index_dir),
         "index_version": linker_.version,
         "query_precision": linker_.precision,
         "index_manifest": {k: v for k, v in linker_.manifest.items() if k != "files"},
-        "dataset": dataset_spec,
-        "train": list(train_specs),
+        "dataset": data.dataset,
+        "train": list(data.train),
         "filters": list(filter_names),
-        "filter_mode": mode,
-        "abbreviations": str(abbreviations) if abbreviations else None,
-        "composite_rule": composite,
-        "composite_rules": list(rules),
-        "gold_via_xref": gold_via_xref,
+        "filter_mode": scoring.mode,
+        "abbreviations": str(scoring.abbreviations) if scoring.abbreviations else None,
+        "composite_rule": scoring.rule,
+        "composite_rules": list(scoring.composite),
+        "gold_via_xref": scoring.gold_via_xref,
         "alternative_ids": "concept table xrefs",
-        "query_lang": query_lang,
+        "query_lang": linking.query_lang,
         "scorer": linker_.scorer,
         "calibration": linker_.manifest.get("calibration"),
-        "ks": list(ks),
+        "ks": list(scoring.ks),
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": 0.95},
-        "mentions": len(mentions),
+        "mentions": mentions,
         "reference_strings": {k: (len(v) if v is not None else None) for k, v in references.items()},
         "cpu_count": os.cpu_count(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
-    report = EvalReport(dataset_spec, str(index_dir), ks, tuple(rows), reachable, seconds, config,
-                        rerank=rerank_section, calibration=calibration_report, nil=nil_report)
-    if report_dir is not None:
-        report = write_report(report, report_dir, name=name, overwrite=overwrite, inputs=inputs)
-    return report
 
 
 # --------------------------------------------------------------------------- output

@@ -30,11 +30,12 @@ import numpy as np
 
 import linker
 from linker.dictionary import ConceptTable, hierarchy_path, read_concept_table
-from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError
+from linker.errors import ConfigError, IndexMismatchError, InputFormatError
 from linker.fileio import Input, atomic_dir, check_output, model_inputs
 from linker.index.manifest import (CONCEPTS, HIERARCHY, INDEX_FORMAT, JSON_MAX_BYTES, LARGE_MAX_BYTES, MANIFEST,
                                    folder_file, read_folder_json, read_manifest, verify, write_manifest)
 from linker.precision import check_precision
+from linker.registry import Registry
 from linker.text import code_key, normalize
 
 log = logging.getLogger(__name__)
@@ -94,20 +95,19 @@ def _hybrid_kind() -> IndexKind:
     return hybrid_kind()
 
 
-# Looked up lazily so that a tf-idf user never imports torch.
-KINDS: dict[str, Callable[[], IndexKind]] = {"tfidf": _tfidf_kind, "dense": _dense_kind, "hybrid": _hybrid_kind}
+# Each entry is a factory, called when the kind is used, so that a tf-idf user never imports torch.
+KINDS: Registry[Callable[[], IndexKind]] = Registry("index kind")
+KINDS.register("tfidf", _tfidf_kind)
+KINDS.register("dense", _dense_kind)
+KINDS.register("hybrid", _hybrid_kind)
 
 
 def available_kinds() -> list[str]:
-    return sorted(KINDS)
+    return KINDS.names()
 
 
 def get_kind(name: str) -> IndexKind:
-    try:
-        factory = KINDS[name]
-    except KeyError:
-        raise UnknownNameError("index kind", name, KINDS) from None
-    return factory()
+    return KINDS.get(name)()
 
 
 @dataclass

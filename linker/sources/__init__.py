@@ -1,8 +1,9 @@
 """Terminology sources: raw distribution files -> `ConceptName` records (and side tables).
 
-Each source module defines a `Source` and registers it in `SOURCES` by name. A source is a
-function `read(paths, options) -> SourceOutput`; `SourceOutput.names` is an iterator so that
-large inputs (a 15-million-line MRCONSO.RRF) stream through in bounded memory.
+Each source module defines a reader and registers it in `SOURCES` (a `linker.registry.Registry`)
+with ``@register("name")``. A reader is a function `read(paths, options) -> SourceOutput`;
+`SourceOutput.names` is an iterator so that large inputs (a 15-million-line MRCONSO.RRF) stream
+through in bounded memory.
 
 Every source reads through `linker.fileio`'s bounded layer with `SourceOptions.limits`: a line longer
 than ``max_line_bytes`` (gzip decompressed) is refused after reading at most that much of it. A
@@ -17,8 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from linker.errors import UnknownNameError
 from linker.formats import DEFAULT_LIMITS, ReadLimits
+from linker.registry import Registry
 from linker.schema import ConceptName, HierarchyRow
 
 
@@ -48,38 +49,27 @@ class SourceOutput:
 
 Reader = Callable[[Sequence[Path], SourceOptions], SourceOutput]
 
-SOURCES: dict[str, Reader] = {}
-
-
-def register(name: str) -> Callable[[Reader], Reader]:
-    def wrap(reader: Reader) -> Reader:
-        SOURCES[name] = reader
-        return reader
-
-    return wrap
-
-
-def get_source(name: str) -> Reader:
-    _load_all()
-    try:
-        return SOURCES[name]
-    except KeyError:
-        raise UnknownNameError("source", name, SOURCES) from None
-
-
-def available_sources() -> list[str]:
-    _load_all()
-    return sorted(SOURCES)
-
 
 def _load_all() -> None:
-    # Imported lazily so that `import linker` stays fast; each module registers itself.
+    # Imported on the first lookup so that `import linker` stays fast; each module registers itself.
     import importlib
     import pkgutil
 
     for module in pkgutil.iter_modules(__path__):
         if not module.name.startswith("_"):
             importlib.import_module(f"{__name__}.{module.name}")
+
+
+SOURCES: Registry[Reader] = Registry("source", load=_load_all)
+register = SOURCES.register
+
+
+def get_source(name: str) -> Reader:
+    return SOURCES.get(name)
+
+
+def available_sources() -> list[str]:
+    return SOURCES.names()
 
 
 def iter_all(outputs: Iterable[SourceOutput]) -> Iterator[ConceptName]:
