@@ -298,6 +298,9 @@ def test_sap_biosyn_rerank_recipe_on_a_tiny_encoder(tmp_path, tiny_encoder_dir):
     assert linker.reranker is not None and linker.calibration is not None
     assert len(linker.link(["alopecia"], k=2)[0].candidates) == 2
     assert ledger_count(out) == 1 and not (out / "work").exists() or not any((out / "work").iterdir())
+    card = json.loads((out / "model_card.json").read_text())
+    rerank = next(iter(card["metrics"].values()))["rerank"]  # the re-ranker's gain per filter reaches the card
+    assert rerank["rerank_k"] == 4 and {"retriever_acc1", "reranked_acc1"} <= set(rerank["rows"][0])
 
     again = run_recipe(load_recipe(trained_recipe(tmp_path, tiny_encoder_dir)), out, device="cpu", threads=1)
     assert again.ran == [] and ledger_count(out) == 1

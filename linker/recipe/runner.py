@@ -529,7 +529,8 @@ def _report_summary(report) -> dict:
             for r in report.rows]
     out = {"rows": rows, "reachable": round(100 * report.reachable, 2), "seconds": report.seconds}
     if report.rerank:
-        out["rerank"] = {k: v for k, v in report.rerank.items() if k in ("gain", "by_filter", "latency_ms")} or None
+        out["rerank"] = {k: v for k, v in report.rerank.items()
+                         if k in ("reranker", "rerank_k", "rows", "retrieve_ms_per_mention", "rerank_ms_per_mention")}
     if report.calibration:
         out["calibration"] = {k: v for k, v in report.calibration.items() if k.startswith("ece")}
     if report.nil:
