@@ -9,11 +9,13 @@ export TRANSFORMERS_OFFLINE := 1
 
 setup: $(VENV)/.installed
 
-# torch first, pinned: it is the CPU build; sentence-transformers then installs nothing more of torch.
+# Everything (`all`: every extra but spark) with the tests' and the site's tools; `pip install -e .` alone is the
+# light tf-idf install (docs/installation.md). torch first, pinned: it is the CPU build; sentence-transformers then
+# installs nothing more of torch.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e ".[dev,spacy,ray,docs]"
+	$(VENV)/bin/pip install -q -e ".[all,dev,docs]"
 	touch $@
 
 indexes/default.parquet: | setup

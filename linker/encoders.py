@@ -625,8 +625,10 @@ def load_encoder(
     (`linker.precision`). A hub name that cannot be loaded (offline, unknown) raises LinkerError
     naming the offline choices.
     """
-    import torch
+    from linker.extras import require
 
+    torch = require("torch", extra="dense", what="an encoder")
+    require("sentence_transformers", extra="dense", what="an encoder")
     from linker.precision import check_precision, default_threads, resolve_precision
 
     check_precision(precision, allow_none=False)

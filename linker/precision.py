@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from linker.errors import ConfigError, UnknownNameError
+from linker.extras import require
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def cpu_flags() -> frozenset[str]:
 
 def native_precisions(device: str = "cpu") -> tuple[str, ...]:
     """Precisions this device runs natively (fast), fp32 first."""
-    import torch
+    torch = require("torch", extra="dense", what="an encoder")
 
     if device.startswith("cuda"):
         return ("fp32", "bf16") if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else ("fp32",)
@@ -109,14 +110,14 @@ def autocast(precision: str, device: str = "cpu"):
     """The context a forward pass runs in: bf16 autocast, or nothing."""
     if precision != "bf16":
         return nullcontext()
-    import torch
+    torch = require("torch", extra="dense", what="an encoder")
 
     return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16)
 
 
 def quantize_int8(module):
     """Dynamic int8 quantisation of `module`'s Linear layers, in place (CPU inference only)."""
-    import torch
+    torch = require("torch", extra="dense", what="an encoder")
 
     engines = torch.backends.quantized.supported_engines
     for engine in ("x86", "fbgemm", "onednn"):
@@ -171,7 +172,7 @@ def _cgroup_quota() -> float | None:
 
 def default_threads() -> int:
     """torch's own default (physical cores of the machine) capped by what this process may use."""
-    import torch
+    torch = require("torch", extra="dense", what="an encoder")
 
     return max(1, min(torch.get_num_threads(), available_cpus()))
 

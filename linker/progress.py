@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from tqdm import tqdm
@@ -19,6 +21,7 @@ from tqdm import tqdm
 log = logging.getLogger("linker.progress")
 
 LOG_EVERY_SECONDS = 30.0  # often enough to show life in a log, rare enough not to flood it
+NOTE_AFTER_SECONDS = 2.0  # a step without a bar that runs longer than this says what it is doing (`note`)
 T = TypeVar("T")
 _enabled = True
 
@@ -98,3 +101,41 @@ def track(items: Iterable[T], *, total: int | None = None, desc: str, unit: str 
         for item in items:
             yield item
             reporter.update(1)
+
+
+@contextmanager
+def note(desc: str, *, after: float = NOTE_AFTER_SECONDS, show: bool | None = None) -> Iterator[None]:
+    """Say what a step without a bar is doing, once it has run for `after` seconds (a quick one says nothing).
+
+    On a terminal: ``desc ...`` on stderr, completed with `` done in 12.3 s`` on the same line when the step
+    ends; elsewhere one INFO line of `linker.progress` (shown by default, `-q` hides it). show: None picks by
+    `on_terminal()`; True forces the terminal form, False the log line.
+    """
+    if not _enabled:
+        yield
+        return
+    terminal = on_terminal() if show is None else show
+    started = time.monotonic()
+    announced = threading.Event()
+
+    def announce() -> None:
+        if terminal:
+            sys.stderr.write(f"{desc} ...")
+            sys.stderr.flush()
+        else:
+            log.info("%s ...", desc)
+        announced.set()
+
+    timer = threading.Timer(after, announce)
+    timer.daemon = True
+    timer.start()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        timer.cancel()
+        timer.join()
+        if announced.is_set() and terminal:
+            sys.stderr.write(f" done in {time.monotonic() - started:.1f} s\n" if ok else "\n")
+            sys.stderr.flush()

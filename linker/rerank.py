@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError, LinkerError, MissingInputError
+from linker.extras import require
 from linker.precision import autocast, check_precision, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class CrossEncoder:
 
             # Before transformers reads it: every file inside the folder (links included), regular, bounded.
             check_model_folder(path, what="a re-ranker folder", fix="pass a folder written by `linker train rerank`")
+        require("transformers", extra="dense", what="a re-ranker")
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -127,7 +129,7 @@ class CrossEncoder:
         padding of the batch it lands in (4.375 or 4.406 for one NCBI pair), and concepts that share a name would
         otherwise have their tie decided by that noise instead of the index's tie order.
         """
-        import torch
+        torch = require("torch", extra="dense", what="a re-ranker")
 
         if len(mentions) != len(names):
             raise ValueError("mentions and names must have the same length")
@@ -169,7 +171,8 @@ class CrossEncoder:
 def init_cross_encoder(base: str, *, device: str = "cpu", precision: str = "auto", seed: int = 0) -> CrossEncoder:
     """A new cross-encoder from a base encoder (alias, folder or hub name): its transformer plus a
     freshly initialised one-output head (seeded)."""
-    import torch
+    torch = require("torch", extra="dense", what="a re-ranker")
+    require("transformers", extra="dense", what="a re-ranker")
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -1,5 +1,9 @@
 """HTTP service over the same `Linker` as the CLI: POST /link, GET /health, GET /indexes, /docs.
 
+Needs the `service` extra (fastapi, uvicorn, fastapi-offline); without FastAPI, importing this module is one
+ConfigError naming it. /docs is Swagger UI with its files served by the app itself (fastapi-offline ships them),
+not from a CDN, so it works offline.
+
     app = create_app(["indexes/default"])       # indexes load here, once, before serving
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
@@ -38,19 +42,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from linker.extras import check as _check_extra
 
-import linker
-from linker.errors import ConfigError, LinkerError
-from linker.index.manifest import public_manifest
-from linker.link import Linker, MeddraPath
-from linker.text import normalize
+_check_extra(("fastapi",), extra="service", what="linker's HTTP service")  # one line, not an ImportError, without it
+
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
+from fastapi.openapi.docs import get_swagger_ui_html  # noqa: E402
+from fastapi.responses import HTMLResponse, JSONResponse, Response  # noqa: E402
+from fastapi.routing import APIRoute  # noqa: E402
+from fastapi.staticfiles import StaticFiles  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+from starlette.concurrency import run_in_threadpool  # noqa: E402
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
+
+import linker  # noqa: E402
+from linker.errors import ConfigError, LinkerError  # noqa: E402
+from linker.extras import available, install_hint  # noqa: E402
+from linker.index.manifest import public_manifest  # noqa: E402
+from linker.link import Linker, MeddraPath  # noqa: E402
+from linker.text import normalize  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -631,6 +642,45 @@ def _render(loaded: _Loaded, k: int, mentions: list[MentionIn], results: list) -
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+# Swagger UI's files, served by the service itself (FastAPI's default /docs loads them from a CDN: a blank page
+# offline). They come from the fastapi-offline package (the `service` extra), which ships them; only its files are used.
+DOCS_FILES_URL = "/docs-files"
+
+
+def swagger_files() -> Path | None:
+    """The folder of swagger-ui-bundle.js, swagger-ui.css and favicon.png, or None when fastapi-offline is absent."""
+    import importlib.util
+
+    if not available("fastapi_offline"):
+        return None
+    folder = Path(importlib.util.find_spec("fastapi_offline").origin).parent / "static"
+    needed = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon.png")
+    return folder if all((folder / name).is_file() for name in needed) else None
+
+
+def _add_docs(app: FastAPI) -> None:
+    """GET /docs: Swagger UI from local files; without them, a page saying what to install (the schema is at
+    /openapi.json either way)."""
+    folder = swagger_files()
+    if folder is not None:
+        app.mount(DOCS_FILES_URL, StaticFiles(directory=folder), name="docs-files")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        if folder is None:
+            return HTMLResponse(
+                "<!DOCTYPE html><html><head><title>linker - API docs</title></head><body>"
+                "<p>Swagger UI's files are not installed here: <code>" + install_hint("service") + "</code>. "
+                f'The OpenAPI schema is at <a href="{root}{app.openapi_url}">{root}{app.openapi_url}</a>.</p>'
+                "</body></html>")
+        files = f"{root}{DOCS_FILES_URL}"
+        return get_swagger_ui_html(openapi_url=f"{root}{app.openapi_url}", title="linker - API docs",
+                                   swagger_js_url=f"{files}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{files}/swagger-ui.css",
+                                   swagger_favicon_url=f"{files}/favicon.png")
+
+
 def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = ServiceLimits(), *,
                linker_options: dict | None = None) -> FastAPI:
     """The FastAPI app with `index_dirs` loaded (LinkerError here, before serving, if one is bad)."""
@@ -640,7 +690,10 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
         title="linker",
         version=linker.__version__,
         description="Multilingual medical entity linking: spans in, ranked concepts out.",
+        docs_url=None,  # _add_docs: the same page, its files served from here instead of a CDN
+        redoc_url=None,
     )
+    _add_docs(app)
     app.state.indexes = indexes
     app.state.limits = limits
     app.state.internal_errors = 0  # requests answered by the catch-all below; tests assert it stays 0

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from spacy.language import Language
-from spacy.tokens import Doc, Span
+from linker.extras import check as _check_extra
 
-from linker.errors import ConfigError
-from linker.link import Linker
+_check_extra(("spacy",), extra="spacy", what="linker.spacy_component")  # one line, not an ImportError, without it
+
+from spacy.language import Language  # noqa: E402
+from spacy.tokens import Doc, Span  # noqa: E402
+
+from linker.errors import ConfigError  # noqa: E402
+from linker.link import Linker  # noqa: E402
 
 
 def _register_extensions() -> None:

@@ -1,8 +1,10 @@
-"""What a new user meets first: --version, plain help in pipeline order, quiet logs, progress,
-encoder names that fail at once, and messages that tell a concept table from an index folder."""
+"""What a new user meets first: --version, plain help in pipeline order, quiet logs, progress (and a note
+during a slow step), usage errors in one line, arguments checked before an index loads, encoder names
+that fail at once, and messages that tell a concept table from an index folder."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import socket
@@ -12,7 +14,7 @@ import pytest
 
 import linker
 from linker import progress
-from linker.cli.main import PIPELINE_ORDER, cli_command, configure_logging, main
+from linker.cli.main import PIPELINE_ORDER, ShortDigests, cli_command, configure_logging, main
 from linker.errors import ConfigError, LinkerError, MissingInputError
 
 
@@ -50,18 +52,110 @@ def test_help_has_no_type_placeholders_and_lists_commands_in_pipeline_order(caps
     assert "--samples        INTEGER" in out
 
 
-def test_third_party_info_is_silenced_unless_verbose():
+def test_info_lines_only_with_verbose_progress_always():
     configure_logging()
-    assert not logging.getLogger("faiss.loader").isEnabledFor(logging.INFO)
-    assert not logging.getLogger("sentence_transformers.base.model").isEnabledFor(logging.INFO)
-    assert logging.getLogger("faiss.loader").isEnabledFor(logging.WARNING)
+    for name in ("faiss.loader", "sentence_transformers.base.model", "linker.index", "linker.encoders"):
+        assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+        assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
+    assert logging.getLogger("linker.progress").isEnabledFor(logging.INFO)  # progress where no bar is drawn
+    configure_logging(verbose=1)
     assert logging.getLogger("linker.index").isEnabledFor(logging.INFO)
-    configure_logging(verbose=True)
     assert logging.getLogger("faiss.loader").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("linker.index").isEnabledFor(logging.DEBUG)
+    configure_logging(verbose=2)
+    assert logging.getLogger("faiss.loader").isEnabledFor(logging.DEBUG)
     configure_logging(quiet=True)
     assert not logging.getLogger("linker.index").isEnabledFor(logging.WARNING)
+    assert not logging.getLogger("linker.progress").isEnabledFor(logging.INFO)
     assert not progress.on_terminal()
     configure_logging()
+
+
+def test_log_lines_show_sha256_digests_cut_to_12_characters():
+    digest = "0123456789ab" + "f" * 52
+    record = logging.LogRecord("linker.encoders", logging.INFO, __file__, 1, "loaded encoder e5 (sha256:%s)",
+                               (digest,), None)
+    line = ShortDigests("%(message)s").format(record)
+    assert line == "loaded encoder e5 (sha256:0123456789ab)"
+
+
+def test_a_slow_step_says_what_it_does_on_one_line(capsys, caplog):
+    with progress.note("checking bf16 against fp32 on 512 names", after=0.05, show=True):
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"checking bf16 against fp32 on 512 names \.\.\. done in 0\.\d s\n", err), err
+    with progress.note("quick", after=5.0, show=True):
+        pass
+    assert capsys.readouterr().err == ""
+    caplog.set_level(logging.INFO, logger="linker.progress")
+    with progress.note("encoding", after=0.01, show=False):
+        time.sleep(0.2)
+    assert [r.getMessage() for r in caplog.records] == ["encoding ..."]
+
+
+# --- usage errors: one line, exit 2; argument errors before anything loads -------------------
+
+
+@pytest.mark.parametrize("args, line", [
+    (["lnk"], "error: linker: no such command 'lnk'; did you mean 'link'?"),
+    (["link", "--kk", "3", "--index", "x", "a"], "error: linker link: no such option --kk; did you mean --k?"),
+    (["link", "--indx", "x", "a"], "error: linker link: no such option --indx; did you mean --index or --input?"),
+    (["dict", "info"], "error: linker dict info: missing argument TABLE"),
+    (["link", "a", "--index"], "error: linker link: option '--index' requires an argument"),
+    (["index", "build", "--dict", "t.parquet", "--out", "i", "--threads", "x"], "error: linker index build: invalid value "
+     "for --threads: "),
+])
+def test_usage_errors_are_one_line_with_exit_2(capsys, args, line):
+    code, out, err = run(capsys, *args)
+    assert (code, out) == (2, "")
+    assert err.startswith(line) and err.count("\n") == 1, err
+    assert "╭" not in err and "Usage:" not in err
+
+
+@pytest.fixture
+def tiny_index(tmp_path, fixtures, capsys):
+    table, index = tmp_path / "t.parquet", tmp_path / "t"
+    run(capsys, "dict", "build", "--source", "tsv", str(fixtures / "tsv" / "names.tsv"), "--out", str(table))
+    run(capsys, "index", "build", "--dict", str(table), "--out", str(index))
+    return index
+
+
+def test_link_json_says_text_as_jsonl_and_http(capsys, tiny_index):
+    code, out, _ = run(capsys, "link", "--index", str(tiny_index), "hair loss", "--k", "1", "--json")
+    [result] = json.loads(out)
+    assert code == 0 and list(result) == ["text", "candidates", "nil"] and result["text"] == "hair loss"
+
+
+def test_arguments_and_inputs_are_checked_before_the_index_loads(capsys, tiny_index, tmp_path, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the index was loaded before the arguments were checked")
+
+    monkeypatch.setattr("linker.link.Linker.load", no_load)
+    index = str(tiny_index)
+    (tmp_path / "spans.jsonl").write_text('{"text": "hair loss"}\n', encoding="utf-8")
+    (tmp_path / "gold.tsv").write_text("C0002170\thair loss\n", encoding="utf-8")
+    missing = str(tmp_path / "missing.jsonl")
+    cases = [
+        (["link", "--index", index, "--k", "0", "hair loss"], "error: --k: expected an integer >= 1, found 0"),
+        (["link", "--index", index, "--rerank-k", "0", "hair loss"], "error: --rerank-k: expected an integer >= 1"),
+        (["link", "--index", index, "--min-confidence", "1.5", "a"], "error: --min-confidence: expected a probability"),
+        (["link", "--index", index, "--precision", "fp64", "a"], "error: unknown precision 'fp64'"),
+        (["link", "--index", index, "--input", missing], f"error: {missing}"),
+        (["link", "--index", str(tmp_path / "none"), "a"], f"error: {tmp_path / 'none'}: no such index folder"),
+        (["normalize", "--index", index, "--input", str(tmp_path / "spans.jsonl"), "--format", "jsonl",
+          "--output", "-", "--k", "0"], "error: --k: expected an integer >= 1, found 0"),
+        (["normalize", "--index", index, "--input", missing, "--format", "jsonl", "--output", "-"], f"error: {missing}"),
+        (["normalize", "--index", index, "--input", str(tmp_path / "spans.jsonl"), "--format", "bratt",
+          "--output", str(tmp_path / "o")], "error: unknown input format 'bratt'"),
+        (["eval", "--index", index, "--dataset", f"tsv:{tmp_path / 'gold.tsv'}", "--k", "0"], "error: --k: expected"),
+        (["eval", "--index", index, "--dataset", "tsv:missing.tsv"], "error: missing.tsv: no such file or folder"),
+        (["eval", "--index", index, "--dataset", f"tsv:{tmp_path / 'gold.tsv'}", "--train", "tsv:none.tsv"],
+         "error: none.tsv: no such file or folder"),
+        (["calibrate", "--index", index, "--dataset", "tsv:missing.tsv"], "error: missing.tsv: no such file or folder"),
+    ]
+    for args, start in cases:
+        code, _, err = run(capsys, *args)
+        assert code == 1 and err.startswith(start) and err.count("\n") == 1, (args, err)
 
 
 def test_build_reports_its_result_once(capsys, tmp_path, fixtures):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 import linker
 from linker.errors import ConfigError
 from linker.link import Linker
-from linker.service import ServiceLimits, create_app
+from linker.service import DOCS_FILES_URL, ServiceLimits, create_app
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
 from normalize_tables import build_indexes  # noqa: E402  (tiny MedDRA-like and HPO-like concept tables)
@@ -80,10 +81,34 @@ def test_link_other_index_default_k(client):
     assert "hierarchy" not in body["results"][0]["candidates"][0]
 
 
-def test_openapi_docs(client):
-    assert client.get("/docs").status_code == 200
+def _page_urls(html: str) -> list[str]:
+    return re.findall(r"""(?:src|href)=["']([^"']+)["']|url: ?'([^']+)'""", html)
+
+
+def test_openapi_docs_load_every_file_from_the_service_itself(client):
+    """Swagger UI's page works offline: every file it loads is served by the app (fastapi-offline's copies),
+    none comes from a CDN, and the OpenAPI schema it shows is the app's own."""
+    response = client.get("/docs")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    urls = [url for pair in _page_urls(response.text) for url in pair if url]
+    assert {url.rsplit("/", 1)[-1] for url in urls} == {"swagger-ui.css", "swagger-ui-bundle.js", "favicon.png",
+                                                        "openapi.json"}
+    for url in urls:
+        assert url.startswith("/") and not url.startswith("//"), url  # this server, never another host
+        file = client.get(url)
+        assert file.status_code == 200 and len(file.content) > 1000, url
+    assert "SwaggerUIBundle" in client.get(f"{DOCS_FILES_URL}/swagger-ui-bundle.js").text
     spec = client.get("/openapi.json").json()
     assert {"/link", "/health", "/indexes"} <= set(spec["paths"])
+    assert client.get("/redoc").status_code == 404  # FastAPI's other docs page loads from a CDN: not served
+
+
+def test_docs_without_swagger_files_say_what_to_install(indexes, monkeypatch):
+    monkeypatch.setattr("linker.service.swagger_files", lambda: None)
+    with TestClient(create_app([indexes["hpo"]])) as c:
+        page = c.get("/docs")
+    assert page.status_code == 200 and "pip install 'linker[service]'" in page.text
+    assert [url for pair in _page_urls(page.text) for url in pair if url] == ["/openapi.json"]
 
 
 M = [{"text": "nausea"}]
@@ -243,7 +268,10 @@ def server(indexes):
 def test_real_server_endpoints_and_every_4xx(server):
     with httpx.Client(base_url=server, timeout=10) as http:
         assert http.get("/health").json()["indexes"] == ["meddra", "hpo"]
-        assert http.get("/docs").status_code == 200
+        docs = http.get("/docs")
+        assert docs.status_code == 200
+        for url in [url for pair in _page_urls(docs.text) for url in pair if url]:
+            assert url.startswith("/") and http.get(url).status_code == 200, url
         body = http.post("/link", json={"mentions": [{"text": "Itching"}], "k": 1}).json()
         assert [c["concept_id"] for c in body["results"][0]["candidates"]] == ["10037087"]
         for request, status, field, message in BAD_REQUESTS:

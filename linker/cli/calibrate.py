@@ -21,7 +21,13 @@ def calibrate_cli(
     query_lang: bool = typer.Option(False, "--query-lang", help="Restrict candidates to names in each mention's language."),
 ) -> None:
     """Fit P(correct | score) (isotonic) on held-in mentions; every candidate then carries a confidence."""
+    from linker.cli.common import check_datasets, check_index, check_linker_options
     from linker.eval.calibrate import calibrate
+
+    # before the index loads (seconds): the options, the dataset's path, the index folder's manifest
+    check_linker_options(rerank_k=rerank_k)
+    check_datasets([dataset])
+    check_index(index, rerank)
 
     echo_json(calibrate(index, dataset, rerank=rerank, rerank_k=rerank_k, composite=composite,
                         gold_via_xref=gold_via_xref, query_lang=query_lang))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -18,6 +19,62 @@ def split_csv(values: list[str] | None) -> tuple[str, ...]:
     for value in values or []:
         out.extend(v.strip() for v in value.split(",") if v.strip())
     return tuple(out)
+
+
+# --- checks before any work: an index or a model takes seconds to load, a wrong option should not wait for it
+
+
+def check_linker_options(*, k: int | None = None, rerank_k: int | None = None, min_confidence: float | None = None,
+                         precision: str | None = None) -> None:
+    """The options of link, normalize, serve, eval and calibrate, checked before anything is loaded."""
+    from linker.errors import ConfigError
+    from linker.precision import check_precision
+
+    if k is not None and k < 1:
+        raise ConfigError(f"--k: expected an integer >= 1, found {k}")
+    if rerank_k is not None and rerank_k < 1:
+        raise ConfigError(f"--rerank-k: expected an integer >= 1, found {rerank_k}")
+    if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
+        raise ConfigError(f"--min-confidence: expected a probability from 0 to 1, found {min_confidence}")
+    check_precision(precision)
+
+
+DENSE_MODULES = ("torch", "sentence_transformers", "faiss")
+
+
+def check_index(index: Path, rerank: str | None = None) -> dict:
+    """The index folder's manifest, read (cheap) before the index is loaded (seconds): a missing folder, a concept
+    table given as an index, or a dense index without the `dense` extra is one line at once. Its manifest."""
+    from linker.extras import check
+    from linker.index.manifest import read_manifest
+
+    manifest = read_manifest(index)
+    kind = manifest.get("kind")
+    if kind in ("dense", "hybrid"):
+        check(DENSE_MODULES, extra="dense", what=f"{index} (a {kind} index)")
+    if rerank is not None and rerank != "none":
+        check(("torch", "transformers"), extra="dense", what="--rerank (a cross-encoder)")
+    return manifest
+
+
+def check_datasets(specs, option: str = "--dataset") -> None:
+    """Each dataset spec (FORMAT:PATH[#OPTIONS]) parses and names a file or folder that exists, before the index
+    loads; the same message as when the dataset is read."""
+    from linker.errors import MissingInputError
+    from linker.eval.datasets import parse_spec
+
+    for spec in specs:
+        parsed = parse_spec(spec)
+        if not parsed.path.exists():
+            raise MissingInputError(f"{parsed.path}: no such file or folder (dataset {spec})")
+
+
+def check_file(path: str | Path | None, option: str) -> None:
+    """An input file or folder an option names exists (None: not given; `-`: stdin)."""
+    from linker.errors import MissingInputError
+
+    if path is not None and str(path) != "-" and not os.path.lexists(path):
+        raise MissingInputError(f"{path}: no such file or folder ({option})")
 
 
 def echo_json(obj) -> None:

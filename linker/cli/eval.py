@@ -7,7 +7,10 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, read_limits, rerank_k_option, rerank_option, split_csv
+from linker.cli.common import (
+    LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, check_datasets, check_file, check_index,
+    check_linker_options, read_limits, rerank_k_option, rerank_option, split_csv,
+)
 from linker.cli.main import app
 from linker.errors import ConfigError, UnknownNameError
 from linker.eval.capabilities import DEFAULT_SAMPLE, DEFAULT_SEED, capability_table, evaluate_capabilities
@@ -47,9 +50,16 @@ def eval_cli(
     max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
 ) -> None:
     """Score an index on a test set, or run a capability suite; prints the table (and writes a report with --report)."""
+    # Options, dataset paths and the index folders' manifests are checked before an index loads (seconds).
+    check_linker_options(rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if suite is not None:
         if suite != "capabilities":
             raise UnknownNameError("suite", suite, ["capabilities"])
+        for path in templates or ():
+            check_file(path, "--templates")
+        check_file(hierarchy, "--hierarchy")
+        for folder in index:
+            check_index(folder, rerank)
         reports = evaluate_capabilities(index, sample=dict_sample, seed=seed, templates=tuple(templates or ()),
                                         hierarchy=hierarchy, report_dir=None if report is None else report.parent,
                                         name=None if report is None else report.name, rerank=rerank, rerank_k=rerank_k,
@@ -69,6 +79,13 @@ def eval_cli(
         ks = tuple(int(x) for x in split_csv([k]))
     except ValueError:
         raise ConfigError(f"--k takes comma-separated integers, found {k!r}") from None
+    if not ks or min(ks) < 1:
+        raise ConfigError(f"--k: expected comma-separated integers >= 1, found {k!r}")
+    if not 0.0 <= nil_fraction < 1.0:
+        raise ConfigError(f"--nil-fraction is a share of the gold concepts from 0 to 1, found {nil_fraction}")
+    check_datasets([dataset, *(train or ())])
+    check_file(abbreviations, "--abbreviations")
+    check_index(index, rerank)
     result = evaluate(
         index, dataset, train_spec=tuple(train or ()), filters=split_csv(filter_), ks=ks,
         report_dir=None if report is None else report.parent, name=None if report is None else report.name, mode=mode, composite=split_csv([composite]),

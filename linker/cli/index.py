@@ -95,6 +95,10 @@ def build_cli(
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
     spec = get_kind(kind)
+    if spec.config_type is not TfidfConfig:  # dense and hybrid encode names
+        from linker.extras import check
+
+        check(("torch", "sentence_transformers", "faiss"), extra="dense", what=f"a {kind} index")  # before --dict is read
     own = {}  # options of a kind's own config (the hybrid's weights), not of one of its parts
     if "sparse_weight" in {f.name for f in dataclasses.fields(spec.config_type)}:
         own = {} if sparse_weight in (None, "tuned") else {"sparse_weight": _sparse_weight(sparse_weight, encoder)}

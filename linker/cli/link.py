@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 
 from linker.cli.common import (
-    MAX_LINE_HELP, QUERY_PRECISION_HELP, echo_json, min_confidence_option, option_inputs, read_limits, rerank_k_option,
-    rerank_option,
+    MAX_LINE_HELP, QUERY_PRECISION_HELP, check_file, check_index, check_linker_options, echo_json, min_confidence_option,
+    option_inputs, read_limits, rerank_k_option, rerank_option,
 )
 from linker.cli.main import app
 from linker.errors import InputFormatError
@@ -45,7 +45,7 @@ def link_cli(
     index: Path = typer.Option(..., "--index", "-i", help="Index folder from `linker index build`."),
     k: int = typer.Option(5, "--k", "-k", help="Concepts per mention."),
     lang: str = typer.Option(None, "--lang", help="Only names of this language (ISO 639-1); JSONL 'lang' overrides."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+    as_json: bool = typer.Option(False, "--json", help='Print JSON: a list of {"text", "candidates", "nil"}, as the JSONL and HTTP results.'),
     input_path: Path = typer.Option(None, "--input", help='JSONL of {"text": ..., "id"?, "lang"?}; - for stdin.'),
     output: Path = typer.Option(None, "--output", help="JSONL with a 'candidates' list added; - for stdout."),
     max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
@@ -63,10 +63,15 @@ def link_cli(
         raise InputFormatError("command line", "mention texts or --input, not both", "both")
     if explain and input_path is not None:
         raise InputFormatError("command line", "--explain with mention texts on the command line", "--input")
+    # Everything below is checked before the index loads (seconds): options, then the input and output paths
+    # (the index and model folders are inputs too), then the index folder's manifest.
+    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     limits = read_limits(max_line_bytes, None)
-    if input_path is not None:  # before the index is loaded: the index and model folders are inputs too
+    if input_path is not None:
+        check_file(input_path, "--input")
         check_paths(str(input_path), str(output or "-"), fmt="jsonl", overwrite=overwrite,
                     inputs=option_inputs(index, rerank))
+    check_index(index, rerank)
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if input_path is not None:
         summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
@@ -76,7 +81,8 @@ def link_cli(
         return
     results = linker.link(mentions, k=k, lang=lang)
     if as_json:
-        records = [r.to_dict() for r in results]
+        # "text", as in the JSONL of --input/normalize and the HTTP service's results
+        records = [{"text": record.pop("mention"), **record} for record in (r.to_dict() for r in results)]
         if explain:
             for record, result in zip(records, results):
                 for out, candidate in zip(record["candidates"], result.candidates):

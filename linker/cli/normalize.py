@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 
 from linker.cli.common import (
-    LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, min_confidence_option, option_inputs,
-    read_limits, rerank_k_option, rerank_option,
+    LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, check_file, check_index, check_linker_options,
+    min_confidence_option, option_inputs, read_limits, rerank_k_option, rerank_option,
 )
 from linker.cli.main import app
 from linker.errors import ConfigError, UnknownNameError
@@ -50,6 +50,8 @@ def normalize_cli(
     """Normalise predicted spans: add ranked concepts (jsonl), brat normalisation lines, or TAC/ADE-Eval Reactions."""
     if engine not in ENGINES:
         raise UnknownNameError("engine", engine, ENGINES)
+    # Options, paths and the index folder's manifest are checked before the index loads (seconds).
+    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if engine == "ray":
         local_only = {"--format brat/ade-xml": fmt not in (None, "jsonl"), "--db": db is not None,
                       "--expand-abbreviations": expand_abbreviations, "--lenient": lenient,
@@ -68,13 +70,20 @@ def normalize_cli(
         raise ConfigError(f"{', '.join(ray_only)} work with --engine ray only")
     if fmt is None:
         raise ConfigError(f"--format is required: one of {', '.join(FORMATS)}")
+    FORMATS.get(fmt)  # an unknown format names the known ones, before any work
+    if fmt in ("brat", "ade-xml") and k != 1:
+        raise ConfigError(f"--format {fmt} writes the best concept of each span; use --k 1 (found --k {k})")
+    if expand_abbreviations and fmt == "jsonl":
+        raise ConfigError("--expand-abbreviations needs the documents: use --format brat or ade-xml")
     if (input_path == "-" or output == "-") and fmt != "jsonl":
         raise ConfigError(f"`-` (stdin/stdout) works with --format jsonl only, found --format {fmt}")
     limits = read_limits(max_line_bytes, max_document_bytes)
     if db is not None:  # checked where it enters, so a bad value is refused before any work, naming the option
         check_identifier(db, "--db", forbid=":")
     # before the index is loaded: the index and model folders are inputs too
+    check_file(input_path, "--input")
     check_paths(input_path, output, fmt=fmt, overwrite=overwrite, inputs=option_inputs(index, rerank))
+    check_index(index, rerank)
     started = time.perf_counter()
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if input_path == "-" or output == "-":

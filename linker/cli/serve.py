@@ -1,6 +1,7 @@
 """`linker serve`: the HTTP service (FastAPI + uvicorn) over one or more index folders.
 
-FastAPI and uvicorn are imported inside the command so that other commands start without them.
+FastAPI and uvicorn (the `service` extra) are imported inside the command so that other commands start, and
+the light install works, without them; without them `serve` is one error line naming the extra.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.common import QUERY_PRECISION_HELP, min_confidence_option, rerank_k_option, rerank_option
+from linker.cli.common import (
+    QUERY_PRECISION_HELP, check_linker_options, min_confidence_option, rerank_k_option, rerank_option,
+)
 from linker.cli.main import app
 from linker.errors import ConfigError
 
@@ -53,11 +56,15 @@ def serve_cli(
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
 ) -> None:
     """Serve POST /link, GET /health, GET /indexes and the OpenAPI docs at /docs."""
+    from linker.extras import check
+
+    check(("fastapi", "uvicorn"), extra="service", what="linker serve")  # one line, before any work
+    check_port(port)  # before the indexes load, which may take minutes
+    check_linker_options(rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     import uvicorn
 
     from linker.service import ServiceLimits, create_app
 
-    check_port(port)  # before the indexes load, which may take minutes
     given = {"max_text_chars": max_text_chars, "max_mentions": max_mentions, "max_request_chars": max_request_chars,
              "max_k": max_k}
     limits = ServiceLimits(**{name: value for name, value in given.items() if value is not None})

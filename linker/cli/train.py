@@ -14,6 +14,15 @@ train_app = typer.Typer(help="Train dense encoders (BioSyn, SapBERT-style self-a
 app.add_typer(train_app, name="train")
 
 _DEVICE_HELP = "cpu, cuda, or auto (a GPU when present)."
+TRAIN_MODULES = ("torch", "sentence_transformers", "transformers", "safetensors")
+
+
+def _check_train_extra(command: str) -> None:
+    """One error line naming the `train` extra when torch & co. are missing, before linker.train (torch) is imported."""
+    from linker.extras import check
+
+    check(TRAIN_MODULES, extra="train", what=command)
+
 _PRECISION_HELP = "Forward passes in fp32 or bf16 (weights and optimizer stay fp32); auto = bf16 where the processor runs it natively."
 
 
@@ -43,6 +52,7 @@ def biosyn_cli(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a model folder that linker wrote."),
 ) -> None:
     """Fine-tune an encoder BioSyn-style (synonym marginalisation, candidates refreshed every epoch)."""
+    _check_train_extra("linker train biosyn")
     from linker.encoders import check_encoder_name
     from linker.train.biosyn import BiosynConfig, train_biosyn
 
@@ -77,6 +87,7 @@ def sap_cli(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a model folder that linker wrote."),
 ) -> None:
     """Self-alignment pretraining on the dictionary's own synonym pairs (SapBERT-style, cross-lingual when it can)."""
+    _check_train_extra("linker train sap")
     from linker.encoders import check_encoder_name
     from linker.train.sap import SapConfig, train_sap
 
@@ -116,6 +127,7 @@ def rerank_cli(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a re-ranker folder that linker wrote."),
 ) -> None:
     """Train a cross-encoder re-ranker (mention, name) -> score on dictionary synonyms and labelled mentions."""
+    _check_train_extra("linker train rerank")
     from linker.index.tfidf import get_preset
     from linker.train.rerank import RerankConfig, train_rerank
 

@@ -807,8 +807,9 @@ def weakest_failures(reports: Sequence[CapabilityReport]) -> str:
 
 
 def _chart(reports: Sequence[CapabilityReport], path: Path, title: str) -> None:
-    import matplotlib
+    from linker.extras import require
 
+    matplotlib = require("matplotlib", extra="plots", what="the capability chart")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from linker.extras import require
 from linker.fileio import atomic_file
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ def write_chart(path: Path, draw: Callable[[Path], None], *, overwrite: bool, ta
     try:
         with atomic_file(path) as tmp:
             try:
+                require("matplotlib", extra="plots", what="a report's chart")  # the `plots` extra, named when absent
                 draw(tmp)
             except Exception as exc:  # noqa: BLE001 - whatever matplotlib raises, the results stand
                 raise _ChartFailed(exc) from exc

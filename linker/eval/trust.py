@@ -114,8 +114,9 @@ def nil_section(top_confidence: np.ndarray, correct: np.ndarray, gold_nil: np.nd
 
 def coverage_chart(section: dict, path: Path, title: str) -> None:
     """Accuracy of the kept mentions against coverage, as the confidence threshold falls."""
-    import matplotlib
+    from linker.extras import require
 
+    matplotlib = require("matplotlib", extra="plots", what="the coverage chart")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

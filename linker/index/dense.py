@@ -39,12 +39,14 @@ import numpy as np
 
 from linker.encoders import TOKEN_BUDGET, check_compile_choice, should_compile
 from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError
-from linker.progress import bar
+from linker.extras import check as check_extra, require
+from linker.progress import bar, note
 from linker.fileio import native_read
 from linker.index.manifest import LARGE_MAX_BYTES, folder_file, read_folder_array, read_folder_json, typed_parameters
 from linker.precision import check_precision, resolve_precision
 
 log = logging.getLogger(__name__)
+DENSE_MODULES = ("torch", "sentence_transformers", "faiss")  # the `dense` extra
 
 FAISS_KINDS = ("flat", "hnsw", "ivf-sq8", "ivf-pq")
 SUBDIR = "dense"
@@ -115,8 +117,8 @@ def _names_key(names: Sequence[str], encoder) -> str:
 
 def _set_threads(threads: int) -> None:
     if threads:
-        import faiss
-        import torch
+        faiss = require("faiss", extra="dense", what="a dense index")
+        torch = require("torch", extra="dense", what="a dense index")
 
         faiss.omp_set_num_threads(threads)
         torch.set_num_threads(threads)
@@ -200,7 +202,7 @@ def encode_names(
 
 def _exact_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-k over a (memmapped) matrix, block by block: bounded memory."""
-    import faiss
+    faiss = require("faiss", extra="dense", what="a dense index")
 
     q = len(queries)
     best_scores = np.full((q, k), MISSING_SCORE, dtype=np.float32)
@@ -255,7 +257,7 @@ def _nlist(config: DenseConfig, n: int) -> int:
 
 def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 8192):
     """The FAISS structure of `config.faiss_kind` (None for flat: the embeddings are the index)."""
-    import faiss
+    faiss = require("faiss", extra="dense", what="a dense index")
 
     n, dim = embeddings.shape
     kind = config.faiss_kind
@@ -314,7 +316,7 @@ class DenseNameIndex:
     kind = "dense"
 
     def __init__(self, encoder, config: DenseConfig, embeddings: np.ndarray, faiss_index=None, params: dict | None = None):
-        import faiss
+        faiss = require("faiss", extra="dense", what="a dense index")
 
         self.encoder = encoder
         self.config = config
@@ -434,7 +436,7 @@ class DenseNameIndex:
     def save(self, folder: Path) -> dict:
         """Write ``dense/`` into `folder` (embeddings.npy, index.faiss for non-flat, params.json);
         return the parameters for the manifest."""
-        import faiss
+        faiss = require("faiss", extra="dense", what="a dense index")
 
         target = Path(folder) / SUBDIR
         target.mkdir(parents=True, exist_ok=True)
@@ -468,7 +470,7 @@ class DenseNameIndex:
         load_encoder(params' encoder name) in `precision` (None: the precision the index was
         encoded in, `linker.precision.resolve_precision`). Refuses an encoder other than the one
         it was built with."""
-        import faiss
+        faiss = require("faiss", extra="dense", what="a dense index")
 
         folder = Path(folder)
         if params is None:
@@ -637,7 +639,8 @@ def precision_encoder(names: Sequence[str], config: DenseConfig):
     if compiled:  # the check below then runs (and compiles) the very path the names are encoded with
         encoder = encoder.compile()
     if config.parity_sample:
-        check = precision_check(names, fp32, encoder, config.parity_sample, config.seed)
+        with note(f"checking {wanted} against fp32 on {min(config.parity_sample, len(names)):,} names"):
+            check = precision_check(names, fp32, encoder, config.parity_sample, config.seed)
         record["check"] = check
         if not check["passed"]:
             if config.precision == "auto":
@@ -651,6 +654,7 @@ def precision_encoder(names: Sequence[str], config: DenseConfig):
 
 def build_dense(names: Sequence[str], config: DenseConfig, folder: Path) -> dict:
     """Build and save the dense part of an index folder (dense and hybrid kinds); its manifest fields."""
+    check_extra(DENSE_MODULES, extra="dense", what="a dense index")  # one line before any work
     encoder, precision = precision_encoder(names, config)
     work = partial_dir(Path(folder).parent, names, encoder)
     index = DenseNameIndex.build(names, encoder, config, work_dir=work)
