@@ -125,7 +125,8 @@ def build_dictionary(
     out = Path(out)
     if not sources:
         raise LinkerError("no source given; pass --source NAME PATH...")
-    _check_table_output(out, [p for spec in sources for p in spec.paths], overwrite, option="--source")
+    _check_table_output(out, [p for spec in sources for p in spec.paths], overwrite, option="--source",
+                        extra=[Input(Path(p), "--exclude-names") for p in options.exclude_names])
     outputs = []
     for spec in sources:
         reader = get_source(spec.name)
@@ -292,10 +293,10 @@ def describe(path: str | Path, *, samples: int = 5) -> dict:
 
 
 def _check_table_output(out: Path, inputs: Sequence[str | Path], overwrite: bool, *, option: str,
-                        tables: bool = False) -> None:
+                        tables: bool = False, extra: Sequence[Input] = ()) -> None:
     """The table and its hierarchy side table are outputs; neither may touch an input. With `tables` the inputs
     are concept tables, whose side tables are read too (`read_concept_table`); a source's files have none."""
-    named = [Input(Path(p), option) for p in inputs]
+    named = [Input(Path(p), option) for p in inputs] + list(extra)
     if tables:
         named += [Input(hierarchy_path(p), f"the hierarchy side table of {p}") for p in inputs]
     check_output(out, inputs=named, overwrite=overwrite, option="--out")

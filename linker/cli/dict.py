@@ -29,12 +29,14 @@ def build_cli(
     synonyms: list[str] = typer.Option(["EXACT"], "--synonyms", help="OBO: synonym scopes to read (EXACT,RELATED,NARROW,BROAD)."),
     meddra_target: str = typer.Option("pt", "--meddra-target", help="MedDRA: link names to their PT (pt) or to the LLT (llt)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it exists."),
+    exclude_names: list[Path] = typer.Option(None, "--exclude-names", help="default: TSV files of (concept_id, name) pairs to leave out, e.g. the lay test set's held-out names (linker/data/lay/heldout_names.tsv)."),
     max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
     max_document_bytes: int = typer.Option(None, "--max-document-bytes", help="Largest ClaML element or XML file accepted, in bytes (default 64 MiB)."),
 ) -> None:
     """Read a terminology distribution into a concept table."""
     options = SourceOptions(
         limits=read_limits(max_line_bytes, max_document_bytes),
+        exclude_names=tuple(str(p) for p in exclude_names or ()),
         langs=split_csv(lang),
         vocabularies=split_csv(sab),
         semantic_types=split_csv(sty),

@@ -36,6 +36,7 @@ class SourceOptions:
     synonym_scopes: tuple[str, ...] = ("EXACT",)  # OBO synonym scopes to read
     meddra_target: str = "pt"  # MedDRA: link names to their PT ("pt") or keep LLT codes ("llt")
     limits: ReadLimits = DEFAULT_LIMITS  # line (and ClaML element) size caps: --max-line-bytes, --max-document-bytes
+    exclude_names: tuple[str, ...] = ()  # default source: TSV files of (concept_id, name) pairs left out, e.g. the lay test set's
 
 
 @dataclass
