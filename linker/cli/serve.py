@@ -36,6 +36,9 @@ def listen_socket(host: str, port: int) -> socket.socket:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise ConfigError(f"--host {host} --port {port}: expected an address this machine can listen on, "
                           f"found {reason}") from None
+    # Listening now, before "serving … on" is printed, so a client that connects on that line is queued in the
+    # backlog until uvicorn accepts rather than refused (uvicorn's own listen() on this socket is harmless).
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
