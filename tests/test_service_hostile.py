@@ -290,8 +290,8 @@ def test_scan_of_a_4_mib_hostile_body_is_bounded_in_time_and_memory(name):
     seconds = time.perf_counter() - started
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    # ~10-35 ms here, unloaded; it was 9-30 s for FastAPI's parse and pydantic's 1.4 million errors
-    assert seconds < 1.0 and peak < 256 * 1024, (seconds, peak)
+    # ~10-35 ms here, unloaded (bound generous for a loaded CI machine under tracemalloc); it was 9-30 s for FastAPI's parse and pydantic's 1.4 million errors
+    assert seconds < 5.0 and peak < 256 * 1024, (seconds, peak)
     if status in (413, 422) and field != "mentions[0].text":
         assert (refused.status, refused.field) == (status, field) and message in str(refused)
     else:
