@@ -454,3 +454,41 @@ def test_real_tac_labels_against_themselves_and_a_perturbed_copy(shared_data, tm
     first, *others = r.documents
     assert first.document == files[0].stem and first.mentions.weighted.f1 < 1.0
     assert all(d.mentions.weighted.f1 == 1.0 for d in others)
+
+
+def test_linker_eval_scores_ade_submissions_from_the_command_line(tmp_path, capsys):
+    """`linker eval --dataset ade-xml:GOLD --submission SUB`: the worked example through the CLI, a report beside,
+    and one-line refusals (an --index with it, a report inside the gold folder, a file against a folder)."""
+    from linker.cli.main import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    (tmp_path / "gold").mkdir()
+    (tmp_path / "sub").mkdir()
+    tac_gold(tmp_path / "gold" / "EXAMPLE.xml")
+    ade_submission(tmp_path / "sub" / "EXAMPLE.xml", WORKED_SUBMISSION)
+    code, out, _ = run("eval", "--dataset", f"ade-xml:{tmp_path / 'gold'}", "--submission", tmp_path / "sub",
+                       "--report", tmp_path / "ade")
+    assert code == 0
+    assert "| use case 2: MedDRA codes, macro by section | 66.67 | 66.67 | 66.67 |" in out
+    assert json.loads((tmp_path / "ade.json").read_text())["gold_mentions"] == 3
+    assert (tmp_path / "ade.md").read_text().startswith("# ADE Eval: sub against gold")
+    for args, needle in [
+        (("--index", tmp_path, "--dataset", f"ade-xml:{tmp_path / 'gold'}", "--submission", tmp_path / "sub"),
+         "takes no --index"),
+        (("--dataset", f"ade-xml:{tmp_path / 'gold'}", "--submission", tmp_path / "sub",
+          "--report", tmp_path / "gold" / "r"), "lies inside the input"),
+        (("--dataset", f"ade-xml:{tmp_path / 'gold' / 'EXAMPLE.xml'}", "--submission", tmp_path / "sub"),
+         "two files or two folders"),
+        (("--dataset", f"brat:{tmp_path}", "--submission", tmp_path / "sub"), "ade-xml:GOLD"),
+    ]:
+        code, _, err = run("eval", *args)
+        assert code == 1 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "gold" / "r.md").exists()

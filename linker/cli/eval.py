@@ -19,7 +19,7 @@ from linker.eval.report import evaluate, markdown_table, trust_markdown
 
 @app.command("eval")
 def eval_cli(
-    index: list[Path] = typer.Option(..., "--index", "-i",
+    index: list[Path] = typer.Option(None, "--index", "-i",
                                      help="Index folder from `linker index build` (repeat with --suite to compare)."),
     dataset: str = typer.Option(None, "--dataset", "-d",
                                 help="Test set FORMAT:PATH, optionally #OPTIONS (#lang=es, #P); FORMAT: pubtator, brat, codiesp, biosyn, tsv, query."),
@@ -48,8 +48,16 @@ def eval_cli(
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
     max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
     max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
+    submission: Path = typer.Option(None, "--submission", help="ADE Eval: submission labels (a TAC/ADE XML file or folder) scored against --dataset ade-xml:GOLD with the ADE-Eval measures; no --index."),
+    missing: str = typer.Option("error", "--missing", help="--submission: a gold label without a submission is an error, skipped (skip) or scored as empty (empty)."),
 ) -> None:
-    """Score an index on a test set, or run a capability suite; prints the table (and writes a report with --report)."""
+    """Score an index on a test set, run a capability suite, or score ADE-Eval submissions; prints the table (and writes a report with --report)."""
+    if submission is not None:
+        _score_ade(dataset, submission, index=index, missing=missing, report=report, overwrite=overwrite,
+                   limits=read_limits(max_line_bytes, max_document_bytes))
+        return
+    if not index:
+        raise ConfigError("linker eval needs --index FOLDER (or --submission to score ADE-Eval labels)")
     # Options, dataset paths and the index folders' manifests are checked before an index loads (seconds).
     check_linker_options(rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
     if suite is not None:
@@ -100,3 +108,41 @@ def eval_cli(
             typer.echo(line)
     typer.echo(f"{100 * result.reachable:.2f}% of mentions have a gold id in the dictionary; "
                f"{result.seconds['total']:.1f}s" + (f"; report: {', '.join(result.files)}" if result.files else ""))
+
+
+def _score_ade(dataset: str | None, submission: Path, *, index, missing: str, report: Path | None, overwrite: bool,
+               limits) -> None:
+    """`linker eval --dataset ade-xml:GOLD --submission SUB`: the ADE-Eval measures (`linker.eval.ade_eval`) of
+    submission labels against gold labels, a file against a file or a folder against a folder (paired by name)."""
+    import json
+
+    from linker.eval.ade_eval import score_folders, score_paths
+    from linker.fileio import Input, atomic_file, check_output
+
+    if index:
+        raise ConfigError("--submission scores labels against gold labels; it takes no --index")
+    if dataset is None or not dataset.startswith("ade-xml:"):
+        raise ConfigError(f"--submission needs --dataset ade-xml:GOLD (a gold label file or folder), found {dataset!r}")
+    gold = Path(dataset.split(":", 1)[1])
+    if not gold.exists():
+        raise ConfigError(f"--dataset {dataset}: expected a gold label file or folder, found no such path")
+    if not submission.exists():
+        raise ConfigError(f"--submission {submission}: expected a submission label file or folder, found no such path")
+    if gold.is_dir() != submission.is_dir():
+        raise ConfigError(f"--dataset {gold} and --submission {submission}: expected two files or two folders, "
+                          "found one of each")
+    outputs = {ext: Path(f"{report}.{ext}") for ext in ("md", "json")} if report is not None else {}
+    for path in outputs.values():  # before any work: gold and submissions are inputs
+        check_output(path, inputs=[Input(gold, "--dataset"), Input(submission, "--submission")], overwrite=overwrite,
+                     option="--report")
+    result = (score_folders(gold, submission, missing=missing, limits=limits) if gold.is_dir()
+              else score_paths([gold], [submission], missing=missing, limits=limits))
+    text = result.to_markdown()
+    typer.echo(text, nl=False)
+    if outputs:
+        with atomic_file(outputs["json"]) as tmp:
+            tmp.write_text(json.dumps(result.to_dict(), ensure_ascii=False, indent=2, default=str) + "\n",
+                           encoding="utf-8")
+        with atomic_file(outputs["md"]) as tmp:
+            tmp.write_text(f"# ADE Eval: {submission.name} against {gold.name}\n\n{text}", encoding="utf-8")
+        typer.echo(f"report: {outputs['md']}, {outputs['json']}")
