@@ -121,3 +121,47 @@ def tiny_e5_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_encoder(
         tmp_path_factory.mktemp("tiny_e5_encoder") / "model", prompts={"query": "query: ", "passage": "passage: "}
     )
+
+
+# --- the CLI in-process, and its one-line errors (shared by the reliability and hostile-input suites) ---
+
+def cli(args, capsys) -> tuple[int, list[str]]:
+    """(exit code, stderr lines) of `linker ARGS` in-process."""
+    from linker.cli.main import main
+
+    capsys.readouterr()
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def assert_one_line_error(code: int, err: list[str], *needles: str) -> None:
+    """Exit 1 and one `error:` line (no traceback) holding every needle."""
+    assert code == 1, err
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
+    for needle in needles:
+        assert needle in err[0], err
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray (2 workers) per test module."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'linker[ray]')")
+    from linker.engine.ray import ray_session
+
+    # Ray's memory monitor kills workers when the whole machine is above 95% of its memory: on a
+    # shared machine other processes would kill these tests' workers at random. The worker-kill test
+    # kills one on purpose.
+    saved = os.environ.get("RAY_memory_monitor_refresh_ms")
+    os.environ["RAY_memory_monitor_refresh_ms"] = "0"
+    try:
+        with ray_session(workers=2) as ray:
+            yield ray
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_memory_monitor_refresh_ms", None)
+        else:
+            os.environ["RAY_memory_monitor_refresh_ms"] = saved

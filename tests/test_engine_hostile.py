@@ -312,23 +312,6 @@ def test_the_failure_line_names_every_failed_shard():
 # ----------------------------------------------------------------------------- a real local Ray
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    pytest.importorskip("ray", reason="Ray is not installed (pip install 'linker[ray]')")
-    from linker.engine.ray import ray_session
-
-    saved = os.environ.get("RAY_memory_monitor_refresh_ms")
-    os.environ["RAY_memory_monitor_refresh_ms"] = "0"  # other processes on a shared machine must not kill workers
-    try:
-        with ray_session(workers=2) as ray:
-            yield ray
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_memory_monitor_refresh_ms", None)
-        else:
-            os.environ["RAY_memory_monitor_refresh_ms"] = saved
-
-
 @pytest.mark.slow
 def test_ray_job_links_every_good_shard_and_names_each_bad_one(ray_cluster, index, tmp_path, capsys):
     """Case 9 and 6 on Ray: a truncated .gz, a non-gzip .gz and a 4 KB Parquet shard holding a 40M-character

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from index_tables import write_concepts
-from linker.cli.main import main
+from conftest import cli
 from linker.confidence import CALIBRATION, Calibration, write_calibration
 from linker.dictionary import sha256_file
 from linker.errors import LinkerError
@@ -67,16 +67,6 @@ def relist(folder: Path, *names: str) -> None:
 def replace_with_link(folder: Path, name: str, target: str | Path) -> None:
     (folder / name).unlink()
     os.symlink(target, folder / name)
-
-
-def cli(args, capsys) -> tuple[int, list[str]]:
-    capsys.readouterr()
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    return code, capsys.readouterr().err.strip().splitlines()
 
 
 def refused(folder: Path, capsys, *needles: str) -> None:

@@ -459,20 +459,30 @@ def test_jsonl_writer_refuses_or_reads_back(tmp_path, text, span_id, extra):
     [span] = read_jsonl(*_jsonl(tmp_path / "o.jsonl", ReadLimits()))
     assert span.record == record
 
+def written_or_refused(path: Path, write) -> Path | None:
+    """`write(handle)` into a text buffer, then `path` (UTF-8); None when the writer refused in one line."""
+    out = io.StringIO()
+    try:
+        write(out)
+    except LinkerError as exc:
+        event("refused")
+        assert "\n" not in str(exc)
+        return None
+    path.write_bytes(out.getvalue().encode("utf-8"))
+    return path
+
+
 
 @SETTINGS
 @given(doc=TOKEN, title=TEXT, abstract=TEXT,
        rows=st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99), TEXT, TEXT, TOKEN), min_size=1, max_size=3))
 def test_pubtator_writer_refuses_or_reads_back(tmp_path, doc, title, abstract, rows):
     annotations = [PubtatorAnnotation(0, doc, s, e, t, ty, ids, ()) for s, e, t, ty, ids in rows]
-    out = io.StringIO()
-    try:
+    def write(out):
         write_pubtator(out, doc, title, abstract, annotations)
-    except LinkerError as exc:
-        event("refused")
-        assert "\n" not in str(exc)
+
+    if written_or_refused(tmp_path / "p.txt", write) is None:
         return
-    (tmp_path / "p.txt").write_bytes(out.getvalue().encode("utf-8"))
     again = list(read_pubtator(tmp_path / "p.txt"))
     assert [(a.doc, a.start, a.end, a.text, a.type, a.ids, a.doc_text) for a in again] == \
            [(doc, a.start, a.end, a.text, a.type, a.ids, (title, abstract)) for a in annotations]
@@ -483,14 +493,8 @@ def test_pubtator_writer_refuses_or_reads_back(tmp_path, doc, title, abstract, r
                                st.one_of(st.just("3 7"), st.just("1 2;4 9"), TEXT)), min_size=1, max_size=3))
 def test_codiesp_writer_refuses_or_reads_back(tmp_path, rows):
     given_rows = [CodiespRow(0, d, label, code, text, 0, 0, offsets) for d, label, code, text, offsets in rows]
-    out = io.StringIO()
-    try:
-        write_codiesp(out, given_rows)
-    except LinkerError as exc:
-        event("refused")
-        assert "\n" not in str(exc)
+    if written_or_refused(tmp_path / "c.tsv", lambda out: write_codiesp(out, given_rows)) is None:
         return
-    (tmp_path / "c.tsv").write_bytes(out.getvalue().encode("utf-8"))
     assert [(r.doc, r.label, r.code, r.text, r.offsets) for r in read_codiesp(tmp_path / "c.tsv")] == \
            [(r.doc, r.label, r.code, r.text, r.offsets) for r in given_rows]
 
@@ -500,14 +504,8 @@ def test_codiesp_writer_refuses_or_reads_back(tmp_path, rows):
                      max_size=3))
 def test_biosyn_writer_refuses_or_reads_back(tmp_path, rows):
     given_rows = [BiosynRow(0, *row) for row in rows]
-    out = io.StringIO()
-    try:
-        write_biosyn(out, given_rows)
-    except LinkerError as exc:
-        event("refused")
-        assert "\n" not in str(exc)
+    if written_or_refused(tmp_path / "b.concept", lambda out: write_biosyn(out, given_rows)) is None:
         return
-    (tmp_path / "b.concept").write_bytes(out.getvalue().encode("utf-8"))
     assert [r[1:] for r in map(_astuple, read_biosyn(tmp_path / "b.concept"))] == [r[1:] for r in map(_astuple, given_rows)]
 
 
@@ -520,14 +518,8 @@ def _astuple(row) -> tuple:
        rows=st.lists(st.tuples(TOKEN, TEXT, st.one_of(st.none(), TEXT)), min_size=1, max_size=3))
 def test_id_list_writer_refuses_or_reads_back(tmp_path, kind, rows):
     given_rows = [ListRow(0, ids, text, lang) for ids, text, lang in rows]
-    out = io.StringIO()
-    try:
-        write_id_list(out, kind, given_rows)
-    except LinkerError as exc:
-        event("refused")
-        assert "\n" not in str(exc)
+    if written_or_refused(tmp_path / "l.txt", lambda out: write_id_list(out, kind, given_rows)) is None:
         return
-    (tmp_path / "l.txt").write_bytes(out.getvalue().encode("utf-8"))
     assert [(r.ids, r.text, r.lang) for r in read_id_list(tmp_path / "l.txt", kind)] == \
            [(r.ids, r.text.strip(), (r.lang or "").strip() or None) for r in given_rows]
 

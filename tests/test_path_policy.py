@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from linker.cli.main import main
+from conftest import assert_one_line_error, cli
 from linker.dictionary import SourceSpec, build_dictionary
 from linker.errors import ConfigError
 from linker.eval.datasets import spec_inputs
@@ -30,24 +30,6 @@ from linker.index import build_index, load_index
 FIX = Path(__file__).parent / "fixtures"
 NAMES = FIX / "tsv" / "names.tsv"
 PUBTATOR = FIX / "eval" / "pubtator_slice.txt"
-
-
-def cli(args: list, capsys) -> tuple[int, list[str]]:
-    """(exit code, stderr lines) of `linker ARGS` in-process."""
-    capsys.readouterr()
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    return code, capsys.readouterr().err.strip().splitlines()
-
-
-def assert_refused(code: int, err: list[str], *needles: str) -> None:
-    assert code == 1, err
-    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
-    for needle in needles:
-        assert needle in err[0], err
 
 
 def digest(path: Path) -> dict[str, str]:
@@ -171,7 +153,7 @@ def test_an_output_in_the_index_folder_is_refused_and_the_index_stays_intact(wor
     (work / "V" / "held.tsv").write_text("C0002170\thair loss\n")
     before = digest(work / "V")
     code, err = cli([*args, "--overwrite"], capsys)
-    assert_refused(code, err, "the input V", "choose an output outside every input")
+    assert_one_line_error(code, err, "the input V", "choose an output outside every input")
     assert digest(work / "V") == before
     load_index(work / "V")  # still loads and verifies
 
@@ -183,12 +165,12 @@ def test_model_folders_are_inputs(work, capsys):
     before = digest(work / "R")
     code, err = cli(["link", "--index", "V", "--input", "a.jsonl", "--output", "R/config.json", "--rerank", "R",
                      "--overwrite"], capsys)
-    assert_refused(code, err, "--output R/config.json lies inside the input R (--rerank)")
+    assert_one_line_error(code, err, "--output R/config.json lies inside the input R (--rerank)")
     code, err = cli(["normalize", "--index", "V", "--input", "a.jsonl", "--format", "jsonl", "--output", "R",
                      "--rerank", "R", "--overwrite"], capsys)
-    assert_refused(code, err, "is the input R (--rerank)")
+    assert_one_line_error(code, err, "is the input R (--rerank)")
     code, err = cli(["train", "sap", "--dict", "names.parquet", "--encoder", "R", "--out", "R/m"], capsys)
-    assert_refused(code, err, "--out R/m lies inside the input R (--encoder)")
+    assert_one_line_error(code, err, "--out R/m lies inside the input R (--encoder)")
     assert digest(work / "R") == before
 
 
@@ -198,7 +180,7 @@ def test_eval_report_never_overwrites_the_typo_list(work, capsys):
     before = digest(work / "r.md")
     code, err = cli(["eval", "--index", "V", "--dataset", "pubtator:p.txt#typos=r.md", "--report", "r",
                      "--overwrite"], capsys)
-    assert_refused(code, err, "--report r.md is the input r.md (typos= of --dataset p.txt)")
+    assert_one_line_error(code, err, "--report r.md is the input r.md (typos= of --dataset p.txt)")
     assert digest(work / "r.md") == before and not (work / "r.json").exists()
 
 
@@ -207,7 +189,7 @@ def test_calibrate_never_overwrites_its_gold_file(work, capsys):
     gold.write_text("C0002170\thair loss\nC0002170\talopecia\nC0018681\theadache\n")
     before = digest(work / "V")
     code, err = cli(["calibrate", "--index", "V", "--dataset", "tsv:V/calibration.json"], capsys)
-    assert_refused(code, err, "V/calibration.json is the input V/calibration.json (--dataset)")
+    assert_one_line_error(code, err, "V/calibration.json is the input V/calibration.json (--dataset)")
     assert digest(work / "V") == before
     shutil.copy(gold, work / "held.tsv")  # the same file outside the index: calibrate writes calibration.json
     code, err = cli(["calibrate", "--index", "V", "--dataset", "tsv:held.tsv"], capsys)
@@ -224,7 +206,7 @@ def test_dict_build_out_named_after_its_source_folder(work, capsys):
     # A real clash of the side table still is refused, and the message names --out and the input apart.
     shutil.copy(work / "M.parquet", work / "X.hierarchy.parquet")
     code, err = cli(["dict", "merge", "X.hierarchy.parquet", "--out", "X.parquet"], capsys)
-    assert_refused(code, err, "--out X.parquet: its hierarchy side table X.hierarchy.parquet is the input "
+    assert_one_line_error(code, err, "--out X.parquet: its hierarchy side table X.hierarchy.parquet is the input "
                               "X.hierarchy.parquet")
 
 
@@ -233,7 +215,7 @@ def test_huge_max_line_bytes_is_one_line(work, capsys, command):
     extra = ["--format", "jsonl"] if command == "normalize" else []
     code, err = cli([command, "--index", "V", "--input", "a.jsonl", *extra, "--output", "o.jsonl",
                      "--max-line-bytes", "99999999999999999999999"], capsys)
-    assert_refused(code, err, "--max-line-bytes")
+    assert_one_line_error(code, err, "--max-line-bytes")
 
 
 # ----------------------------------------------------------------------------- races and full disks
@@ -305,7 +287,7 @@ def test_the_cli_does_not_replace_an_output_that_appears_during_the_run(work, ca
     monkeypatch.setattr(normalize, "normalize_jsonl_lines", slow)
     code, err = cli(["normalize", "--index", "V", "--input", "a.jsonl", "--format", "jsonl", "--output", "o.jsonl"],
                     capsys)
-    assert_refused(code, err, "o.jsonl", "created by someone else", "--overwrite")
+    assert_one_line_error(code, err, "o.jsonl", "created by someone else", "--overwrite")
     assert (work / "o.jsonl").read_text() == "someone else's\n"
     assert sorted(p.name for p in work.iterdir()) == ["V", "a.jsonl", "names.parquet", "o.jsonl"]  # no temporary
 
@@ -319,5 +301,5 @@ def test_a_full_disk_names_the_output(work, capsys, monkeypatch):
     monkeypatch.setattr(normalize, "write_jsonl", full)
     code, err = cli(["normalize", "--index", "V", "--input", "a.jsonl", "--format", "jsonl", "--output", "o.jsonl"],
                     capsys)
-    assert_refused(code, err, "error: o.jsonl: No space left on device")
+    assert_one_line_error(code, err, "error: o.jsonl: No space left on device")
     assert sorted(p.name for p in work.iterdir()) == ["V", "a.jsonl", "names.parquet"]  # no output, no temporary

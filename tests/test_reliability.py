@@ -24,8 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
-from linker.cli.main import main
+from conftest import ROOT, assert_one_line_error, cli
 from linker.dictionary import SourceSpec, build_dictionary, sha256_file
 from linker.errors import ConfigError, InputFormatError
 from linker.fileio import MARKER, atomic_dir, atomic_file, check_output, remove_stale_temporaries
@@ -34,24 +33,6 @@ from linker.index import build_index, load_index
 FIX = Path(__file__).parent / "fixtures"
 NAMES = FIX / "tsv" / "names.tsv"
 BRAT = FIX / "normalize" / "brat"
-
-
-def cli(args: list[str], capsys) -> tuple[int, list[str]]:
-    """(exit code, stderr lines) of `linker ARGS` in-process."""
-    capsys.readouterr()
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    return code, capsys.readouterr().err.strip().splitlines()
-
-
-def assert_one_line_error(code: int, err: list[str], *needles: str) -> None:
-    assert code == 1, err
-    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
-    for needle in needles:
-        assert needle in err[0], err
 
 
 def digest(path: Path) -> dict[str, str]:

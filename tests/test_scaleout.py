@@ -236,26 +236,6 @@ def test_ray_is_an_optional_extra():
 # ----------------------------------------------------------------------------- a real local Ray
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    pytest.importorskip("ray", reason="Ray is not installed (pip install 'linker[ray]')")
-    from linker.engine.ray import ray_session
-
-    # Ray's memory monitor kills workers when the whole machine is above 95% of its memory: on a
-    # shared machine other processes would kill these tests' workers at random. The worker-kill test
-    # kills one on purpose.
-    saved = os.environ.get("RAY_memory_monitor_refresh_ms")
-    os.environ["RAY_memory_monitor_refresh_ms"] = "0"
-    try:
-        with ray_session(workers=2) as ray:
-            yield ray
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_memory_monitor_refresh_ms", None)
-        else:
-            os.environ["RAY_memory_monitor_refresh_ms"] = saved
-
-
 @pytest.mark.slow
 def test_ray_output_equals_local_normalize_and_reruns_byte_identical(ray_cluster, index, tmp_path):
     from linker.engine.ray import link_dataset, normalize_ray
