@@ -196,7 +196,7 @@ def _shown(value: object) -> str:
     return f"{type(value).__name__} {str(value)[:60]!r}"
 
 
-def write_calibration(folder: str | Path, calibration: Calibration) -> dict:
+def write_calibration(folder: str | Path, calibration: Calibration, *, origin: str = "user") -> dict:
     """Store `calibration` in the index folder and record it in the manifest; return the new manifest.
 
     The file is written first and the manifest after, each atomically: a crash in between leaves
@@ -209,7 +209,9 @@ def write_calibration(folder: str | Path, calibration: Calibration) -> dict:
     with atomic_file(folder / CALIBRATION) as tmp:
         tmp.write_text(json.dumps(calibration.to_json(), indent=1) + "\n", encoding="utf-8")
     summary = {"scorer": calibration.scorer, "method": calibration.method, "fitted_on": calibration.fitted_on,
-               "mentions": calibration.mentions, "fitted_at": calibration.fitted_at}
+               "mentions": calibration.mentions, "fitted_at": calibration.fitted_at, "origin": origin}
+    if origin not in ("user", "default"):
+        raise ConfigError(f"calibration origin: expected user or default, found {origin!r}")
     if calibration.scorer != RETRIEVER_SCORER:
         summary.update(retriever_weight=calibration.retriever_weight, accuracy=calibration.accuracy,
                        retriever_accuracy=calibration.retriever_accuracy)

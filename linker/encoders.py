@@ -12,6 +12,9 @@ Names (`resolve_encoder`; the aliases are the `ENCODERS` registry):
   into a sentence-transformers folder under the cache folder (``$LINKER_CACHE`` or
   ``~/.cache/linker``)/encoders by `linker.e5_convert.ensure_e5_small` (19 s and 487 MB measured
   on a shared 2-CPU machine, eval/e5_conversion.md). 100 languages, 384-d, mean pooling, prompts "query: " / "passage: ". Loads offline.
+- ``"linker-en"`` and ``"linker-multi"``: this project's own encoders, trained on open terminologies
+  (`linker.models`): the tensors training changed, shipped in the package as fp16 safetensors and put on top of
+  ``minilm`` and ``e5-small`` respectively, after their sha256 is checked against the release's manifest.
 - a path to a local folder: a sentence-transformers folder (its own modules and pooling
   apply), or a plain transformers folder (sentence-transformers then adds mean pooling).
 - a Hugging Face hub id ``OWNER/NAME`` (needs internet or a filled HF cache). Anything else
@@ -50,8 +53,8 @@ log = logging.getLogger(__name__)
 Role = Literal["query", "passage"]
 POOLINGS = ("cls", "mean")
 E5_PROMPTS = ("query: ", "passage: ")
-BUILTIN_ENCODERS = ("minilm", "e5-small")  # offline aliases; "multilingual-e5-small" = "e5-small"
-OFFLINE_CHOICES = "'minilm', 'e5-small', or the path of a local sentence-transformers folder"
+BUILTIN_ENCODERS = ("minilm", "e5-small", "linker-en", "linker-multi")  # offline aliases ("multilingual-e5-small" = "e5-small")
+OFFLINE_CHOICES = "'linker-en', 'linker-multi', 'minilm', 'e5-small', or the path of a local sentence-transformers folder"
 # A hub model id has an owner: OWNER/NAME, letters, digits, '-', '_', '.', no '--' or '..', <= 96 each.
 HUB_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 HUB_TIMEOUT_SECONDS = 5.0  # one try at the hub; huggingface_hub's own retries take minutes offline
@@ -74,7 +77,8 @@ class EncoderSpec:
     query_prefix: str = ""
     passage_prefix: str = ""
     pooling: str | None = None
-    builtin: str | None = None  # "minilm" | "e5-small" | None
+    builtin: str | None = None  # "minilm" | "e5-small" | None: the offline base loaded from `path`
+    release: str | None = None  # a shipped release folder (linker.models) whose tensors go on top of the base
 
     def prefix(self, role: Role) -> str:
         if role == "query":
@@ -173,7 +177,7 @@ def check_encoder_name(name: str) -> None:
         close = difflib.get_close_matches(base, list(ENCODERS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"unknown encoder {base!r}{hint}; choose minilm, e5-small (= multilingual-e5-small), the path of a "
+            f"unknown encoder {base!r}{hint}; choose linker-en, linker-multi, minilm, e5-small (= multilingual-e5-small), the path of a "
             "local model folder, or a Hugging Face hub id OWNER/NAME such as "
             "cambridgeltl/SapBERT-UMLS-2020AB-all-lang-from-XLMR#cls"
         )
@@ -211,6 +215,24 @@ def _e5_small(pooling: str | None) -> EncoderSpec:
 
 
 ENCODERS.register("multilingual-e5-small", _e5_small)
+
+
+def _shipped(name: str) -> Callable[[str | None], EncoderSpec]:
+    def spec(pooling: str | None) -> EncoderSpec:
+        from linker.models import read_release
+
+        release = read_release(name)  # every shipped file checked against its sha256 before anything loads
+        base = ENCODERS.get(release.base)(pooling)
+        return EncoderSpec(name=f"{name}#{pooling}" if pooling else name, path=base.path,
+                           revision=f"{release.revision} on {base.revision}", query_prefix=base.query_prefix,
+                           passage_prefix=base.passage_prefix, pooling=pooling, builtin=base.builtin,
+                           release=str(release.folder))
+
+    return spec
+
+
+for _name in ("linker-en", "linker-multi"):
+    ENCODERS.register(_name, _shipped(_name))
 
 
 def resolve_encoder(name_or_path: str, *, pooling: str | None = None) -> EncoderSpec:
@@ -657,6 +679,10 @@ def load_encoder(
             raise LinkerError(f"encoder {spec.name!r}: could not load the folder {spec.path}: {error}") from error
     else:
         model = _load_from_hub(SentenceTransformer, spec, device)
+    if spec.release is not None:
+        from linker.models import overlay, read_release
+
+        overlay(transformer_module(model), read_release(spec.release))
     if spec.pooling is not None:
         _override_pooling(model, spec.pooling)
     device = str(model.device)

@@ -45,7 +45,7 @@ EXTRAS: dict[str, str] = {
     "train": "`linker train` (dense, plus what training needs)",
     "service": "`linker serve` (fastapi, uvicorn, Swagger UI's files for an offline /docs)",
     "plots": "the charts of reports (matplotlib); without it a report is written without its PNG",
-    "ray": "`normalize --engine ray` (Ray Data)",
+    "ray": "`normalize-ray` (Ray Data)",
     "spark": "Spark's mapInArrow (pyspark; needs a Java runtime too)",
     "spacy": "the spaCy pipeline component",
 }

@@ -1,4 +1,4 @@
-"""HTTP service over the same `Linker` as the CLI: POST /link, GET /health, GET /indexes, /docs.
+"""HTTP service over the same `Linker` as the CLI: POST /link, POST /annotate, GET /health, GET /indexes, /docs.
 
 Needs the `service` extra (fastapi, uvicorn, fastapi-offline); without FastAPI, importing this module is one
 ConfigError naming it. /docs is Swagger UI with its files served by the app itself (fastapi-offline ships them),
@@ -627,6 +627,100 @@ def _check_request(request: LinkRequest, indexes: dict[str, _Loaded], default: s
     return loaded, k
 
 
+# ----------------------------------------------------------------------------- POST /annotate
+
+ANNOTATE_MAX_TEXTS = 100  # documents per /annotate request; their characters count against max_request_chars
+
+
+class TextIn(BaseModel):
+    """One document to annotate."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str = Field(description="The document text, e.g. a case report or a drug-label section.")
+    lang: str | None = Field(None, description="Restrict candidates to names in this language (ISO 639-1).")
+    id: str | int | None = Field(None, description="Echoed back unchanged.")
+
+
+class AnnotateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    texts: list[TextIn]
+    k: int | None = Field(None, description="Candidates kept per adverse event (default 1); the code is the best.")
+    index: str | None = Field(None, description="Index name (GET /indexes); default: the first one loaded.")
+    threshold: float | None = Field(None, description="In-span probability a word piece needs (default: the tagger's).")
+    review_below: float | None = Field(None, description="Decision 'review' below this span or link confidence (default 0.5).")
+    style: str | None = Field(None, description="AdverseEvent spans as 'terms' (TAC 2017's convention), 'phrases' "
+                                                "(PHEE's) or 'auto' (default: terms, and phrases where no term was found).")
+
+
+class SpanOut(BaseModel):
+    start: int
+    end: int
+    text: str
+    label: str = Field(description="AdverseEvent, Drug or TherapeuticEffect.")
+    status: str = Field(description="positive, negated or hypothetical.")
+    confidence: float = Field(description="The tagger's: mean in-span probability of the span's word pieces.")
+    code: str | None = None
+    name: str | None = None
+    link_confidence: float | None = None
+    decision: str | None = Field(None, description="coded, review, no link, not coded (negated or hypothetical); "
+                                                   "null for a span that is no adverse event.")
+    candidates: list[CandidateOut] = []
+
+
+class DocumentOut(BaseModel):
+    id: str | int | None = None
+    spans: list[SpanOut]
+
+
+class AnnotateResponse(BaseModel):
+    index: str
+    version: str
+    model: str
+    k: int
+    results: list[DocumentOut]
+
+
+def _check_annotate(request: AnnotateRequest, indexes: dict, default: str, limits: ServiceLimits) -> tuple:
+    """The index, k, threshold and review_below of an /annotate request (RequestFieldError if a check fails)."""
+    if request.index is not None and (at := _surrogate(request.index)) is not None:
+        raise RequestFieldError("index", "Unicode text", f"a lone surrogate at character {at}")
+    name = request.index or default
+    if name not in indexes:
+        raise RequestFieldError("index", f"one of {', '.join(indexes)}", _short(name))
+    loaded = indexes[name]
+    k = 1 if request.k is None else request.k
+    if not 1 <= k <= limits.max_k:
+        raise RequestFieldError("k", f"an integer from 1 to {limits.max_k}", _short(k))
+    threshold = request.threshold
+    if threshold is not None and not 0.0 < threshold < 1.0:
+        raise RequestFieldError("threshold", "a probability between 0 and 1", _short(threshold))
+    review_below = 0.5 if request.review_below is None else request.review_below
+    if not 0.0 <= review_below <= 1.0:
+        raise RequestFieldError("review_below", "a probability from 0 to 1", _short(review_below))
+    if request.style is not None and request.style not in ("auto", "terms", "phrases"):
+        raise RequestFieldError("style", "auto, terms or phrases", _short(request.style))
+    if not request.texts:
+        raise RequestFieldError("texts", "at least one text", "an empty list")
+    if len(request.texts) > ANNOTATE_MAX_TEXTS:
+        raise RequestFieldError("texts", f"at most {ANNOTATE_MAX_TEXTS} texts", f"{len(request.texts)}", 413)
+    work = 0
+    for i, t in enumerate(request.texts):
+        for name_, value in (("text", t.text), ("id", t.id), ("lang", t.lang)):
+            if isinstance(value, str) and (at := _surrogate(value)) is not None:
+                raise RequestFieldError(f"texts[{i}].{name_}", "Unicode text", f"a lone surrogate at character {at}")
+        if not t.text.strip():
+            raise RequestFieldError(f"texts[{i}].text", "a non-empty text", _short(t.text))
+        work += len(t.text)
+        if work > limits.max_request_chars:
+            raise RequestFieldError("texts", f"at most {limits.max_request_chars} characters in all",
+                                    f"more ({work} up to texts[{i}])", 413)
+        if t.lang is not None and t.lang not in loaded.languages:
+            raise RequestFieldError(f"texts[{i}].lang",
+                                    f"a language of index {name} ({', '.join(sorted(loaded.languages))})",
+                                    _short(t.lang))
+    return loaded, k, threshold, review_below
+
+
 def _render(loaded: _Loaded, k: int, mentions: list[MentionIn], results: list) -> bytes:
     """The LinkResponse as JSON bytes (built directly: 1,000 x k=100 candidates is too many to validate)."""
     out = []
@@ -726,7 +820,7 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
         # Routing (404, 405) and FastAPI's body parser (400) raise these; they get the same body shape.
         where = f"{request.method} {request.url.path}"
         if exc.status_code == 404:
-            routes = "POST /link, GET /health, GET /indexes, GET /docs"
+            routes = "POST /link, POST /annotate, GET /health, GET /indexes, GET /docs"
             return _error(404, f"path: expected one of {routes}, found {_short(where)}", "path")
         if exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow", "")
@@ -792,5 +886,38 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
                                     str(exc), 429, headers={"Retry-After": "1"}) from None
         body = await run_in_threadpool(_render, loaded, k, mentions, results)
         return Response(body, media_type="application/json")
+
+    @app.post(
+        "/annotate",
+        response_model=AnnotateResponse,
+        response_model_exclude_none=True,
+        responses={status: {"model": ErrorOut} for status in (400, 404, 405, 413, 415, 422, 429)},
+    )
+    async def annotate(request: AnnotateRequest) -> Response:
+        """Extract adverse events, drugs and effects from texts (linker-ae) and code each positive adverse event with
+        the index: code, confidence, and the decision (coded, review, no link, not coded)."""
+        from linker.extract import decide, events_to_link, link_text, load_extractor
+
+        loaded, k, threshold, review_below = _check_annotate(request, indexes, default, limits)
+        extractor = await run_in_threadpool(load_extractor)
+        texts = [t.text for t in request.texts]
+        spans = await run_in_threadpool(extractor.extract, texts, threshold=threshold, style=request.style or "auto")
+        wanted = events_to_link(spans)
+        try:
+            results = await loaded.batcher.link([link_text(spans[t][i]) for t, i in wanted],
+                                                [request.texts[t].lang for t, _ in wanted], k) if wanted else []
+        except BusyError as exc:
+            raise RequestFieldError("texts", f"room in the queue of index {loaded.name} (retry shortly)",
+                                    str(exc), 429, headers={"Retry-After": "1"}) from None
+        rows = decide(spans, dict(zip(wanted, results, strict=True)), review_below=review_below)
+        out = []
+        for t, doc_rows in zip(request.texts, rows, strict=True):
+            item: dict[str, Any] = {"id": t.id} if t.id is not None else {}
+            item["spans"] = [{key: value for key, value in row.items() if not key.startswith("_")} for row in doc_rows]
+            out.append(item)
+        body = {"index": loaded.name, "version": loaded.linker.version, "model": extractor.revision, "k": k,
+                "results": out}
+        return Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
+                        media_type="application/json")
 
     return app

@@ -1,4 +1,4 @@
-"""Capability suite: perturbations, case generation, held-out scoring, reports and `linker eval --suite`."""
+"""Capability suite: perturbations, case generation, held-out scoring, reports and `linker capabilities`."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def test_cli_suite_report_survives_a_failing_chart(index_dir, tmp_path, capsys, 
     import linker.eval.capabilities as capabilities
 
     monkeypatch.setattr(capabilities, "_chart", lambda *a, **k: 1 / 0)
-    main(["eval", "--index", str(index_dir), "--suite", "capabilities", "--dict-sample", "5", "--report",
+    main(["capabilities", "--index", str(index_dir), "--dict-sample", "5", "--report",
           str(tmp_path / "caps")])  # returns: exit 0
     captured = capsys.readouterr()
     assert "| capability | what changes |" in captured.out and "Traceback" not in captured.err
@@ -276,7 +276,7 @@ def test_package_templates_are_valid():
 def test_cli_suite_side_by_side_report(index_dir, tmp_path, capsys):
     other = tmp_path / "other"
     build_index(index_dir / "concepts.parquet", kind="tfidf", out=other, config=None)
-    main(["eval", "--index", str(index_dir), "--index", str(other), "--suite", "capabilities", "--dict-sample", "5",
+    main(["capabilities", "--index", str(index_dir), "--index", str(other), "--dict-sample", "5",
           "--seed", "2", "--report", str(tmp_path / "caps")])
     out = capsys.readouterr().out
     assert "| capability | what changes | index fail % [95% CI] | other fail % [95% CI] | n |" in out
@@ -287,7 +287,7 @@ def test_cli_suite_side_by_side_report(index_dir, tmp_path, capsys):
     md = (tmp_path / "caps.md").read_text()
     assert "### DIR parent: weakest is index (100.0% of 1 fail)" in md
     assert "| `Type 2 diabetes mellitus without complications` | code prefix | E11.9" in md
-    again = ["eval", "--index", str(index_dir), "--suite", "capabilities", "--dict-sample", "5", "--report", str(tmp_path / "caps")]
+    again = ["capabilities", "--index", str(index_dir), "--dict-sample", "5", "--report", str(tmp_path / "caps")]
     with pytest.raises(SystemExit) as code:  # reports are never replaced silently
         main(again)
     assert code.value.code == 1 and "caps.json exists; pass --overwrite" in capsys.readouterr().err
@@ -297,13 +297,13 @@ def test_cli_suite_side_by_side_report(index_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--suite", "checklist"], "error: unknown suite 'checklist'; available: capabilities"),
-    ([], "error: linker eval needs --dataset FORMAT:PATH (or --suite capabilities)"),
-    (["--suite", "capabilities", "--dict-sample", "0"], "error: --dict-sample must be a positive number of concepts, found 0"),
+    (["eval", "--suite", "capabilities"], "error: --suite capabilities is now its own command: linker capabilities --index"),
+    (["eval"], "error: linker eval needs --dataset FORMAT:PATH (the capability suite: linker capabilities)"),
+    (["capabilities", "--dict-sample", "0"], "error: --dict-sample must be a positive number of concepts, found 0"),
 ])
 def test_cli_suite_errors(index_dir, capsys, args, message):
     with pytest.raises(SystemExit) as code:
-        main(["eval", "--index", str(index_dir), *args])
+        main([*args, "--index", str(index_dir)])
     assert code.value.code == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +23,7 @@ from linker.link import Linker
 from linker.normalize import normalize_jsonl, normalize_path
 from linker.service import create_app
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
-from normalize_tables import build_indexes  # noqa: E402
+from fixtures.normalize.normalize_tables import build_indexes
 
 FIX = Path(__file__).parent / "fixtures"
 HELDIN = f"tsv:{FIX / 'confidence/heldin.tsv'}"

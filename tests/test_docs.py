@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from conftest import ROOT, SHARED_DATA
+from conftest import ROOT, SHARED_DATA, makefile_demo_commands
 from linker.cli.main import app, main
 
 README = ROOT / "README.md"
@@ -47,7 +47,7 @@ TAGS = {*RUNNABLE, "text", "console"}
 SCORE = re.compile(r"\d+\.\d{3,}")  # scores may differ in the last digits between CPUs; ids and names may not
 WRITES = re.compile(r"--(?:out|output|report)[ =](\S+)")
 SCRATCH = ("indexes/", "models/", "out/")  # where blocks may write (git-ignored); never the repository root
-TOP_LEVEL = {"bin", "examples", "tests", "indexes", "models", "out"}  # the scratch root's entries after any block
+TOP_LEVEL = {"bin", "examples", "tests", "linker", "indexes", "models", "out"}  # the scratch root's entries after any block
 RERUN_SECONDS = 30  # a block that ran quicker runs a second time: running it twice must not fail
 
 
@@ -181,19 +181,6 @@ def test_cli_reference_is_current():
 
 # --- running the blocks -----------------------------------------------------------------------------
 
-def _makefile_demo_commands() -> list[str]:
-    """The Makefile's recipes that `make demo` runs after the install, with make's variables expanded."""
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    commands = []
-    for target in ("indexes/default.parquet", "indexes/default", "demo"):
-        match = re.search(rf"^{re.escape(target)}:(.*)\n\t(.+)$", makefile, flags=re.M)
-        assert match, target
-        prerequisite = match.group(1).split("|")[0].split()
-        command = match.group(2).replace("$(LINKER)", "linker").replace("$@", target)
-        commands.append(command.replace("$<", prerequisite[0]) if prerequisite else command)
-    return commands
-
-
 def _lines(text: str) -> list[str]:
     return [" ".join(line.split()) for line in SCORE.sub("0.0", text).strip("\n").splitlines()]
 
@@ -219,11 +206,11 @@ def test_matching_rules():
 
 @pytest.fixture(scope="module")
 def docs_workdir(tmp_path_factory):
-    """A scratch repository root: `linker` on PATH (this checkout's code), examples/ and tests/ (the fixtures the
-    pages read), ../shared/data, and the set-up's indexes/default (the Makefile's demo recipes)."""
+    """A scratch repository root: `linker` on PATH (this checkout's code), examples/, tests/ and linker/ (the files the
+    pages and the set-up read), ../shared/data, and the set-up's indexes/default (the Makefile's demo recipes)."""
     work = tmp_path_factory.mktemp("docs") / "repo"
     (work / "bin").mkdir(parents=True)
-    for name in ("examples", "tests"):
+    for name in ("examples", "tests", "linker"):  # linker/: the lay sets `make demo` reads (linker/data/lay)
         (work / name).symlink_to(ROOT / name)
     if SHARED_DATA.is_dir():
         (work.parent / "shared").mkdir()
@@ -233,7 +220,7 @@ def docs_workdir(tmp_path_factory):
     wrapper.chmod(0o755)
     env = {**os.environ, "PATH": f"{work / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    _run("\n".join(_makefile_demo_commands()), "sh", work, env)
+    _run("\n".join(makefile_demo_commands()), "sh", work, env)
     return work, env
 
 
@@ -268,7 +255,7 @@ def test_block(page, number, docs_workdir):
         _skip_without_spark()
     if page == README and number == 0:  # what the page shows is the output of the demo's last recipe, `normalize`
         assert "make demo" in code and "source .venv/bin/activate" in code
-        *build, code = _makefile_demo_commands()
+        *build, code = makefile_demo_commands()
         _run("\n".join(build), "sh", work, env)
     for attempt in (1, 2):
         start = time.monotonic()

@@ -2,7 +2,7 @@
 
 The fast tests drive the engine-independent shard machinery (`linker.engine.shards`) in-process,
 and the CLI up to where it refuses a job before Ray starts; the slow ones share one local Ray
-(2 CPUs) and run the real `linker normalize --engine ray` on hostile inputs. Each asserts the exit
+(2 CPUs) and run the real `linker normalize-ray` on hostile inputs. Each asserts the exit
 code, one `error:` line naming the shard, the other shards linked, the inputs' sha256 unchanged
 and nothing written outside ``--output``.
 """
@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import threading
 import time
 from pathlib import Path, PurePosixPath
@@ -35,8 +34,7 @@ from linker.fileio import MARKER
 from linker.formats import ReadLimits
 from linker.link import Linker
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
-from normalize_tables import build_indexes  # noqa: E402
+from fixtures.normalize.normalize_tables import build_indexes
 from test_normalize import run_cli  # noqa: E402  (exit code of `linker ARGS` run in-process)
 
 HUGE = 40_000_000  # characters of the one text of the probe's 4 KB Parquet shard
@@ -177,7 +175,7 @@ def test_the_index_or_a_reranker_folder_as_output_is_refused_and_kept(index, tmp
     shutil.copytree(index, V)
     spans(tmp_path / "shards", "a.jsonl", ["nausea"])
     before = tree(V)
-    base = ["normalize", "--engine", "ray", "--input", str(tmp_path / "shards")]
+    base = ["normalize-ray", "--input", str(tmp_path / "shards")]
     for output in (V, V / "linked", V.parent):  # the index, inside it, around it
         assert run_cli([*base, "--index", str(V), "--output", str(output), "--overwrite"]) == 1
         line = one_error_line(capsys.readouterr().err)
@@ -215,7 +213,7 @@ def test_an_output_whose_input_is_gone_is_reported_not_kept(index, linker, tmp_p
     spans(tmp_path / "in", "b.jsonl", ["itching"])
     run_job(linker, index, str(tmp_path / "in"), tmp_path / "out")
     (tmp_path / "in" / "a.jsonl").rename(tmp_path / "in" / "c.jsonl")
-    code = run_cli(["normalize", "--engine", "ray", "--index", str(index), "--input", str(tmp_path / "in"),
+    code = run_cli(["normalize-ray", "--index", str(index), "--input", str(tmp_path / "in"),
                     "--output", str(tmp_path / "out"), "--k", "1", "--batch-size", "64"])
     line = one_error_line(capsys.readouterr().err)
     assert code == 1 and "1 output shard(s) whose input is gone: a.parquet (from a.jsonl)" in line
@@ -242,7 +240,7 @@ def test_a_corrupt_job_file_is_one_line_naming_it(index, tmp_path, capsys):
     (tmp_path / "out" / MARKER).write_text("{}")
     for garbage in (b'{"k": 1', b"\xff\xfe", b"[1, 2]"):
         (tmp_path / "out" / JOB).write_bytes(garbage)
-        assert run_cli(["normalize", "--engine", "ray", "--index", str(index), "--input", str(tmp_path / "in"),
+        assert run_cli(["normalize-ray", "--index", str(index), "--input", str(tmp_path / "in"),
                         "--output", str(tmp_path / "out")]) == 1
         line = one_error_line(capsys.readouterr().err)
         assert f"{tmp_path / 'out' / JOB}: expected the job document linker wrote" in line and "--overwrite" in line
@@ -318,7 +316,7 @@ def test_ray_job_links_every_good_shard_and_names_each_bad_one(ray_cluster, inde
     text each fail alone, in one line naming them all; the good shards are linked; no _SUCCESS."""
     expected = hostile_shards(tmp_path / "in")
     before = tree(tmp_path)
-    code = run_cli(["normalize", "--engine", "ray", "--index", str(index), "--input", str(tmp_path / "in"),
+    code = run_cli(["normalize-ray", "--index", str(index), "--input", str(tmp_path / "in"),
                     "--output", str(tmp_path / "out"), "--workers", "2"])
     line = one_error_line(capsys.readouterr().err)
     assert code == 1 and "3 of 5 shard(s) failed" in line
@@ -334,7 +332,7 @@ def test_ray_dotdot_glob_writes_only_inside_the_output(ray_cluster, index, tmp_p
     victim_layout(tmp_path)
     monkeypatch.chdir(tmp_path)
     before = tree(tmp_path)
-    assert run_cli(["normalize", "--engine", "ray", "--index", str(index), "--input", "in/*/../../victim/*",
+    assert run_cli(["normalize-ray", "--index", str(index), "--input", "in/*/../../victim/*",
                     "--output", "out"]) == 0
     assert tree(tmp_path, skip=tmp_path / "out") == before
     manifest = json.loads((tmp_path / "out" / SUCCESS).read_text())

@@ -45,7 +45,7 @@ def test_help_has_no_type_placeholders_and_lists_commands_in_pipeline_order(caps
         assert not re.search(r"<(bool|str|int|float|path|list)", out), (path, out)
         assert not re.search(r"\{[a-z_]+\}", out.split("\n\n")[0] + out.partition("Usage:")[2].split("\n")[0]), path
     _, out, _ = run(capsys, "--help")
-    listed = [name for name in re.findall(r"^│ (\w+) ", out, flags=re.M) if name in PIPELINE_ORDER]
+    listed = [name for name in re.findall(r"^│ ([\w-]+) ", out, flags=re.M) if name in PIPELINE_ORDER]
     assert listed == list(PIPELINE_ORDER)
     _, out, _ = run(capsys, "dict", "info", "--help")
     assert "Usage: linker dict info [OPTIONS] TABLE" in out
@@ -195,7 +195,7 @@ def test_bar_on_a_terminal_is_tqdm_with_rate_and_eta(capsys):
 def test_misspelt_encoder_fails_at_once_with_the_choices(capsys, tmp_path):
     from linker.encoders import resolve_encoder
 
-    with pytest.raises(ConfigError, match=r"unknown encoder 'e5-smal' \(did you mean 'e5-small'\?\); choose minilm"):
+    with pytest.raises(ConfigError, match=r"unknown encoder 'e5-smal' \(did you mean 'e5-small'\?\); choose linker-en, linker-multi, minilm"):
         resolve_encoder("e5-smal")
     with pytest.raises(MissingInputError, match="encoder folder ./models/none: no such folder"):
         resolve_encoder("./models/none")

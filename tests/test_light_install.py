@@ -85,7 +85,7 @@ def test_light_install_links_with_tfidf_and_names_the_extra_of_everything_else(t
         "dense": ["index", "build", "--dict", table, "--kind", "dense", "--out", str(tmp_path / "dense")],
         "service": ["serve", "--index", index, "--port", "0"],
         "train": ["train", "sap", "--dict", table, "--encoder", "minilm", "--out", str(tmp_path / "sap")],
-        "ray": ["normalize", "--index", index, "--input", "spans.jsonl", "--output", "shards", "--engine", "ray"],
+        "ray": ["normalize-ray", "--index", index, "--input", "spans.jsonl", "--output", "shards"],
     }
     results = run_light([*ok, *needs_extra.values()], tmp_path)
     for result in results[: len(ok)]:

@@ -21,8 +21,7 @@ from linker.formats.ade_xml import read_ade_xml
 from linker.formats.brat import read_brat
 from linker.normalize import normalize_ade_xml, normalize_brat, normalize_jsonl, normalize_path
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
-from normalize_tables import build_indexes  # noqa: E402  (tiny MedDRA-like and HPO-like concept tables)
+from fixtures.normalize.normalize_tables import build_indexes  # tiny MedDRA-like and HPO-like concept tables
 
 FIX = Path(__file__).parent / "fixtures" / "normalize"
 

@@ -66,9 +66,9 @@ def test_the_five_pluggable_parts_are_registries():
     assert {"default", "icd10", "icdo", "meddra", "obo", "tsv", "umls"} <= set(available_sources())
     assert available_sources() == SOURCES.names() and get_source("tsv") is SOURCES.get("tsv")
     assert available_kinds() == ["dense", "hybrid", "tfidf"] and get_kind("tfidf").name == "tfidf"
-    assert available_formats() == ["biosyn", "brat", "codiesp", "pubtator", "query", "tsv"]
+    assert available_formats() == ["biosyn", "brat", "codiesp", "lay", "pubtator", "query", "tsv"]
     assert list(FORMATS) == ["jsonl", "brat", "ade-xml"]  # the order help texts show
-    assert list(ENCODERS) == ["minilm", "e5-small", "multilingual-e5-small"]
+    assert list(ENCODERS) == ["minilm", "e5-small", "multilingual-e5-small", "linker-en", "linker-multi"]
     assert resolve_encoder("multilingual-e5-small#cls").name == "e5-small#cls"
     for call, kind in ((lambda: get_source("mesh"), "source"), (lambda: get_kind("bm25"), "index kind"),
                        (lambda: parse_spec("conll:x.txt"), "dataset format"), (lambda: FORMATS.get("csv"), "input format")):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +20,7 @@ from linker.link import Linker
 from linker.rerank import RERANKER_DIR, CrossEncoder
 from linker.train.rerank import RerankConfig, learning_rate, mine_groups, train_rerank
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
-from normalize_tables import build_indexes  # noqa: E402
+from fixtures.normalize.normalize_tables import build_indexes
 
 FIX = Path(__file__).parent / "fixtures"
 HELDIN = f"tsv:{FIX / 'confidence/heldin.tsv'}"
@@ -387,34 +385,3 @@ def test_time_budget_stops_and_saves(tmp_path, tiny_encoder_dir, meddra_table):
     assert summary["stopped_at_time_budget"] == {"epoch": 1, "step_in_epoch": 1,
                                                  "steps_per_epoch": -(-summary["data"]["groups"] // 4)}
     assert CrossEncoder.load(out).score(["hair loss"], ["Alopecia"]).shape == (1,)
-
-
-def test_an_index_with_a_bound_reranker_goes_stale_when_the_reranker_is_retrained(tmp_path, meddra_table, reranker):
-    import shutil
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from stages import index_current  # scripts/stages.py: the long scripts' "rebuild when stale"
-
-    model = tmp_path / "rr"
-    shutil.copytree(reranker, model)
-    build_index(meddra_table, kind="tfidf", out=tmp_path / "index", reranker=model)
-    assert index_current(tmp_path / "index", reranker=model) and index_current(tmp_path / "index")
-    train_rerank(meddra_table, encoder=str(model), out=tmp_path / "again", train_specs=(HELDIN,),
-                 config=dataclasses.replace(TINY, epochs=1))
-    shutil.rmtree(model)
-    shutil.copytree(tmp_path / "again", model)  # same path, other weights
-    assert not index_current(tmp_path / "index", reranker=model)
-
-
-def test_an_index_goes_stale_when_its_tie_prior_is_not_the_one_asked_for(tmp_path, meddra_table):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from stages import index_current
-
-    index = tmp_path / "index"
-    build_index(meddra_table, kind="tfidf", out=index, prior=[HELDIN])
-    assert index_current(index, prior=[HELDIN]) and index_current(index)
-    assert not index_current(index, prior=[HELDIN, HELDIN])  # other specs
-    manifest = json.loads((index / "manifest.json").read_text())
-    del manifest["prior"]["names"]  # as indexes built before the per-name counts
-    (index / "manifest.json").write_text(json.dumps(manifest))
-    assert not index_current(index, prior=[HELDIN])

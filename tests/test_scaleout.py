@@ -28,8 +28,7 @@ from linker.fileio import MARKER, is_temporary
 from linker.link import Linker
 from linker.normalize import BATCH
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
-from normalize_tables import build_indexes  # noqa: E402
+from fixtures.normalize.normalize_tables import build_indexes
 from test_normalize import run_cli  # noqa: E402  (exit code of `linker ARGS` run in-process)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +75,7 @@ def outputs(folder: Path) -> dict[str, bytes]:
 
 
 def local_normalize(index: Path, shard: Path, out: Path, k: int) -> list[dict]:
-    """`linker normalize --engine local` (the CLI, in-process) on one JSONL shard: its output records."""
+    """`linker normalize` (the CLI, in-process) on one JSONL shard: its output records."""
     assert run_cli(["normalize", "--index", str(index), "--input", str(shard), "--format", "jsonl", "--output",
                     str(out), "--k", str(k), "--min-confidence", str(MIN_CONFIDENCE)]) == 0
     return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
@@ -206,25 +205,30 @@ def test_output_checks_inputs_foreign_folders_and_other_jobs(index, tmp_path):
 def test_cli_engine_ray_without_ray_is_one_line(index, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     inputs = write_shards(tmp_path / "in", 1, 3)
-    code = run_cli(["normalize", "--engine", "ray", "--index", str(index), "--input", str(inputs),
+    code = run_cli(["normalize-ray", "--index", str(index), "--input", str(inputs),
                     "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
-    assert "--engine ray needs Ray" in err and "pip install 'linker[ray]'" in err
+    assert "linker normalize-ray needs Ray" in err and "pip install 'linker[ray]'" in err
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_refuses_options_of_the_other_engine(index, tmp_path, capsys):
+def test_cli_the_ray_engine_is_its_own_command(index, tmp_path, capsys):
     inputs = write_shards(tmp_path / "in", 1, 3)
     base = ["normalize", "--index", str(index), "--input", str(inputs), "--output", str(tmp_path / "out")]
-    assert run_cli([*base, "--engine", "ray", "--format", "brat"]) == 1
-    assert "--format brat/ade-xml work with --engine local only" in capsys.readouterr().err
-    assert run_cli([*base, "--format", "jsonl", "--workers", "4"]) == 1
-    assert "--workers work with --engine ray only" in capsys.readouterr().err
+    for engine in ("ray", "spark"):  # the old option: one line naming the new command
+        assert run_cli([*base, "--format", "jsonl", "--engine", engine]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--engine {engine} is gone" in err and "linker normalize-ray" in err
+    assert run_cli([*base, "--format", "jsonl", "--workers", "4"]) == 2  # a Ray option: not normalize's
+    assert "no such option --workers" in capsys.readouterr().err
     assert run_cli(base) == 1
     assert "--format is required" in capsys.readouterr().err
-    assert run_cli([*base, "--engine", "spark"]) == 1
-    assert "unknown engine 'spark'" in capsys.readouterr().err
+    ray = ["normalize-ray", "--index", str(index), "--input", str(inputs)]
+    assert run_cli([*ray, "--output", str(tmp_path / "out"), "--format", "brat"]) == 2  # shards only
+    assert "no such option --format" in capsys.readouterr().err
+    assert run_cli([*ray, "--output", "-"]) == 1
+    assert "`-` (stdin/stdout) works with `linker normalize --format jsonl` only" in capsys.readouterr().err
 
 
 def test_ray_is_an_optional_extra():
@@ -289,7 +293,7 @@ def test_driver_killed_with_9_resumes_to_the_same_bytes(ray_cluster, index, tmp_
 
     inputs = write_shards(tmp_path / "in", 12, 1000)
     normalize_ray(index, str(inputs), tmp_path / "reference", k=2, workers=2)  # unkilled, in this process's Ray
-    command = [sys.executable, "-m", "linker", "-q", "normalize", "--engine", "ray", "--index", str(index),
+    command = [sys.executable, "-m", "linker", "-q", "normalize-ray", "--index", str(index),
                "--input", str(inputs), "--output", str(tmp_path / "out"), "--k", "2", "--workers", "2"]
     # Its own session, so that what the killed driver's local Ray leaves behind can be ended by group id.
     driver = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

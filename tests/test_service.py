@@ -24,8 +24,7 @@ from linker.errors import ConfigError
 from linker.link import Linker
 from linker.service import DOCS_FILES_URL, ServiceLimits, create_app
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
-from normalize_tables import build_indexes  # noqa: E402  (tiny MedDRA-like and HPO-like concept tables)
+from fixtures.normalize.normalize_tables import build_indexes  # tiny MedDRA-like and HPO-like concept tables
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 from linker.service import ServiceLimits, create_app
 from linker.text import normalize
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "normalize"))
-from normalize_tables import build_indexes  # noqa: E402  (tiny MedDRA-like and HPO-like concept tables)
+from fixtures.normalize.normalize_tables import build_indexes  # tiny MedDRA-like and HPO-like concept tables
 
 LIMITS = ServiceLimits(max_text_chars=40, max_mentions=4, max_request_chars=100, max_k=10, max_body_bytes=2000)
 JSON_HEADERS = {"content-type": "application/json"}
@@ -443,7 +442,7 @@ def test_generated_hostile_bodies_never_5xx(client, raw, cut):
 
 # ----------------------------------------------------------------------------- a real server under attack
 
-# The answer each hostile case of scripts/reliability_service.py must get from a server with default limits.
+# The answer each hostile case of bench/reliability_service.py must get from a server with default limits.
 EXPECTED = {
     "none": [], "surrogate_text": [422], "surrogate_id": [422], "chunked_body": [413], "nfkc_maximal": [422] * 4,
     "valid_maximal": [200] * 4, "nesting": [422], "huge_number": [400], "wrong_content_type": [415],
@@ -453,8 +452,7 @@ EXPECTED = {
 
 @pytest.mark.slow
 def test_real_server_under_attack_never_5xx_keeps_memory_bounded_and_serves_the_others(tmp_path_factory, capsys):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import reliability_service as rs
+    from bench import reliability_service as rs
 
     index = build_indexes(tmp_path_factory.mktemp("indexes"))["meddra"]
     texts = ["hair loss", "nausea", "head pain", "itching", "dizziness", "alopecia", "náuseas", "headache"]

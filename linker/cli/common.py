@@ -99,7 +99,7 @@ def read_limits(max_line_bytes: int | None, max_document_bytes: int | None):
 
 
 MAX_LINE_HELP = "Longest input line accepted, in bytes (default 1 MiB); a longer line is an error, never read whole."
-MAX_DOCUMENT_HELP = ("Largest brat .ann/.txt or XML document (with --engine ray: Parquet row group or batch of spans) "
+MAX_DOCUMENT_HELP = ("Largest brat .ann/.txt or XML document (normalize-ray: Parquet row group or batch of spans) "
                      "accepted, in bytes (default 64 MiB).")
 LENIENT_HELP = "brat: skip (and report) annotations whose offsets or text do not match the .txt, instead of failing."
 

@@ -1,5 +1,5 @@
-"""`linker eval`: Acc@k of an index on a test set, Full / Filtered / Filtered0.2, with a report;
-or, with `--suite capabilities`, the capability suite of one or more indexes side by side."""
+"""`linker eval`: Acc@k of an index on a test set, Full / Filtered / Filtered0.2, with a report (or ADE-Eval
+measures of submission labels); `linker capabilities`: the capability suite of one or more indexes side by side."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from linker.cli.common import (
     check_linker_options, read_limits, rerank_k_option, rerank_option, split_csv,
 )
 from linker.cli.main import app
-from linker.errors import ConfigError, UnknownNameError
+from linker.errors import ConfigError
 from linker.eval.capabilities import DEFAULT_SAMPLE, DEFAULT_SEED, capability_table, evaluate_capabilities
 from linker.eval.report import evaluate, markdown_table, trust_markdown
 
@@ -20,7 +20,7 @@ from linker.eval.report import evaluate, markdown_table, trust_markdown
 @app.command("eval")
 def eval_cli(
     index: list[Path] = typer.Option(None, "--index", "-i",
-                                     help="Index folder from `linker index build` (repeat with --suite to compare)."),
+                                     help="Index folder from `linker index build`."),
     dataset: str = typer.Option(None, "--dataset", "-d",
                                 help="Test set FORMAT:PATH, optionally #OPTIONS (#lang=es, #P); FORMAT: pubtator, brat, codiesp, biosyn, tsv, query."),
     train: list[str] = typer.Option(None, "--train", help="Training set spec(s), the reference of the train filters."),
@@ -40,18 +40,16 @@ def eval_cli(
     nil_fraction: float = typer.Option(0.0, "--nil-fraction", help="Remove this share of the gold concepts from the dictionary and score 'no link' answers (needs `linker calibrate`)."),
     min_confidence: float = typer.Option(0.5, "--min-confidence", help="With --nil-fraction: 'no link' below this calibrated confidence."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing report files."),
-    suite: str = typer.Option(None, "--suite", help="capabilities: INV/MFT/DIR cases generated from the index's concept table."),
-    dict_sample: int = typer.Option(DEFAULT_SAMPLE, "--dict-sample", help="--suite: concepts drawn per capability."),
-    seed: int = typer.Option(DEFAULT_SEED, "--seed", help="--suite: seed of the case generator."),
-    templates: list[Path] = typer.Option(None, "--templates", help="--suite: your own templates (kind, capability, lang, template TSV)."),
-    hierarchy: Path = typer.Option(None, "--hierarchy", help="--suite: OBO file whose is_a lines give the DIR cases."),
+    suite: str = typer.Option(None, "--suite", hidden=True, help="Moved: `linker capabilities`."),
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
     max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
     max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
     submission: Path = typer.Option(None, "--submission", help="ADE Eval: submission labels (a TAC/ADE XML file or folder) scored against --dataset ade-xml:GOLD with the ADE-Eval measures; no --index."),
     missing: str = typer.Option("error", "--missing", help="--submission: a gold label without a submission is an error, skipped (skip) or scored as empty (empty)."),
 ) -> None:
-    """Score an index on a test set, run a capability suite, or score ADE-Eval submissions; prints the table (and writes a report with --report)."""
+    """Score an index on a test set, or score ADE-Eval submissions; prints the table (and writes a report with --report)."""
+    if suite is not None:
+        raise ConfigError(f"--suite {suite} is now its own command: linker capabilities --index FOLDER [--index ...]")
     if submission is not None:
         _score_ade(dataset, submission, index=index, missing=missing, report=report, overwrite=overwrite,
                    limits=read_limits(max_line_bytes, max_document_bytes))
@@ -60,26 +58,8 @@ def eval_cli(
         raise ConfigError("linker eval needs --index FOLDER (or --submission to score ADE-Eval labels)")
     # Options, dataset paths and the index folders' manifests are checked before an index loads (seconds).
     check_linker_options(rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
-    if suite is not None:
-        if suite != "capabilities":
-            raise UnknownNameError("suite", suite, ["capabilities"])
-        for path in templates or ():
-            check_file(path, "--templates")
-        check_file(hierarchy, "--hierarchy")
-        for folder in index:
-            check_index(folder, rerank)
-        reports = evaluate_capabilities(index, sample=dict_sample, seed=seed, templates=tuple(templates or ()),
-                                        hierarchy=hierarchy, report_dir=None if report is None else report.parent,
-                                        name=None if report is None else report.name, rerank=rerank, rerank_k=rerank_k,
-                                        overwrite=overwrite)
-        typer.echo(capability_table(reports))
-        if report is not None:
-            # The chart is left out when it could not be drawn (a warning said so); the tables always are written.
-            written = [f"{report}.{ext}" for ext in ("md", "json", "png") if Path(f"{report}.{ext}").is_file()]
-            typer.echo(f"report: {', '.join(written)}")
-        return
     if dataset is None:
-        raise ConfigError("linker eval needs --dataset FORMAT:PATH (or --suite capabilities)")
+        raise ConfigError("linker eval needs --dataset FORMAT:PATH (the capability suite: linker capabilities)")
     if len(index) != 1:
         raise ConfigError(f"--dataset scores one index at a time, found {len(index)} --index options")
     index = index[0]
@@ -108,6 +88,37 @@ def eval_cli(
             typer.echo(line)
     typer.echo(f"{100 * result.reachable:.2f}% of mentions have a gold id in the dictionary; "
                f"{result.seconds['total']:.1f}s" + (f"; report: {', '.join(result.files)}" if result.files else ""))
+
+
+@app.command("capabilities")
+def capabilities_cli(
+    index: list[Path] = typer.Option(..., "--index", "-i",
+                                     help="Index folder from `linker index build` (repeat to compare side by side)."),
+    dict_sample: int = typer.Option(DEFAULT_SAMPLE, "--dict-sample", help="Concepts drawn per capability."),
+    seed: int = typer.Option(DEFAULT_SEED, "--seed", help="Seed of the case generator."),
+    templates: list[Path] = typer.Option(None, "--templates", help="Your own templates (kind, capability, lang, template TSV)."),
+    hierarchy: Path = typer.Option(None, "--hierarchy", help="OBO file whose is_a lines give the DIR cases."),
+    report: Path = typer.Option(None, "--report", help="Write the report to PATH.md, PATH.json and PATH.png."),
+    rerank: str = rerank_option(),
+    rerank_k: int = rerank_k_option(),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing report files."),
+) -> None:
+    """CheckList-style capability suite: INV/MFT/DIR cases generated from each index's concept table, failure rates side by side."""
+    check_linker_options(rerank_k=rerank_k)
+    for path in templates or ():
+        check_file(path, "--templates")
+    check_file(hierarchy, "--hierarchy")
+    for folder in index:
+        check_index(folder, rerank)
+    reports = evaluate_capabilities(index, sample=dict_sample, seed=seed, templates=tuple(templates or ()),
+                                    hierarchy=hierarchy, report_dir=None if report is None else report.parent,
+                                    name=None if report is None else report.name, rerank=rerank, rerank_k=rerank_k,
+                                    overwrite=overwrite)
+    typer.echo(capability_table(reports))
+    if report is not None:
+        # The chart is left out when it could not be drawn (a warning said so); the tables always are written.
+        written = [f"{report}.{ext}" for ext in ("md", "json", "png") if Path(f"{report}.{ext}").is_file()]
+        typer.echo(f"report: {', '.join(written)}")
 
 
 def _score_ade(dataset: str | None, submission: Path, *, index, missing: str, report: Path | None, overwrite: bool,

@@ -195,7 +195,8 @@ def info_cli(
         _echo_prior(manifest["prior"])
     if manifest.get("calibration"):
         cal = manifest["calibration"]
-        typer.echo(f"  calibration {cal['method']} on {cal['mentions']:,} mentions of {cal['fitted_on']}")
+        shipped = " (the default calibration: synonyms held out of this index's dictionary)" if cal.get("origin") == "default" else ""
+        typer.echo(f"  calibration {cal['method']} on {cal['mentions']:,} mentions of {cal['fitted_on']}{shipped}")
     typer.echo(f"  parameters {manifest['parameters']}")
     size = sum(entry["size"] for entry in manifest["files"].values())
     typer.echo(f"  {len(manifest['files'])} files, {size / 2**20:.1f} MiB" + ("" if no_check else ", verified"))

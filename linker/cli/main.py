@@ -35,7 +35,8 @@ from linker import progress
 from linker.errors import InputFormatError, LinkerError
 
 # `linker --help` lists commands in the order a user runs them, not in registration order.
-PIPELINE_ORDER = ("dict", "index", "link", "normalize", "serve", "eval", "train")
+PIPELINE_ORDER = ("dict", "index", "link", "extract", "annotate", "normalize", "normalize-ray", "serve", "eval", "capabilities",
+                  "train")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -109,6 +110,7 @@ def _register() -> None:
     from linker.cli import normalize as _normalize, serve as _serve  # noqa: F401
     from linker.cli import index as _index, link as _link  # noqa: F401
     from linker.cli import recipe as _recipe  # noqa: F401
+    from linker.cli import extract as _extract  # noqa: F401
 
 
 _register()

@@ -1,4 +1,5 @@
-"""`linker normalize`: link every span of a JSONL, brat or ADE-Eval/TAC-2017 XML input."""
+"""`linker normalize`: link every span of a JSONL, brat or ADE-Eval/TAC-2017 XML input; `linker normalize-ray`: the
+same for Parquet / JSONL shards on Ray Data."""
 
 from __future__ import annotations
 
@@ -12,20 +13,16 @@ from linker.cli.common import (
     min_confidence_option, option_inputs, read_limits, rerank_k_option, rerank_option,
 )
 from linker.cli.main import app
-from linker.errors import ConfigError, UnknownNameError
+from linker.errors import ConfigError
 from linker.formats import check_identifier
 from linker.link import Linker
 from linker.normalize import BATCH, FORMATS, check_paths, normalize_jsonl_stream, normalize_path
 
-ENGINES = ("local", "ray")
-
-
 @app.command("normalize")
 def normalize_cli(
     index: Path = typer.Option(..., "--index", "-i", help="Index folder from `linker index build`."),
-    input_path: str = typer.Option(..., "--input", help="Input file or folder; `-` = stdin (jsonl only); "
-                                   "--engine ray: a folder, glob or file of .parquet / .jsonl(.gz) shards."),
-    fmt: str = typer.Option(None, "--format", "-f", help=f"Input format: {', '.join(FORMATS)} (--engine ray: by suffix)."),
+    input_path: str = typer.Option(..., "--input", help="Input file or folder; `-` = stdin (jsonl only)."),
+    fmt: str = typer.Option(None, "--format", "-f", help=f"Input format: {', '.join(FORMATS)}."),
     output: str = typer.Option(..., "--output", "-o", help="Output file or folder (mirrors the input); `-` = stdout (jsonl only)."),
     k: int = typer.Option(1, "--k", "-k", help="Candidates per span (jsonl); brat and ade-xml write the best one."),
     lang: str = typer.Option(None, "--lang", help="Restrict candidates to names in this language (a JSONL span's own lang wins)."),
@@ -41,33 +38,14 @@ def normalize_cli(
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
-    engine: str = typer.Option("local", "--engine", help=f"Where to link: {', '.join(ENGINES)}. ray: Ray Data, one "
-                               "Parquet shard out per input shard plus _SUCCESS; exactly-once, resumable (linker[ray])."),
-    workers: int = typer.Option(None, "--workers", help="--engine ray: linking actors, each loading the index once (default 2)."),
-    batch_size: int = typer.Option(None, "--batch-size", help=f"--engine ray: spans per link call (default {BATCH})."),
-    address: str = typer.Option(None, "--address", help="--engine ray: an existing Ray cluster (`auto`, host:port); default: start a local Ray."),
+    engine: str = typer.Option(None, "--engine", hidden=True, help="Moved: `linker normalize-ray`."),
 ) -> None:
     """Normalise predicted spans: add ranked concepts (jsonl), brat normalisation lines, or TAC/ADE-Eval Reactions."""
-    if engine not in ENGINES:
-        raise UnknownNameError("engine", engine, ENGINES)
+    if engine is not None:
+        raise ConfigError(f"--engine {engine} is gone: `linker normalize` links here; on Ray: linker normalize-ray "
+                          "--index FOLDER --input SHARDS --output FOLDER")
     # Options, paths and the index folder's manifest are checked before the index loads (seconds).
     check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
-    if engine == "ray":
-        local_only = {"--format brat/ade-xml": fmt not in (None, "jsonl"), "--db": db is not None,
-                      "--expand-abbreviations": expand_abbreviations, "--lenient": lenient,
-                      "`-`": "-" in (input_path, output)}
-        used = [name for name, given in local_only.items() if given]
-        if used:
-            raise ConfigError(f"--engine ray reads Parquet and JSONL shards into Parquet shards; {', '.join(used)} "
-                              "work with --engine local only")
-        _normalize_ray(index, input_path, output, k=k, lang=lang, overwrite=overwrite, workers=workers or 2,
-                       batch_size=batch_size or BATCH, address=address, limits=read_limits(max_line_bytes, max_document_bytes),
-                       rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
-        return
-    ray_only = [name for name, value in (("--workers", workers), ("--batch-size", batch_size), ("--address", address))
-                if value is not None]
-    if ray_only:
-        raise ConfigError(f"{', '.join(ray_only)} work with --engine ray only")
     if fmt is None:
         raise ConfigError(f"--format is required: one of {', '.join(FORMATS)}")
     FORMATS.get(fmt)  # an unknown format names the known ones, before any work
@@ -102,12 +80,37 @@ def normalize_cli(
     )
 
 
-def _normalize_ray(index: Path, input_spec: str, output: str, **options) -> None:
+@app.command("normalize-ray")
+def normalize_ray_cli(
+    index: Path = typer.Option(..., "--index", "-i", help="Index folder from `linker index build`."),
+    input_spec: str = typer.Option(..., "--input", help="A folder, glob or file of .parquet / .jsonl(.gz) shards of spans."),
+    output: str = typer.Option(..., "--output", "-o", help="Output folder: one Parquet shard per input shard, then _SUCCESS."),
+    k: int = typer.Option(1, "--k", "-k", help="Candidates per span."),
+    lang: str = typer.Option(None, "--lang", help="Restrict candidates to names in this language (a span's own lang wins)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an output folder that linker wrote."),
+    workers: int = typer.Option(2, "--workers", help="Linking actors, each loading the index once."),
+    batch_size: int = typer.Option(BATCH, "--batch-size", help="Spans per link call."),
+    address: str = typer.Option(None, "--address", help="An existing Ray cluster (`auto`, host:port); default: start a local Ray."),
+    max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
+    max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
+    rerank: str = rerank_option(),
+    rerank_k: int = rerank_k_option(),
+    min_confidence: float = min_confidence_option(),
+    precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
+) -> None:
+    """Normalise sharded spans on Ray Data (the ray extra): exactly-once and resumable, a local Ray or a cluster."""
     from linker.engine.ray import import_ray, normalize_ray
 
+    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
+    if "-" in (input_spec, output):
+        raise ConfigError("normalize-ray reads Parquet and JSONL shards into Parquet shards; `-` (stdin/stdout) works "
+                          "with `linker normalize --format jsonl` only")
     import_ray()  # a missing Ray is one line before any work
     started = time.perf_counter()
-    summary = normalize_ray(index, input_spec, output, **options)
+    summary = normalize_ray(index, input_spec, output, k=k, lang=lang, overwrite=overwrite, workers=workers,
+                            batch_size=batch_size, address=address,
+                            limits=read_limits(max_line_bytes, max_document_bytes), rerank=rerank, rerank_k=rerank_k,
+                            min_confidence=min_confidence, precision=precision)
     m = summary.manifest
     typer.echo(
         f"normalised {m['spans']:,} spans ({m['linked']:,} linked, {m['nil']:,} no link) in {m['shards']:,} shard(s), "

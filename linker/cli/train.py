@@ -102,6 +102,28 @@ def sap_cli(
     echo_json(summary)
 
 
+@train_app.command("release")
+def release_cli(
+    name: str = typer.Argument(..., help="The shipped model to retrain: linker-en or linker-multi."),
+    data: Path = typer.Option(None, "--data", help="The shared data folder (default: $LINKER_SHARED_DATA, else ../shared/data beside the repository)."),
+    work: Path = typer.Option(Path("work/release"), "--work", help="Folder for the training table, the trained model and the development indexes (a rerun resumes from it)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Release folder to write (default: the package's own linker/models/NAME, replaced)."),
+    device: str = typer.Option(None, "--device", help=_DEVICE_HELP),
+    threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+) -> None:
+    """Retrain a model that ships with linker, exactly as shipped, and write its release (weights, card, manifest)."""
+    _check_train_extra("linker train release")
+    from linker.models.release import RECIPES, train_release
+
+    if name not in RECIPES:
+        from linker.errors import UnknownNameError
+
+        raise UnknownNameError("release", name, tuple(RECIPES))
+    manifest = train_release(name, data=data, work=work, out=out, device=device, threads=threads)
+    echo_json({"name": manifest["name"], "version": manifest["version"], "files": manifest["files"],
+               "dev": manifest.get("dev"), "compact_cost": manifest.get("compact_cost")})
+
+
 @train_app.command("rerank")
 def rerank_cli(
     dict_path: Path = typer.Option(..., "--dict", help="Concept table (.parquet): its synonyms are the self-supervised queries."),
@@ -147,3 +169,68 @@ def rerank_cli(
     summary = train_rerank(dict_path, encoder=encoder, out=out, train_specs=tuple(train or ()), config=config,
                            resume=resume, show_progress=on_terminal(), overwrite=overwrite)
     echo_json(summary)
+
+
+@train_app.command("extractor")
+def extractor_cli(
+    phee_train: Path = typer.Option(..., "--phee-train", help="PHEE train (brat zip or folder), e.g. ../shared/data/phee/train.zip."),
+    phee_dev: Path = typer.Option(..., "--phee-dev", help="PHEE dev (brat zip or folder): for the choice of epoch and threshold."),
+    tac: Path = typer.Option(..., "--tac", help="Folder of TAC 2017 training labels (XML); a seeded 20% of the files is held out as dev."),
+    out: Path = typer.Option(..., "--out", "-o", help="Release folder to write, e.g. linker/models/linker-ae."),
+    epochs: int = typer.Option(3, "--epochs", help="Epochs (the best on dev is kept)."),
+    lr: float = typer.Option(1e-4, "--lr", help="Learning rate of the trained transformer layers (the head: 10x)."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Windows per step."),
+    max_length: int = typer.Option(128, "--max-length", help="Word pieces per window, special tokens included."),
+    stride: int = typer.Option(96, "--stride", help="Window step in word pieces (windows overlap by the rest)."),
+    frozen_layers: int = typer.Option(4, "--frozen-layers", help="Base layers left as they are (minilm has 6)."),
+    phee_limit: int = typer.Option(None, "--phee-limit", help="Train on a seeded sample of this many PHEE sentences."),
+    tac_negative_share: float = typer.Option(0.25, "--tac-negative-share", help="Share of TAC windows without a reaction kept."),
+    max_seconds: float = typer.Option(None, "--max-seconds", help="Time budget: stop training once past it, then choose and save."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a release folder."),
+    tune_only: bool = typer.Option(False, "--tune-only", help="Do not train: choose the decoding of the release in --out again on the dev data and rewrite it."),
+) -> None:
+    """Train the adverse-event span tagger (linker-ae) on PHEE and TAC 2017 and write it as a release folder."""
+    _check_train_extra("linker train extractor")
+    import shlex
+
+    from linker.errors import ConfigError
+    from linker.extract.train import ExtractorTrainConfig, train_extractor
+    from linker.fileio import Input, check_output
+
+    for value, option in ((phee_train, "--phee-train"), (phee_dev, "--phee-dev"), (tac, "--tac")):
+        if not value.exists():
+            raise ConfigError(f"{value}: no such file or folder ({option})")
+    if tune_only:
+        from linker.extract.train import tune_release
+
+        if not (out / "manifest.json").is_file():
+            raise ConfigError(f"--tune-only: {out} holds no release (no manifest.json)")
+        command = (f"linker train extractor --phee-train {shlex.quote(str(phee_train))} --phee-dev "
+                   f"{shlex.quote(str(phee_dev))} --tac {shlex.quote(str(tac))} --out {shlex.quote(str(out))} --tune-only"
+                   + (f" --threads {threads}" if threads else ""))
+        echo_json(tune_release(out, phee_dev, tac, command=command, threads=threads,
+                               report=lambda message: typer.echo(message, err=True)))
+        return
+    if out.exists() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+        raise ConfigError(f"{out}: a folder that is not a release (no manifest.json); choose another --out")
+    if out.exists() and (out / "manifest.json").is_file() and not overwrite:
+        raise ConfigError(f"{out}: a release is there; pass --overwrite to replace it")
+    # the release's files are replaced one by one (manifest last): checked as files, none inside an input
+    check_output(out / "manifest.json", inputs=[Input(phee_train, "--phee-train"), Input(phee_dev, "--phee-dev"),
+                                                Input(tac, "--tac")], overwrite=True, option="--out")
+    if not 0.0 <= tac_negative_share <= 1.0:
+        raise ConfigError(f"--tac-negative-share: expected a share from 0 to 1, found {tac_negative_share}")
+    config = ExtractorTrainConfig(epochs=epochs, lr=lr, head_lr=10 * lr, batch_size=batch_size, max_length=max_length,
+                                  stride=stride, frozen_layers=frozen_layers, phee_limit=phee_limit,
+                                  tac_negative_share=tac_negative_share, max_seconds=max_seconds, seed=seed,
+                                  threads=threads)
+    given = [("--phee-train", phee_train), ("--phee-dev", phee_dev), ("--tac", tac), ("--out", out), ("--epochs", epochs),
+             ("--lr", lr), ("--batch-size", batch_size), ("--max-length", max_length), ("--stride", stride),
+             ("--frozen-layers", frozen_layers), ("--phee-limit", phee_limit),
+             ("--tac-negative-share", tac_negative_share), ("--max-seconds", max_seconds), ("--seed", seed),
+             ("--threads", threads)]
+    command = "linker train extractor " + " ".join(f"{o} {shlex.quote(str(v))}" for o, v in given if v is not None)
+    echo_json(train_extractor(phee_train, phee_dev, tac, out, config, command=command,
+                              report=lambda message: typer.echo(message, err=True)))

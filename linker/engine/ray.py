@@ -1,4 +1,4 @@
-"""Ray engine: `linker normalize --engine ray` and the same inside your own Ray program.
+"""Ray engine: `linker normalize-ray` and the same inside your own Ray program.
 
     from linker.engine.ray import normalize_ray, link_dataset
     normalize_ray("indexes/default", "spans/*.jsonl", "linked/", workers=8)      # files -> files, exactly once
@@ -62,7 +62,7 @@ def import_ray():
         import ray
         import ray.data  # noqa: F401  (link_dataset uses Ray Data; `ray` alone lacks it)
     except ImportError:
-        raise ConfigError("--engine ray needs Ray, which is not installed: pip install 'linker[ray]'") from None
+        raise ConfigError("linker normalize-ray needs Ray, which is not installed: pip install 'linker[ray]'") from None
     return ray
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -91,8 +92,16 @@ def calibrate(
     gold_via_xref: str | None = None,
     query_lang: bool = False,
     progress: bool | None = None,
+    origin: str = "user",
+    exclude_names: Sequence[str | Path] = (),
 ) -> dict:
     """Link `dataset_spec` with the index (and re-ranker), fit isotonic P(correct | score), store it.
+
+    `origin` is recorded in the manifest: "user" (held-in mentions of the user's own), or "default" (the shipped
+    default index's, fitted on synonyms held out of its own dictionary); a later calibration replaces either.
+    `exclude_names`: TSV files of (concept_id, name) pairs (as `linker dict build --exclude-names`) whose rows are
+    masked out while the mentions are linked, so that synonyms the index holds can serve as held-out mentions: the
+    map is fitted on answers the index had to find without the very name, as a new mention's would be.
 
     Returns a summary: mentions used, held-in Acc@1, ECE of the raw score and of the fitted map
     (in-sample, so an optimistic figure; `linker eval` measures it on the test set).
@@ -107,7 +116,19 @@ def calibrate(
     mentions = load_dataset(dataset_spec)
     if not mentions:
         raise ConfigError(f"{dataset_spec}: no mentions with gold ids to calibrate on")
-    ranked = predict(linker_, mentions, 1, query_lang=query_lang, progress=progress)
+    exclude, held_out = None, None
+    if exclude_names:
+        from linker.sources.default import name_key, read_name_pairs
+
+        pairs = set().union(*(read_name_pairs(path) for path in exclude_names))
+        table = linker_.concepts.table
+        exclude = np.array([(c, name_key(n)) in pairs for c, n in zip(table.column("concept_id").to_pylist(),
+                                                                       table.column("name").to_pylist())], dtype=bool)
+        held_out = {"files": [Path(p).name for p in exclude_names], "pairs": len(pairs), "rows": int(exclude.sum())}
+        dataset_spec_shown = f"{dataset_spec} (names of {', '.join(held_out['files'])} held out)"
+    else:
+        dataset_spec_shown = dataset_spec
+    ranked = predict(linker_, mentions, 1, query_lang=query_lang, progress=progress, exclude=exclude)
     expand, _known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
     gold = [m.gold for m in mentions]
 
@@ -133,13 +154,14 @@ def calibrate(
     correct = hits_at(ranked)
     scores = top_of(ranked, "top_score")
     keep = np.isfinite(scores)
-    calibration = fit_isotonic(scores[keep], correct[keep], scorer=linker_.scorer, fitted_on=dataset_spec,
+    calibration = fit_isotonic(scores[keep], correct[keep], scorer=linker_.scorer, fitted_on=dataset_spec_shown,
                                retriever_weight=weight,  # the retriever's accuracy on the same mentions as `accuracy`:
                                retriever_accuracy=float(retriever_hits[keep].mean()) if mixing and keep.any() else None)
-    manifest = write_calibration(index_dir, calibration)
+    manifest = write_calibration(index_dir, calibration, origin=origin)
     summary = {
         "index": str(index_dir),
         "dataset": dataset_spec,
+        **({"held_out_names": held_out} if held_out else {}),
         "scorer": calibration.scorer,
         "mentions": len(mentions),
         "with_candidate": int(keep.sum()),

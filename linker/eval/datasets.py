@@ -34,6 +34,8 @@ any one of which is right. How each format spells them, read from the data itsel
   Options ``abbrev`` and ``typos=FILE`` rewrite mention texts as for ``pubtator``, the abbreviations
   found in the document's ``.txt`` ("carcinoma ductal infiltrante (CDI)" -> "CDI" in a mention is
   expanded).
+- ``lay`` (``linker/data/lay/lay_test.tsv``, ``lay_dev.tsv``): a header ``text<TAB>concept_ids<TAB>origin``,
+  then one phrase per row, ``|`` separating alternative gold ids; option ``origin=A,B`` keeps those origins.
 - ``codiesp`` (``*X.tsv``): option ``D`` (diagnoses, the default) or ``P`` (procedures);
   language ``es``; codes as written (``s22.49xa``); metrics compare them through
   `linker.text.code_key`.
@@ -344,6 +346,29 @@ def _id_list(spec: DatasetSpec) -> list[Mention]:
 @LOADERS.register("tsv")
 def _load_tsv(spec: DatasetSpec) -> list[Mention]:
     return _id_list(spec)
+
+
+@LOADERS.register("lay")
+def _load_lay(spec: DatasetSpec) -> list[Mention]:
+    from linker.fileio import iter_lines
+
+    _check_options(spec, {"origin", "lang"})
+    origins = set(filter(None, spec.options.get("origin", "").split(",")))
+    out = []
+    for number, line in iter_lines(spec.path, max_line_bytes=spec.limits.max_line_bytes):
+        fields = line.split("\t")
+        if number == 1:
+            if fields[:3] != ["text", "concept_ids", "origin"]:
+                raise InputFormatError(spec.path, "a header text<TAB>concept_ids<TAB>origin", shorten(line), line=1)
+            continue
+        if not line.strip():
+            continue
+        if len(fields) != 3 or not fields[0].strip() or not fields[1].strip():
+            raise InputFormatError(spec.path, "text<TAB>concept_ids<TAB>origin", shorten(line), line=number)
+        if not origins or fields[2] in origins:
+            out.append(Mention(fields[0], _parts(fields[1], part_seps="", alt_sep="|"), spec.options.get("lang", "en"),
+                               spec.path.name, number, number))
+    return out
 
 
 @LOADERS.register("query")

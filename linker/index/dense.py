@@ -393,6 +393,12 @@ class DenseNameIndex:
         log.debug("dense index: %d names, %s, %s", len(names), config.faiss_kind, index.params)
         return index
 
+    @classmethod
+    def from_embeddings(cls, encoder, config: DenseConfig, embeddings: np.ndarray) -> DenseNameIndex:
+        """An index over names already encoded by `encoder` (rows of `embeddings`), with the FAISS structure
+        `config.faiss_kind` names: what `build` does after encoding (one encoding, several kinds compared)."""
+        return cls(encoder, config, embeddings, _build_faiss(embeddings, config))
+
     def measure_recall(self, names: Sequence[str], sample: int, ks: tuple[int, ...] = (1, 10)) -> dict:
         """Recall of this (approximate) index against exact search on `sample` names (seeded)
         encoded with the query role; see `recall_against_exact`."""

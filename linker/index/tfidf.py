@@ -3,8 +3,8 @@
 The default is character trigrams inside word boundaries (``char_wb``, 3-3) over names and
 mentions normalised as BioSyn does (lower case, punctuation to spaces): over NCBI-disease,
 Cantemist, CodiEsp-D and Mantra it was the most accurate setting on average and visits about a
-tenth of the postings of the Medical Crossing setting per query (eval/tfidf_defaults/tfidf_defaults.md, from
-scripts/tfidf_defaults.py). That setting, character uni+bigrams as the Medical Crossing baseline
+tenth of the postings of the Medical Crossing setting per query (eval/tfidf_defaults/tfidf_defaults.md, a study
+now retired). That setting, character uni+bigrams as the Medical Crossing baseline
 and BioSyn's sparse encoder used, stays available as the preset ``medical-crossing``.
 
 The build counts n-grams chunk by chunk into one growing vocabulary, keeping per-name counts as
@@ -102,6 +102,10 @@ class TfidfConfig:
     exact_max_names: int = 500_000  # search "auto": larger indexes search with maxscore (module docstring)
     candidate_df: float = 0.05  # approximate search: n-grams in more names than this share select no candidates
     search: str = "auto"  # one of SEARCHES; the manifest also records the one `auto` resolved to
+    # Search-time levers (eval/bench/bench_link.md compares them; defaults = what the library does):
+    shard_names: int = 0  # exact search: names per sparse product (0 = SHARD_NAMES)
+    min_score: float = 0.0  # exact search: scores below it are never collected (sparse-dot-topn's threshold)
+    concept_search: bool = True  # maxscore: the top-k concepts in one search (False: names, and retrieve widens)
 
     def __post_init__(self) -> None:
         if self.analyzer not in ANALYZERS:
@@ -116,6 +120,9 @@ class TfidfConfig:
             )
         if self.query_chunk < 1 or self.threads < 1:
             raise ConfigError(f"query_chunk and threads must be >= 1, found {self.query_chunk}, {self.threads}")
+        if self.shard_names < 0 or not 0.0 <= self.min_score < 1.0:
+            raise ConfigError(f"shard_names must be >= 0 and min_score in [0, 1), found {self.shard_names}, "
+                              f"{self.min_score}")
         if self.exact_max_names < 0 or not 0 < self.candidate_df <= 1:
             raise ConfigError(f"exact_max_names must be >= 0 and candidate_df in (0, 1], found "
                               f"{self.exact_max_names}, {self.candidate_df}")
@@ -395,8 +402,10 @@ def _check_csr(arrays: dict[str, np.ndarray]) -> sp.csr_matrix:
     return sp.csr_matrix((data, indices, indptr), shape=(rows, columns))
 
 
-def sorted_top_n(queries: sp.csr_matrix, names: sp.csr_matrix, top_n: int, threads: int) -> sp.csr_matrix:
-    """`sp_matmul_topn(queries, names, top_n, sort=True, n_threads=threads)`, the same matrix.
+def sorted_top_n(queries: sp.csr_matrix, names: sp.csr_matrix, top_n: int, threads: int,
+                 min_score: float = 0.0) -> sp.csr_matrix:
+    """`sp_matmul_topn(queries, names, top_n, sort=True, n_threads=threads)`, the same matrix (scores below
+    `min_score` left out when it is above 0).
 
     On one thread, sparse_dot_topn's own API runs its sequential kernel; its OpenMP kernel, asked
     for one thread, returns the same output for less work: 2.0 vs 2.9 CPU-s for 1,864 queries over
@@ -411,8 +420,9 @@ def sorted_top_n(queries: sp.csr_matrix, names: sp.csr_matrix, top_n: int, threa
              or queries.dtype not in (np.float32, np.float64)
              or len({a.dtype for a in (queries.indptr, queries.indices, names.indptr, names.indices)}) != 1)
     if plain:
-        return sp_matmul_topn(queries, names, top_n=top_n, sort=True, n_threads=threads)
-    found = kernel(top_n=min(top_n, names.shape[1]), nrows=queries.shape[0], ncols=names.shape[1], threshold=None,
+        return sp_matmul_topn(queries, names, top_n=top_n, sort=True, n_threads=threads, threshold=min_score or None)
+    found = kernel(top_n=min(top_n, names.shape[1]), nrows=queries.shape[0], ncols=names.shape[1],
+                   threshold=min_score or None,
                    A_data=queries.data, A_indptr=queries.indptr, A_indices=queries.indices,
                    B_data=names.data, B_indptr=names.indptr, B_indices=names.indices, n_threads=1)
     return sp.csr_matrix(found, shape=(queries.shape[0], names.shape[1]))
@@ -427,18 +437,20 @@ class TfidfNameIndex:
         self.config = config
         self.vectorizer = vectorizer
         self.matrix = matrix  # (names, features) CSR, rows L2-normalised
-        self._shards: list[tuple[int, sp.csr_matrix]] | None = None  # (first row, (features, names) CSR)
+        self._shards: tuple[int, list[tuple[int, sp.csr_matrix]]] | None = None  # size, [(first row, CSR)]
         self._df: np.ndarray | None = None
         self._terms: list[str] | None = None
         self._maxscore: maxscore.MaxScoreSearcher | None = None
 
     @property
     def shards(self) -> list[tuple[int, sp.csr_matrix]]:
-        """Right operands of the product, `SHARD_NAMES` names each; built lazily so that a build does not hold them."""
-        if self._shards is None:
-            self._shards = [(start, self.matrix[start : start + SHARD_NAMES].T.tocsr())
-                            for start in range(0, self.size, SHARD_NAMES)]
-        return self._shards
+        """Right operands of the product, `config.shard_names` (default `SHARD_NAMES`) names each; built lazily so
+        that a build does not hold them (and again when the config's shard size changes)."""
+        size = self.config.shard_names or SHARD_NAMES
+        if self._shards is None or self._shards[0] != size:
+            self._shards = (size, [(start, self.matrix[start : start + size].T.tocsr())
+                                   for start in range(0, self.size, size)])
+        return self._shards[1]
 
     @property
     def document_frequency(self) -> np.ndarray:
@@ -546,7 +558,7 @@ class TfidfNameIndex:
     def searches_concepts(self) -> bool:
         """Whether `search_concepts` runs: maxscore finds the top-k concepts itself, in one search
         (fetching names for `linker.retrieve` certifies a lower k-th score, and widening searches again)."""
-        return self.search_method == "maxscore"
+        return self.search_method == "maxscore" and self.config.concept_search
 
     def search_concepts(self, queries: Sequence[str], codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k best concepts per query (`codes`: each name's concept code), each as its best name:
@@ -589,7 +601,7 @@ class TfidfNameIndex:
         threads = threads if vectors.shape[0] >= MIN_ROWS_PER_THREAD * threads else 1
         queries, scores, rows = [], [], []
         for first, shard in self.shards:
-            product = sorted_top_n(vectors, shard, min(k, shard.shape[1]), threads)
+            product = sorted_top_n(vectors, shard, min(k, shard.shape[1]), threads, self.config.min_score)
             queries.append(np.repeat(np.arange(vectors.shape[0]), np.diff(product.indptr)))
             scores.append(product.data)
             rows.append(product.indices.astype(np.int64) + first)

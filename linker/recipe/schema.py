@@ -23,7 +23,7 @@ from linker.errors import ConfigError, LinkerError
 STEPS = ("dictionary", "sap", "biosyn", "rerank", "index", "calibrate", "evaluate")
 REQUIRED = ("dictionary", "index", "evaluate")
 # Encoders that load offline by name (linker.encoders): not paths.
-BUILTIN_ENCODERS = ("minilm", "e5-small", "multilingual-e5-small")
+BUILTIN_ENCODERS = ("linker-en", "linker-multi", "minilm", "e5-small", "multilingual-e5-small")
 # Config fields a recipe does not set: how a run executes, not what it computes (--device, --threads),
 # or what the recipe fills in itself (the encoder a dense index uses, how a re-ranker mines).
 EXECUTION_FIELDS = {"device", "threads"}

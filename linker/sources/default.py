@@ -35,6 +35,8 @@ LAY_TYPES = frozenset({"layperson"})
 LAY_DIR = Path(__file__).resolve().parents[1] / "data" / "lay"
 LAY_HELDOUT = LAY_DIR / "heldout_names.tsv"  # names held out of the dictionary for the lay test set
 LAY_TEST = LAY_DIR / "lay_test.tsv"
+LAY_DEV_HELDOUT = LAY_DIR / "dev_names.tsv"  # the development slice's held-out names (choices, default calibration)
+LAY_DEV = LAY_DIR / "lay_dev.tsv"
 
 
 def name_key(text: str) -> str:

@@ -1,0 +1,136 @@
+"""Adverse-event extraction: from text to spans (`extract`), and from text to MedDRA codes (`annotate`).
+
+The tagger (`linker.extract.model`) finds AdverseEvent, Drug and TherapeuticEffect spans, each with a status
+(positive, negated, hypothetical) and a confidence; it ships as the release folder ``linker/models/linker-ae``
+(`load_extractor`), trained by `linker train extractor` (`linker.extract.train`) on PHEE and the TAC 2017
+training labels. `annotate` links every positive AdverseEvent span with a `linker.link.Linker` and says what to
+do with it (`DECISIONS`).
+
+    from linker.extract import extract
+    spans = extract(["Severe rash after starting lamotrigine."])[0]  # [ExtractedSpan(start=0, end=11, ...), ...]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from linker.errors import ConfigError, InputFormatError, shorten
+from linker.extract.data import AE, BENEFIT, DRUG, LABELS, STATUSES
+from linker.extract.extractor import NAME, Extractor, load_extractor
+from linker.extract.model import ExtractedSpan
+
+if TYPE_CHECKING:
+    from linker.link import Linker
+
+# What `annotate` decides for a span: "coded" (its best concept is the code), "review" (coded, but the extraction
+# or the link is not sure: a person should look), "no link" (a positive adverse event the index has no concept
+# for, or none above the Linker's min_confidence), "not coded" (negated or hypothetical: no event of the drug).
+DECISIONS = ("coded", "review", "no link", "not coded")
+REVIEW_BELOW = 0.5
+
+
+def check_texts(texts: Sequence[str], where: str = "texts") -> list[str]:
+    if isinstance(texts, str):
+        raise InputFormatError(where, "a list of texts", f"one string {shorten(texts)}", fix="wrap it in a list")
+    out = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or not text.strip():
+            raise InputFormatError(f"{where}[{i}]", "a non-empty text",
+                                   shorten(text) if isinstance(text, str) else type(text).__name__)
+        out.append(text)
+    return out
+
+
+def extract(texts: Sequence[str], *, model: str | Extractor = NAME, threshold: float | None = None,
+            labels: Sequence[str] | None = None, style: str = "auto") -> list[list[ExtractedSpan]]:
+    """The spans of each text: character offsets into it, label, status, confidence; sorted by position.
+
+    model: a release name or folder (default: the shipped `linker-ae`) or a loaded `Extractor`; threshold: the
+    in-span probability a word piece needs (default: the release's, chosen on dev); labels: keep only these
+    (AdverseEvent, Drug, TherapeuticEffect); style: AdverseEvent spans as ``terms`` (TAC 2017's convention, learnt
+    from drug labels), ``phrases`` (PHEE's, from case reports) or ``auto`` (the default: terms, and phrases where no
+    term was found; `linker.extract.extractor.STYLES`).
+    """
+    texts = check_texts(texts)
+    if threshold is not None and not 0.0 < threshold < 1.0:
+        raise ConfigError(f"threshold: expected a probability between 0 and 1, found {threshold}")
+    if labels is not None:
+        unknown = [label for label in labels if label not in (AE, DRUG, BENEFIT)]
+        if unknown:
+            raise ConfigError(f"labels: expected some of {AE}, {DRUG}, {BENEFIT}, found {', '.join(map(str, unknown))}")
+    extractor = model if isinstance(model, Extractor) else load_extractor(model)
+    return extractor.extract(texts, threshold=threshold, labels=tuple(labels) if labels is not None else None,
+                             style=style)
+
+
+def events_to_link(spans: Sequence[Sequence[ExtractedSpan]]) -> list[tuple[int, int]]:
+    """(text, span) positions of the spans `annotate` links: the positive AdverseEvent ones."""
+    return [(t, i) for t, doc in enumerate(spans) for i, s in enumerate(doc)
+            if s.label == AE and s.status == "positive" and s.text.strip()]
+
+
+def link_text(span: ExtractedSpan) -> str:
+    return " ".join(span.text.split())
+
+
+def decide(spans: Sequence[Sequence[ExtractedSpan]], linked: dict, *, review_below: float = REVIEW_BELOW
+           ) -> list[list[dict]]:
+    """One dict per span: its fields and ``code``, ``name``, ``link_confidence``, ``decision`` (`DECISIONS`;
+    None for a span that is no adverse event), ``candidates``; `linked` maps `events_to_link` positions to
+    their `LinkResult`."""
+    out = []
+    for t, doc in enumerate(spans):
+        rows = []
+        for i, span in enumerate(doc):
+            row = span.to_dict()
+            result = linked.get((t, i))
+            if span.label != AE:
+                row.update(code=None, name=None, link_confidence=None, decision=None, candidates=[])
+            elif result is None:
+                row.update(code=None, name=None, link_confidence=None, decision="not coded", candidates=[])
+            elif result.nil:
+                row.update(code=None, name=None, link_confidence=None, decision="no link", candidates=[])
+            else:
+                best = result.candidates[0]
+                confidence = best.confidence
+                unsure = span.confidence < review_below or (confidence is not None and confidence < review_below)
+                row.update(code=best.concept_id, name=best.preferred_name,
+                           link_confidence=None if confidence is None else round(float(confidence), 4),
+                           decision="review" if unsure else "coded",
+                           candidates=[c.to_dict() for c in result.candidates])
+                row["_candidates"] = result.candidates  # for the ade-xml writer; `public` drops it
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+def annotate_spans(linker: Linker, texts: Sequence[str], spans: Sequence[Sequence[ExtractedSpan]], *, k: int = 1,
+                   lang: str | None = None, review_below: float = REVIEW_BELOW) -> list[list[dict]]:
+    """Link the positive AdverseEvent spans of `spans` (as from `extract`) with `linker` (`decide`)."""
+    if not 0.0 <= review_below <= 1.0:
+        raise ConfigError(f"review_below: expected a probability from 0 to 1, found {review_below}")
+    wanted = events_to_link(spans)
+    results = linker.link([link_text(spans[t][i]) for t, i in wanted], k=k, lang=lang) if wanted else []
+    return decide(spans, dict(zip(wanted, results, strict=True)), review_below=review_below)
+
+
+def annotate(texts: Sequence[str], linker: Linker, *, model: str | Extractor = NAME, k: int = 1,
+             lang: str | None = None, threshold: float | None = None, style: str = "auto",
+             review_below: float = REVIEW_BELOW) -> list[list[dict]]:
+    """Extract, then link each positive AdverseEvent span with `linker` (`annotate_spans`)."""
+    texts = check_texts(texts)
+    if k < 1:
+        raise ConfigError(f"k: expected an integer >= 1, found {k}")
+    return annotate_spans(linker, texts, extract(texts, model=model, threshold=threshold, style=style), k=k, lang=lang,
+                          review_below=review_below)
+
+
+def public(row: dict) -> dict:
+    """An annotated span without its private fields (JSON-ready)."""
+    return {key: value for key, value in row.items() if not key.startswith("_")}
+
+
+__all__ = ["AE", "BENEFIT", "DECISIONS", "DRUG", "LABELS", "NAME", "REVIEW_BELOW", "STATUSES", "ExtractedSpan",
+           "Extractor", "annotate", "annotate_spans", "decide", "events_to_link", "extract", "link_text", "load_extractor",
+           "public"]

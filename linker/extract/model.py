@@ -1,0 +1,220 @@
+"""The adverse-event tagger: BIO token classification over word pieces on top of a BERT encoder.
+
+One head per label (`LABELS`), each a 3-way B/I/O classifier, so that a document annotated for some labels only
+(TAC: adverse reactions, no drugs) trains the heads it has; a fourth 3-way head gives the status of an event
+token (`STATUSES`: positive, negated, hypothetical). The lower ``frozen_layers`` transformer layers and the
+embeddings stay as the base has them; the layers above and the heads are trained, and only they are shipped.
+
+Long texts are tokenized whole (offsets into the original string), then cut into windows of at most
+``max_length`` word pieces (special tokens included) that overlap by ``max_length - stride`` pieces; each token's
+logits are averaged over the windows that hold it, and a span's characters are its first token's start and its
+last token's end in the original text, so offsets map back exactly whatever the window size.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from linker.extract.data import AR, EVENT_LABELS, LABELS, STATUSES
+
+O, B, I = 0, 1, 2
+_WORD = re.compile(r"\w", re.UNICODE)
+_JOIN = re.compile(r"[-/‐‑–]?")  # what may separate two pieces of one span: nothing, a hyphen, a slash
+
+
+@dataclass(frozen=True)
+class TaggerConfig:
+    labels: tuple[str, ...] = LABELS
+    max_length: int = 128
+    stride: int = 96  # window step in word pieces (windows overlap by max_length - 2 - stride)
+    frozen_layers: int = 4
+    threshold: float = 0.5  # a token is in a span when 1 - P(O) reaches this
+    thresholds: tuple[tuple[str, float], ...] = ()  # per label, overriding `threshold` (chosen on dev)
+    extend: tuple[tuple[str, float], ...] = ()  # per label: hysteresis of `decode` (1.0 = none; chosen on dev)
+    split: tuple[tuple[str, bool], ...] = ()  # per label: a B piece starts a new span inside a run (chosen on dev)
+
+    def cut(self, label: str) -> float:
+        return dict(self.thresholds).get(label, self.threshold)
+
+    def decoding(self) -> dict:
+        """`decode`'s keyword arguments for this config: per-label extend and split."""
+        return {"extend": {label: dict(self.extend).get(label, 1.0) for label in self.labels},
+                "split": {label: dict(self.split).get(label, True) for label in self.labels}}
+
+
+@dataclass(frozen=True)
+class ExtractedSpan:
+    """One extracted span: character offsets into the text it was found in, its label and status."""
+
+    start: int
+    end: int
+    text: str
+    label: str
+    status: str  # positive | negated | hypothetical
+    confidence: float  # mean over its word pieces of the probability of being inside a span
+
+    def to_dict(self) -> dict:
+        return {"start": self.start, "end": self.end, "text": self.text, "label": self.label, "status": self.status,
+                "confidence": round(self.confidence, 4)}
+
+
+def head_size(config: TaggerConfig) -> int:
+    return 3 * len(config.labels) + len(STATUSES)
+
+
+def build_head(hidden: int, config: TaggerConfig):
+    import torch
+
+    return torch.nn.Linear(hidden, head_size(config))
+
+
+def additive_mask(mask, dtype):
+    """(batch, tokens) 1/0 -> the additive (batch, 1, 1, tokens) mask the BERT layers take."""
+    import torch
+
+    return (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+def bottom(bert, ids, mask, frozen_layers: int):
+    """Embeddings and the frozen layers (no gradients)."""
+    import torch
+
+    with torch.no_grad():
+        hidden = bert.embeddings(input_ids=ids, token_type_ids=torch.zeros_like(ids))
+        extended = additive_mask(mask, hidden.dtype)
+        for layer in bert.encoder.layer[:frozen_layers]:
+            hidden = layer(hidden, attention_mask=extended)
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+    return hidden
+
+
+def top(bert, head, hidden, mask, frozen_layers: int):
+    """The trained layers and the head: logits (batch, tokens, head size)."""
+    extended = additive_mask(mask, hidden.dtype)
+    for layer in bert.encoder.layer[frozen_layers:]:
+        hidden = layer(hidden, attention_mask=extended)
+        hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+    return head(hidden)
+
+
+def tokenize(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Word-piece ids and (start, end) character offsets of the whole text, no special tokens, no truncation."""
+    encoded = tokenizer(text, add_special_tokens=False, truncation=False, return_offsets_mapping=True, verbose=False)
+    ids, offsets = encoded["input_ids"], [tuple(o) for o in encoded["offset_mapping"]]
+    keep = [i for i, (s, e) in enumerate(offsets) if e > s]  # drop pieces that cover no character
+    return [ids[i] for i in keep], [offsets[i] for i in keep]
+
+
+def windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:
+    """[start, end) token ranges of at most max_length - 2 pieces, stepping by `stride`, covering every token."""
+    size = max_length - 2
+    if size < 1 or stride < 1:
+        raise ValueError(f"max_length must be > 2 and stride >= 1, found {max_length}, {stride}")
+    stride = min(stride, size)
+    if n_tokens <= size:
+        return [(0, n_tokens)]
+    out, start = [], 0
+    while True:
+        end = min(start + size, n_tokens)
+        out.append((start, end))
+        if end == n_tokens:
+            return out
+        start += stride
+
+
+def token_tags(offsets: list[tuple[int, int]], spans, labels: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(tags (tokens, labels) in O/B/I, status (tokens,) index or -100) of character spans (start, end, label,
+    status). A token is in a span when their characters overlap; the first such token is B."""
+    tags = np.zeros((len(offsets), len(labels)), dtype=np.int64)
+    status = np.full(len(offsets), -100, dtype=np.int64)
+    starts = np.array([s for s, _ in offsets], dtype=np.int64)
+    ends = np.array([e for _, e in offsets], dtype=np.int64)
+    for start, end, label, mark in sorted(spans, key=lambda s: (s[0], -s[1])):
+        if label not in labels:
+            continue
+        column = labels.index(label)
+        inside = np.nonzero((starts < end) & (ends > start))[0]
+        if len(inside) == 0 or (tags[inside, column] != O).any():  # overlapping a span already tagged: first wins
+            continue
+        tags[inside[0], column] = B
+        tags[inside[1:], column] = I
+        if label in EVENT_LABELS:
+            status[inside] = STATUSES.index(mark)
+    return tags, status
+
+
+def _per_label(value, label: str, default):
+    return value.get(label, default) if isinstance(value, dict) else value
+
+
+def decode(text: str, offsets: list[tuple[int, int]], probs: np.ndarray, status_probs: np.ndarray,
+           labels: tuple[str, ...], threshold: float | dict, *, extend: float | dict = 1.0,
+           split: bool | dict = True) -> list[ExtractedSpan]:
+    """Spans from averaged per-token probabilities (tokens, labels, 3) and status probabilities (tokens, 3).
+
+    Each of `threshold`, `extend`, `split` is one value for all labels or a dict per label. A span is a run of word
+    pieces whose in-span probability (1 - P(O)) reaches ``threshold * extend`` holding at least one that reaches
+    `threshold` (hysteresis: extend < 1 keeps long phrases whole); with `split`, a piece more likely B than I
+    starts a new span inside a run. Spans of one label that only a hyphen or slash separates ("non-convulsive"
+    cut at "-") are joined; spans are widened to whole words."""
+    out = []
+    for column, label in enumerate(labels):
+        cut = _per_label(threshold, label, 0.5)
+        found: list[ExtractedSpan] = []
+        p = probs[:, column, :]
+        score = 1.0 - p[:, O]
+        inside = score >= cut * _per_label(extend, label, 1.0)
+        strong = score >= cut
+        begins = (p[:, B] >= p[:, I]) if _per_label(split, label, True) else np.zeros(len(score), bool)
+        i, n = 0, len(offsets)
+        while i < n:
+            if not inside[i]:
+                i += 1
+                continue
+            j = i + 1
+            while j < n and inside[j] and not begins[j]:
+                j += 1
+            if not strong[i:j].any():
+                i = j
+                continue
+            start, end = offsets[i][0], offsets[j - 1][1]
+            start, end = _whole_words(text, start, end)
+            marks = status_probs[i:j].mean(axis=0)
+            confidence = float((1.0 - p[i:j, O]).mean())
+            status = STATUSES[int(marks.argmax())] if label in EVENT_LABELS else "positive"
+            if found and found[-1].end <= start and _JOIN.fullmatch(text[found[-1].end:start]):
+                last = found.pop()
+                start, confidence = last.start, (last.confidence + confidence) / 2
+                status = last.status
+            found.append(ExtractedSpan(start, end, text[start:end], label, status, confidence))
+            i = j
+        out.extend(found)
+    # word widening can make two pieces of one word two equal spans: keep one
+    seen, unique = set(), []
+    for span in sorted(out, key=lambda s: (s.start, s.end, s.label)):
+        if (span.start, span.end, span.label) not in seen:
+            seen.add((span.start, span.end, span.label))
+            unique.append(span)
+    return unique
+
+
+def _whole_words(text: str, start: int, end: int) -> tuple[int, int]:
+    """Widen [start, end) to whole words: a span never starts or ends inside a run of word characters."""
+    while start > 0 and _WORD.match(text[start - 1]) and _WORD.match(text[start]):
+        start -= 1
+    while end < len(text) and _WORD.match(text[end]) and _WORD.match(text[end - 1]):
+        end += 1
+    return start, end
+
+
+def split_logits(logits, n_labels: int):
+    """(…, head size) -> ((…, labels, 3), (…, 3))."""
+    tag = logits[..., : 3 * n_labels]
+    return tag.reshape(*tag.shape[:-1], n_labels, 3), logits[..., 3 * n_labels:]
+
+
+__all__ = ["AR", "ExtractedSpan", "TaggerConfig", "bottom", "build_head", "decode", "head_size", "split_logits", "token_tags",
+           "tokenize", "top", "windows"]

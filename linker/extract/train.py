@@ -1,0 +1,414 @@
+"""Train the adverse-event tagger (`linker train extractor`) and write it as a release folder.
+
+Data: PHEE train (brat) and the TAC 2017 training labels less a seeded development share of the files
+(`linker.extract.data.tac_split`). Choices (the epoch kept, the span threshold) are made on PHEE dev and the TAC
+dev files only, by the mean of PHEE dev Effect EM_F1 and TAC dev exact mention F1; PHEE test is never read here.
+
+CPU economy: the embeddings and the lower ``frozen_layers`` layers never change, so their output is computed once
+per training window (stored in fp16) and every step runs only the trained layers and the head.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from linker.extract.data import (
+    AE,
+    AR,
+    BENEFIT,
+    DRUG,
+    LABELS,
+    Doc,
+    read_phee,
+    read_tac_files,
+    tac_split,
+)
+from linker.extract.extractor import KIND, NAME, Extractor
+from linker.extract.metrics import mention_scores, phee_scores
+from linker.extract.model import (
+    TaggerConfig,
+    bottom,
+    build_head,
+    decode,
+    split_logits,
+    token_tags,
+    tokenize,
+    top,
+)
+from linker.extract.model import windows as cut_windows
+
+log = logging.getLogger(__name__)
+THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+@dataclass(frozen=True)
+class ExtractorTrainConfig:
+    epochs: int = 3
+    lr: float = 1e-4  # trained transformer layers
+    head_lr: float = 1e-3
+    batch_size: int = 16
+    max_length: int = 128
+    stride: int = 96
+    frozen_layers: int = 4
+    tac_negative_share: float = 0.25  # TAC windows without a reaction kept (seeded)
+    phee_limit: int | None = None  # PHEE training sentences (seeded sample); None = all
+    tac_train_limit: int | None = None  # TAC training labels used (the first N of the split); None = all
+    dev_limit: int | None = None  # smoke runs only: the first N PHEE dev sentences and TAC dev sections
+    tac_dev_share: float = 0.2
+    tac_seed: int = 13
+    max_seconds: float | None = None  # training steps stop once past it (the epoch's dev choice still runs)
+    seed: int = 0
+    threads: int | None = None
+    base: str = "minilm"
+
+
+@dataclass
+class _Window:
+    ids: list[int]
+    tags: np.ndarray
+    status: np.ndarray
+    label_mask: np.ndarray
+    hidden: object = None
+
+
+def _windows_of(docs: list[Doc], tokenizer, config: ExtractorTrainConfig, labels: tuple[str, ...],
+                rng: random.Random) -> list[_Window]:
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    out = []
+    for doc in docs:
+        ids, offsets = tokenize(tokenizer, doc.text)
+        if not ids:
+            continue
+        tags, status = token_tags(offsets, doc.spans, labels)
+        mask = np.array([label in doc.types for label in labels], dtype=bool)
+        for a, b in cut_windows(len(ids), config.max_length, config.stride):
+            t = np.zeros((b - a + 2, len(labels)), np.int64)
+            t[1:-1] = tags[a:b]
+            s = np.full(b - a + 2, -100, np.int64)
+            s[1:-1] = status[a:b]
+            if doc.source == "tac" and not t.any() and rng.random() >= config.tac_negative_share:
+                continue
+            out.append(_Window([cls, *ids[a:b], sep], t, s, mask))
+    return out
+
+
+def _batches(items: list, size: int, rng: random.Random, key) -> list[list]:
+    """Shuffled batches of similar lengths (sorted within chunks of 50 batches)."""
+    items = items[:]
+    rng.shuffle(items)
+    batches = []
+    for first in range(0, len(items), size * 50):
+        chunk = sorted(items[first:first + size * 50], key=key)
+        batches.extend(chunk[i:i + size] for i in range(0, len(chunk), size))
+    rng.shuffle(batches)
+    return batches
+
+
+def _pad(windows: list[_Window], pad_id: int):
+    import torch
+
+    width = max(len(w.ids) for w in windows)
+    n = len(windows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    tags = torch.full((n, width, windows[0].tags.shape[1]), -100, dtype=torch.long)
+    status = torch.full((n, width), -100, dtype=torch.long)
+    for row, w in enumerate(windows):
+        k = len(w.ids)
+        ids[row, :k] = torch.tensor(w.ids)
+        mask[row, :k] = 1
+        tags[row, 1:k - 1] = torch.from_numpy(w.tags[1:-1])
+        status[row, :k] = torch.from_numpy(w.status)
+        tags[row, :, ~torch.from_numpy(w.label_mask)] = -100  # labels this document is not annotated for
+    return ids, mask, tags, status
+
+
+EXTENDS = (1.0, 0.6, 0.35, 0.2, 0.1)
+SPLITS = (True, False)
+
+
+def evaluate_dev(extractor: Extractor, phee_dev: list[Doc], tac_dev: list[Doc], thresholds=THRESHOLDS,
+                 extends=EXTENDS, splits=SPLITS) -> dict:
+    """Dev scores of every decoding (threshold, extend, split): PHEE Effect EM/Token F1 of the phrase heads
+    (AdverseEvent, TherapeuticEffect), TAC AdverseReaction exact/relaxed F1 of the term head; the best decoding of
+    each by PHEE EM_F1 and TAC exact F1, and the choice score (the mean of the two) of the epoch."""
+    labels = extractor.config.labels
+    phee_probs = extractor.probabilities_many([d.text for d in phee_dev])
+    tac_probs = extractor.probabilities_many([d.text for d in tac_dev])
+    phee_gold, tac_gold = effect_strings(phee_dev), [[g[0] for g in d.groups] for d in tac_dev]
+    phee_at, tac_at = {}, {}
+    for rule in ((c, e, sp) for c in thresholds for e in extends for sp in splits):
+        cut, extend, split = rule
+        phee_pred = [decode(d.text, *p, (AE, DRUG, BENEFIT), cut, extend=extend, split=split) if p[0] else []
+                     for d, p in zip(phee_dev, _columns(phee_probs, labels, (AE, DRUG, BENEFIT)))]
+        tac_pred = [decode(d.text, *p, (AR,), cut, extend=extend, split=split) if p[0] else []
+                    for d, p in zip(tac_dev, _columns(tac_probs, labels, (AR,)))]
+        phee_at[rule] = phee_scores(phee_gold, [[s.text for s in spans if s.label in (AE, BENEFIT)]
+                                                for spans in phee_pred])
+        tac_at[rule] = mention_scores(tac_gold, [[(s.start, s.end) for s in spans] for spans in tac_pred])
+    phee_rule = max(phee_at, key=lambda r: (phee_at[r]["EM_F1"], r))
+    tac_rule = max(tac_at, key=lambda r: (tac_at[r]["exact"]["f1"], r))
+    per_label = {AE: phee_rule, DRUG: phee_rule, BENEFIT: phee_rule, AR: tac_rule}
+    return {"thresholds": {k: v[0] for k, v in per_label.items()}, "extend": {k: v[1] for k, v in per_label.items()},
+            "split": {k: v[2] for k, v in per_label.items()},
+            "phee_dev": phee_at[phee_rule], "tac_dev": tac_at[tac_rule],
+            "choice": round((phee_at[phee_rule]["EM_F1"] + tac_at[tac_rule]["exact"]["f1"]) / 2, 2)}
+
+
+def _columns(probabilities, labels: tuple[str, ...], keep: tuple[str, ...]):
+    """The probabilities of the `keep` heads only (offsets, tag probabilities, status probabilities)."""
+    index = [labels.index(label) for label in keep]
+    return [(offsets, probs[:, index, :] if len(offsets) else probs, marks) for offsets, probs, marks in probabilities]
+
+
+def effect_strings(docs: list[Doc]) -> list[list[str]]:
+    """The gold Effect strings of each PHEE sentence (adverse and therapeutic)."""
+    return [[" ".join(d.text[s:e] for s, e in pieces) for pieces, label, _ in d.groups if label in (AE, BENEFIT)]
+            for d in docs]
+
+
+def _trained_tensors(bert, head, frozen_layers: int) -> dict:
+    prefixes = tuple(f"encoder.layer.{i}." for i in range(frozen_layers, bert.config.num_hidden_layers))
+    tensors = {k: v.detach().clone() for k, v in bert.state_dict().items() if k.startswith(prefixes)}
+    tensors.update({f"head.{k}": v.detach().clone() for k, v in head.state_dict().items()})
+    return tensors
+
+
+def train_extractor(phee_train: Path, phee_dev: Path, tac_folder: Path, out: Path,
+                    config: ExtractorTrainConfig = ExtractorTrainConfig(), *, command: str = "",
+                    report=lambda message: log.info("%s", message)) -> dict:
+    """Train, choose the epoch and threshold on the dev sets, and write the release folder `out`."""
+    import torch
+
+    from linker.encoders import load_encoder, transformer_module
+
+    started, cpu0 = time.perf_counter(), _cpu_seconds()
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)
+    encoder = load_encoder(config.base, threads=config.threads, device="cpu")
+    bert, tokenizer = transformer_module(encoder.model), encoder.model.tokenizer
+    n_layers = bert.config.num_hidden_layers
+    if not 0 <= config.frozen_layers < n_layers:
+        from linker.errors import ConfigError
+
+        raise ConfigError(f"--frozen-layers: expected 0 to {n_layers - 1}, found {config.frozen_layers}")
+    tagger = TaggerConfig(labels=LABELS, max_length=config.max_length, stride=config.stride,
+                          frozen_layers=config.frozen_layers)
+    # data
+    tac_train_files, tac_dev_files = tac_split(tac_folder, config.tac_dev_share, config.tac_seed)
+    phee = read_phee(phee_train)
+    if config.phee_limit is not None and config.phee_limit < len(phee):
+        phee = random.Random(config.seed).sample(phee, config.phee_limit)
+    tac_used = tac_train_files[: config.tac_train_limit] if config.tac_train_limit is not None else tac_train_files
+    train_docs = phee + read_tac_files(tac_used)
+    dev_phee, dev_tac = read_phee(phee_dev), read_tac_files(tac_dev_files)
+    if config.dev_limit is not None:
+        dev_phee, dev_tac = dev_phee[: config.dev_limit], dev_tac[: config.dev_limit]
+    train_windows = _windows_of(train_docs, tokenizer, config, LABELS, rng)
+    report(f"training windows: {len(train_windows):,} ({len(phee):,} PHEE sentences, {len(tac_used)} TAC "
+           f"labels); dev: {len(dev_phee):,} PHEE sentences, {len(tac_dev_files)} TAC labels")
+    # the frozen part, once
+    for param in bert.parameters():
+        param.requires_grad_(False)
+    pad = tokenizer.pad_token_id or 0
+    bert.eval()
+    for first in range(0, len(train_windows), 64):
+        group = sorted(train_windows[first:first + 64], key=lambda w: len(w.ids))
+        for sub in range(0, len(group), 32):
+            part = group[sub:sub + 32]
+            ids, mask, _, _ = _pad(part, pad)
+            hidden = bottom(bert, ids, mask, config.frozen_layers)
+            for row, w in enumerate(part):
+                w.hidden = hidden[row, : len(w.ids)].to(torch.float16)
+    report(f"frozen layers computed in {time.perf_counter() - started:.0f}s")
+    trained = [p for layer in bert.encoder.layer[config.frozen_layers:] for p in layer.parameters()]
+    for param in trained:
+        param.requires_grad_(True)
+    head = build_head(bert.config.hidden_size, tagger)
+    optimizer = torch.optim.AdamW([{"params": trained, "lr": config.lr},
+                                   {"params": head.parameters(), "lr": config.head_lr}], weight_decay=0.01)
+    steps_per_epoch = -(-len(train_windows) // config.batch_size)
+    total = steps_per_epoch * config.epochs
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / max(total, 1)))
+    n_labels = len(LABELS)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100)
+    history, best, best_state = [], None, None
+    extractor = Extractor(bert, tokenizer, head, tagger, name=NAME)
+    step, stopped = 0, False
+    for epoch in range(1, config.epochs + 1):
+        bert.train()
+        head.train()
+        running, count, epoch_started = 0.0, 0, time.perf_counter()
+        for batch in _batches(train_windows, config.batch_size, rng, key=lambda w: len(w.ids)):
+            width = max(len(w.ids) for w in batch)
+            hidden = torch.zeros((len(batch), width, bert.config.hidden_size))
+            for row, w in enumerate(batch):
+                hidden[row, : len(w.ids)] = w.hidden.float()
+            _, mask, tags, status = _pad(batch, pad)
+            tag_logits, status_logits = split_logits(top(bert, head, hidden, mask, config.frozen_layers), n_labels)
+            loss = loss_fn(tag_logits.reshape(-1, 3), tags.reshape(-1))
+            if (status != -100).any():
+                loss = loss + 0.5 * loss_fn(status_logits.reshape(-1, 3), status.reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([*trained, *head.parameters()], 1.0)
+            optimizer.step()
+            schedule.step()
+            running, count, step = running + loss.item(), count + 1, step + 1
+            if step % 100 == 0:
+                report(f"epoch {epoch} step {step}/{total} loss {running / count:.4f} "
+                       f"({time.perf_counter() - epoch_started:.0f}s this epoch)")
+            if config.max_seconds is not None and time.perf_counter() - started > config.max_seconds:
+                stopped = True
+                break
+        bert.eval()
+        head.eval()
+        scores = evaluate_dev(extractor, dev_phee, dev_tac)
+        entry = {"epoch": epoch, "steps": step, "loss": round(running / max(count, 1), 4),
+                 "threshold": scores["thresholds"], **{k: v for k, v in scores.items() if k != "thresholds"},
+                 "seconds": round(time.perf_counter() - started)}
+        history.append(entry)
+        report(f"epoch {epoch}: loss {entry['loss']} thresholds {scores['thresholds']} PHEE dev EM_F1 "
+               f"{scores['phee_dev']['EM_F1']} Token_F1 {scores['phee_dev']['Token_F1']} TAC dev exact F1 "
+               f"{scores['tac_dev']['exact']['f1']} relaxed F1 {scores['tac_dev']['relaxed']['f1']}")
+        if best is None or entry["choice"] > best["choice"]:
+            best, best_state = entry, _trained_tensors(bert, head, config.frozen_layers)
+        if stopped:
+            break
+    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu0
+    info = {
+        "labels": list(LABELS), "statuses": ["positive", "negated", "hypothetical"], "styles": {
+            "terms": f"AdverseEvent spans from the {AR} head (TAC 2017 convention)",
+            "phrases": f"AdverseEvent spans from the {AE} head (PHEE convention)"}, "max_length": config.max_length,
+        "stride": config.stride, "frozen_layers": config.frozen_layers, "threshold": best["threshold"],
+        "extend": best["extend"], "split": best["split"],
+        "training": {"config": {k: v for k, v in asdict(config).items()}, "command": command,
+                     "windows": len(train_windows), "phee_sentences": len(phee),
+                     "tac_train_labels": [f.stem for f in tac_used],
+                     "tac_dev_labels": [f.stem for f in tac_dev_files], "wall_seconds": round(seconds),
+                     "cpu_seconds": round(cpu), "load_average": [round(x, 2) for x in os.getloadavg()],
+                     "torch_threads": torch.get_num_threads(), "stopped_by_max_seconds": stopped},
+        "history": history,
+        "metrics": {"chosen_epoch": best["epoch"], "threshold": best["threshold"], "phee_dev": best["phee_dev"],
+                    "tac_dev": best["tac_dev"]},
+    }
+    card = model_card(info, encoder.spec.revision)
+    from linker.models import write_release
+
+    manifest = write_release(Path(out), name=NAME, version="1", kind=KIND, base=config.base,
+                             base_revision=encoder.spec.revision, tensors=best_state, card=card, info=info)
+    return {"out": str(out), "weights_bytes": manifest["files"]["weights.safetensors"]["bytes"], **info["metrics"],
+            "wall_seconds": round(seconds), "cpu_seconds": round(cpu)}
+
+
+def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = "", threads: int | None = None,
+                 report=lambda message: log.info("%s", message)) -> dict:
+    """Choose the decoding (threshold, extend, split per head) of an existing release on the dev data again, as
+    training does after each epoch, and rewrite the release with the same tensors (`linker train extractor
+    --tune-only`)."""
+    from linker.extract import extractor as extractor_module
+    from linker.models import load_tensors, read_release, write_release
+
+    started, cpu0 = time.perf_counter(), _cpu_seconds()
+    release = read_release(out)
+    manifest = release.manifest
+    dev_files = [Path(tac_folder) / f"{stem}.xml" for stem in manifest["training"]["tac_dev_labels"]]
+    extractor = extractor_module._load(Path(out), threads)
+    scores = evaluate_dev(extractor, read_phee(phee_dev), read_tac_files(dev_files))
+    report(f"tuned: thresholds {scores['thresholds']} extend {scores['extend']} split {scores['split']} PHEE dev "
+           f"EM_F1 {scores['phee_dev']['EM_F1']} TAC dev exact F1 {scores['tac_dev']['exact']['f1']}")
+    fixed = {"format", "name", "version", "kind", "base", "base_revision", "tensors", "files"}
+    info = {key: value for key, value in manifest.items() if key not in fixed}
+    info.update(threshold=scores["thresholds"], extend=scores["extend"], split=scores["split"])
+    info["metrics"] = {**info["metrics"], "threshold": scores["thresholds"], "extend": scores["extend"],
+                       "split": scores["split"], "phee_dev": scores["phee_dev"], "tac_dev": scores["tac_dev"]}
+    info["training"] = {**info["training"], "tuned": {
+        "command": command, "wall_seconds": round(time.perf_counter() - started),
+        "cpu_seconds": round(_cpu_seconds() - cpu0), "load_average": [round(x, 2) for x in os.getloadavg()]}}
+    tensors = load_tensors(release)
+    write_release(Path(out), name=release.name, version=release.version, kind=manifest["kind"], base=release.base,
+                  base_revision=manifest["base_revision"], tensors=tensors, card=model_card(info, manifest["base_revision"]),
+                  info=info)
+    with extractor_module._CACHE_LOCK:
+        extractor_module._CACHE.pop(str(Path(out).resolve()), None)
+    return {"out": str(out), **info["metrics"]}
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _tuned(training: dict) -> str:
+    tuned = training.get("tuned")
+    if not tuned:
+        return ""
+    return (f"\nDecoding chosen again on the same dev data (no training): `{tuned['command']}` "
+            f"({tuned['wall_seconds']:,} s wall, {tuned['cpu_seconds']:,} s CPU).\n")
+
+
+def model_card(info: dict, base_revision: str) -> str:
+    t, m = info["training"], info["metrics"]
+    return f"""# linker-ae 1: adverse-event span tagger
+
+A BIO token classifier over word pieces on top of `minilm` (all-MiniLM-L6-v2, {base_revision}): embeddings and
+the first {info['frozen_layers']} transformer layers as the base has them; the top
+{6 - info['frozen_layers']} layers and a linear head trained here. Only the trained tensors ship (fp16).
+
+Heads: {', '.join(info['labels'])}, each B/I/O; a status head marks an event span positive, negated or
+hypothetical. `AdverseEvent` learns PHEE's convention (whole effect phrases), `AdverseReaction` TAC 2017's (short
+reaction terms, severity left out). `extract(style=...)`: "terms" returns the latter as AdverseEvent spans (learnt
+from drug labels only: it finds next to nothing in narrative text), "phrases" the former, "auto" (the default) the
+terms and the phrases where no term overlaps them. Windows of {info['max_length']} word pieces, step {info['stride']}; span thresholds
+per head {info['threshold']}, hysteresis {info.get('extend', {})}, split on B {info.get('split', {})}
+(all chosen on dev).
+
+## Training data and licences
+
+- PHEE train ({t['phee_sentences']:,} sentences; MIT licence, `../shared/data/phee/LICENSE`): `Effect` spans are
+  adverse events in sentences with an `Adverse_event` trigger, therapeutic effects where the only triggers are
+  `Potential_therapeutic_event`; `Drug` spans; an event's `Negated` / `Speculated` attribute marks the effects of a
+  one-event sentence negated / hypothetical.
+- TAC 2017 ADR training labels (public, NLM / FDA): {len(t['tac_train_labels'])} of the 101 labels;
+  `AdverseReaction` mentions (discontinuous mentions as their pieces); `Negated` relations -> negated,
+  `Hypothetical` relations to a DrugClass or Animal -> hypothetical. The other {len(t['tac_dev_labels'])}
+  labels (a seeded 20% of the files) are the development split, held out from training and used, with PHEE dev,
+  for every choice (epoch, threshold).
+
+## Command and cost
+
+`{t['command']}`
+
+{t['windows']:,} training windows; {t['wall_seconds']:,} s wall, {t['cpu_seconds']:,} s CPU, on CPU with
+{t['torch_threads']} torch thread(s), load average at the end {t['load_average']}.
+{_tuned(t)}
+## Metrics (development data: chosen epoch {m['chosen_epoch']})
+
+| set | metric | value |
+|---|---|---|
+| PHEE dev | Effect EM_F1 | {m['phee_dev']['EM_F1']} |
+| PHEE dev | Effect Token_F1 | {m['phee_dev']['Token_F1']} |
+| TAC 2017 dev split | AdverseReaction exact F1 | {m['tac_dev']['exact']['f1']} |
+| TAC 2017 dev split | AdverseReaction relaxed F1 | {m['tac_dev']['relaxed']['f1']} |
+
+Test figures: `eval/extract/report.md` (`scripts/extract_eval.py`).
+
+## Intended use and limits
+
+Finding adverse-event and drug mentions in English case reports and drug labels, to be coded by `linker annotate`
+and reviewed by a person. Not a diagnostic device. English only: the base is an English model and all training
+text is English; other languages are neither trained nor measured. Discontinuous mentions come out as their
+separate pieces; overlapping mentions of one label as one. Status (negated, hypothetical) is learnt from few
+examples (a few hundred) and is weaker than the spans.
+"""
+
+
+__all__ = ["ExtractorTrainConfig", "evaluate_dev", "model_card", "train_extractor", "tune_release"]

@@ -1,0 +1,154 @@
+"""Models trained by this project that ship inside the package: ``linker/models/<name>/``.
+
+A shipped model is never a copy of a base model. It holds only the tensors that training changed, in fp16
+safetensors, and names the base it goes on top of (one of the offline encoders that PyPI packages install:
+``minilm``, ``e5-small``). Loading it loads the base, checks every shipped file against the sha256 in
+``manifest.json`` and overlays the tensors. A release folder holds three files:
+
+- ``manifest.json``: format, name, version, kind (``encoder``), base alias and revision, the tensors (names,
+  shapes, dtype), the sha256 and size of each file, training and metrics summaries;
+- ``weights.safetensors``: the trained tensors (fp16), keys as in the base transformer's ``state_dict``;
+- ``MODEL_CARD.md``: training data and licences, command, times, metrics, intended use and limits.
+
+`linker.models.release` trains and writes them (``linker train release NAME``); `linker.encoders` resolves the
+short names (``--encoder linker-en``) through `SHIPPED`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from linker.errors import InputFormatError, MissingInputError
+
+FORMAT = "linker-release/1"
+MODELS_DIR = Path(__file__).resolve().parent
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.safetensors"
+CARD = "MODEL_CARD.md"
+FILES = (WEIGHTS, CARD)
+MAX_WEIGHTS_BYTES = 64 << 20  # the budget is 30 MB a model; anything much larger is not one of ours
+MAX_MANIFEST_BYTES = 1 << 20
+# name -> the base encoder alias it overlays; the registry of short names `linker.encoders` offers.
+SHIPPED = {"linker-en": "minilm", "linker-multi": "e5-small"}
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    version: str
+    base: str  # encoder alias of the base (linker.encoders.ENCODERS)
+    folder: Path
+    manifest: dict
+
+    @property
+    def revision(self) -> str:
+        """What pins it in an index manifest: name, version and the weights' sha256."""
+        return f"{self.name}=={self.version} sha256:{self.manifest['files'][WEIGHTS]['sha256']}"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def release_folder(name: str) -> Path:
+    return MODELS_DIR / name
+
+
+def read_release(name_or_folder: str | Path, *, verify: bool = True) -> Release:
+    """The manifest of a shipped model, every listed file checked (size, sha256) when `verify`.
+
+    A missing, altered or truncated file is one error naming it, what the manifest expects and what was found,
+    and how to restore it; nothing is loaded from a release that fails."""
+    folder = release_folder(name_or_folder) if str(name_or_folder) in SHIPPED else Path(name_or_folder)
+    path = folder / MANIFEST
+    fix = "reinstall linker, or `git checkout -- linker/models`, or retrain it with `make models`"
+    if not path.is_file():
+        raise MissingInputError(f"{path}: no such file: the shipped model {folder.name!r} is incomplete ({fix})")
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise InputFormatError(path, f"a manifest under {MAX_MANIFEST_BYTES} bytes", f"{path.stat().st_size} bytes")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputFormatError(path, "a JSON release manifest", f"invalid JSON ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise InputFormatError(path, f"format {FORMAT!r}", repr(found))
+    files = manifest.get("files")
+    if not isinstance(files, dict) or set(files) != set(FILES):
+        raise InputFormatError(path, f"files {list(FILES)}", repr(sorted(files) if isinstance(files, dict) else files))
+    if verify:
+        for file, expected in files.items():
+            target = folder / file
+            if not target.is_file() or target.is_symlink():
+                raise MissingInputError(f"{target}: no such file: listed by {path} ({fix})")
+            size = target.stat().st_size
+            if size != expected.get("bytes") or size > MAX_WEIGHTS_BYTES:
+                raise InputFormatError(target, f"{expected.get('bytes')} bytes (its manifest)", f"{size} bytes ({fix})")
+            digest = sha256_of(target)
+            if digest != expected.get("sha256"):
+                raise InputFormatError(target, f"sha256 {str(expected.get('sha256'))[:16]}… (its manifest)",
+                                       f"{digest[:16]}…: the file was altered ({fix})")
+    return Release(manifest["name"], str(manifest["version"]), manifest["base"], folder, manifest)
+
+
+def load_tensors(release: Release) -> dict:
+    """The trained tensors as fp32 torch tensors (safetensors: no code runs when they load)."""
+    import torch
+    from safetensors.torch import load_file
+
+    return {key: value.to(torch.float32) for key, value in load_file(str(release.folder / WEIGHTS)).items()}
+
+
+def overlay(module, release: Release) -> int:
+    """Put the release's tensors into `module` (the base transformer); every key and shape must match."""
+    import torch
+
+    tensors = load_tensors(release)
+    state = module.state_dict()
+    for key, value in tensors.items():
+        if key not in state or tuple(state[key].shape) != tuple(value.shape):
+            found = tuple(state[key].shape) if key in state else "no such tensor"
+            raise InputFormatError(release.folder / WEIGHTS, f"tensor {key} {tuple(value.shape)} of base "
+                                   f"{release.base!r}", f"{found} (a release for another base?)")
+    with torch.no_grad():
+        for key, value in tensors.items():
+            state[key].copy_(value)
+    return len(tensors)
+
+
+def write_release(folder: Path, *, name: str, version: str, kind: str, base: str, base_revision: str,
+                  tensors: dict, card: str, info: dict) -> dict:
+    """Write a release folder in place of the previous one: fp16 tensors, card, manifest (last, so a folder with a
+    manifest is whole). `tensors`: name -> torch tensor, the trained ones only; `info`: training and metrics
+    summaries (JSON). Returns the manifest."""
+    import torch
+    from safetensors.torch import save_file
+
+    from linker.fileio import atomic_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)  # a half-rewritten release must fail its check, not load
+    half = {key: value.detach().to("cpu", torch.float16).contiguous() for key, value in sorted(tensors.items())}
+    with atomic_file(folder / WEIGHTS) as tmp:
+        # No header metadata: safetensors writes a metadata map in a random order, so the same tensors would not give
+        # the same bytes (and sha256) twice. What the file is, the manifest says.
+        save_file(half, str(tmp))
+    with atomic_file(folder / CARD) as tmp:
+        Path(tmp).write_text(card, encoding="utf-8")
+    manifest = {
+        "format": FORMAT, "name": name, "version": version, "kind": kind, "base": base, "base_revision": base_revision,
+        "tensors": {"dtype": "float16", "count": len(half), "parameters": sum(t.numel() for t in half.values()),
+                    "shapes": {k: list(t.shape) for k, t in half.items()}},
+        "files": {f: {"sha256": sha256_of(folder / f), "bytes": (folder / f).stat().st_size} for f in FILES},
+        **info,
+    }
+    with atomic_file(folder / MANIFEST) as tmp:
+        Path(tmp).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return manifest

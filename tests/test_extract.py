@@ -1,0 +1,261 @@
+"""Adverse-event extractor, fast parts: windows and exact offsets, TAC discontinuous mentions, PHEE brat reading,
+decoding and the span metrics. No trained model: a stub encoder whose outputs depend on the token alone."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from linker.extract.data import AE, AR, DRUG, LABELS, read_phee, read_tac, tac_split
+from linker.extract.metrics import mention_scores, normalize_answer, phee_scores
+from linker.extract.model import (
+    B,
+    O,
+    TaggerConfig,
+    decode,
+    token_tags,
+    tokenize,
+    windows,
+)
+
+torch = pytest.importorskip("torch")
+
+TAC_LABEL = """<?xml version="1.0" encoding="UTF-8"?>
+<Label drug="testdrug" track="TAC2017_ADR">
+  <Text>
+    <Section name="adverse reactions" id="S1">Patients had severe rash and pain in the joints. No nausea was seen.</Section>
+    <Section name="warnings" id="S2">Drugs of this class may cause hepatotoxicity.</Section>
+  </Text>
+  <Mentions>
+    <Mention id="M1" section="S1" type="AdverseReaction" start="20" len="4" str="rash" />
+    <Mention id="M2" section="S1" type="AdverseReaction" start="29,41" len="4,6" str="pain joints" />
+    <Mention id="M3" section="S1" type="Severity" start="13" len="6" str="severe" />
+    <Mention id="M4" section="S1" type="Negation" start="49" len="2" str="No" />
+    <Mention id="M5" section="S1" type="AdverseReaction" start="52" len="6" str="nausea" />
+    <Mention id="M6" section="S2" type="DrugClass" start="0" len="19" str="Drugs of this class" />
+    <Mention id="M7" section="S2" type="AdverseReaction" start="30" len="14" str="hepatotoxicity" />
+  </Mentions>
+  <Relations>
+    <Relation id="RL1" type="Negated" arg1="M5" arg2="M4" />
+    <Relation id="RL2" type="Hypothetical" arg1="M7" arg2="M6" />
+  </Relations>
+  <Reactions />
+</Label>
+"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from linker.encoders import load_encoder
+
+    return load_encoder("minilm").model.tokenizer
+
+
+def test_windows_cover_every_token_within_the_length():
+    for n in (0, 1, 5, 126, 127, 300, 1001):
+        for max_length, stride in ((128, 96), (8, 3), (8, 6), (10, 100)):
+            spans = windows(n, max_length, stride)
+            covered = np.zeros(n, int)
+            for a, b in spans:
+                assert 0 <= a < b <= n or n == 0
+                assert b - a <= max_length - 2
+                covered[a:b] += 1
+            assert (covered >= 1).all()
+            assert spans[-1][1] == n
+    with pytest.raises(ValueError):
+        windows(10, 2, 1)
+
+
+def _stub_extractor(tokenizer, event_words, max_length, stride):
+    """An Extractor whose tag of a word piece depends on the piece alone: B of the term head (AdverseReaction) for
+    `event_words`' pieces, O elsewhere; so any window cut must give the same spans."""
+    from linker.extract.extractor import Extractor
+
+    event_ids = sorted({i for w in event_words for i in tokenizer(w, add_special_tokens=False)["input_ids"]})
+
+    class Embeddings(torch.nn.Module):
+        def forward(self, input_ids, token_type_ids):
+            hit = torch.isin(input_ids, torch.tensor(event_ids)).float()
+            return torch.stack([hit, 1 - hit], -1)
+
+    bert = torch.nn.Module()
+    bert.embeddings = Embeddings()
+    bert.encoder = SimpleNamespace(layer=[])
+    config = TaggerConfig(max_length=max_length, stride=stride, frozen_layers=0, threshold=0.5)
+    head = torch.nn.Linear(2, 3 * len(LABELS) + 3)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        column = LABELS.index(AR) * 3
+        head.weight[column + B, 0] = 10.0  # an event piece: B
+        head.weight[column + O, 1] = 10.0  # any other piece: O
+        for other in range(len(LABELS)):
+            if other != LABELS.index(AR):
+                head.bias[other * 3 + O] = 10.0
+        head.bias[3 * len(LABELS)] = 5.0  # status: positive
+    return Extractor(bert, tokenizer, head, config)
+
+
+@pytest.mark.parametrize("max_length,stride", [(128, 96), (8, 3), (12, 10), (6, 1)])
+def test_long_text_windows_map_offsets_back_exactly(tokenizer, max_length, stride):
+    sentences = ["Patient 12 developed a rash after the first dose.", "  Thrombocytopenia\twas noted; no fever.\n",
+                 "Ünïcödé text — then rash again (rash)!"]
+    text = " ".join(sentences[i % 3] + f" day {i}." for i in range(60))
+    extractor = _stub_extractor(tokenizer, ["rash", "thrombocytopenia"], max_length, stride)
+    spans = extractor.extract([text])[0]
+    expected = [(m.start(), m.end()) for m in re.finditer(r"rash|Thrombocytopenia", text)]
+    assert [(s.start, s.end) for s in spans] == expected
+    assert all(text[s.start:s.end] == s.text and s.label == AE and s.status == "positive" for s in spans)
+    # every window size gives the same token probabilities as one window over a short text
+    offsets, probs, _ = extractor.probabilities(text)
+    assert offsets == tokenize(tokenizer, text)[1]
+    assert probs.shape == (len(offsets), len(LABELS), 3) and np.allclose(probs.sum(-1), 1.0, atol=1e-5)
+
+
+def test_empty_and_blank_texts_give_no_spans(tokenizer):
+    extractor = _stub_extractor(tokenizer, ["rash"], 16, 8)
+    assert extractor.extract(["   ", "rash"]) == [[], extractor.extract(["rash"])[0]]
+
+
+def test_tac_discontinuous_mentions_are_their_pieces(tmp_path, tokenizer):
+    path = tmp_path / "TESTDRUG.xml"
+    path.write_text(TAC_LABEL, encoding="utf-8")
+    s1, s2 = read_tac(path)
+    assert s1.id == "TESTDRUG#S1" and s1.types == (AR,) and s1.source == "tac"
+    assert [(s, e, st) for s, e, _, st in s1.spans] == [(20, 24, "positive"), (29, 33, "positive"),
+                                                       (41, 47, "positive"), (52, 58, "negated")]
+    assert [g[0] for g in s1.groups] == [((20, 24),), ((29, 33), (41, 47)), ((52, 58),)]
+    assert s2.spans == [(30, 44, AR, "hypothetical")]
+    # both pieces of "pain ... joints" begin a span of their own; the words between are outside
+    ids, offsets = tokenize(tokenizer, s1.text)
+    tags, status = token_tags(offsets, s1.spans, LABELS)
+    words = {s1.text[a:b]: (tags[i, LABELS.index(AR)], status[i]) for i, (a, b) in enumerate(offsets)}
+    assert words["pain"] == (B, 0) and words["joints"] == (B, 0) and words["in"][0] == O
+    assert words["nausea"] == (B, 1) and words["No"][0] == O
+    assert (tags[:, LABELS.index(DRUG)] == O).all() and (tags[:, LABELS.index(AE)] == O).all()
+    # exact: the discontinuous mention is missed by contiguous spans; relaxed: found
+    scores = mention_scores([[g[0] for g in s1.groups]], [[(20, 24), (29, 47)]])
+    assert scores["exact"]["recall"] == round(100 / 3, 2) and scores["relaxed"]["recall"] == round(200 / 3, 2)
+    assert scores["relaxed"]["precision"] == 100.0
+
+
+def test_tac_split_is_seeded_and_disjoint(tmp_path):
+    for name in "ABCDEFGHIJ":
+        (tmp_path / f"{name}.xml").write_text(TAC_LABEL, encoding="utf-8")
+    train, dev = tac_split(tmp_path)
+    assert len(dev) == 2 and len(train) == 8 and not set(train) & set(dev)
+    assert tac_split(tmp_path) == (train, dev)
+
+
+def test_phee_brat_effects_drugs_and_event_attributes(tmp_path):
+    folder = tmp_path / "phee"
+    folder.mkdir()
+    docs = {
+        "1": ("Rash developed after amoxicillin.",
+              "T1\tEffect 0 4\tRash\nT2\tDrug 21 32\tamoxicillin\nT3\tAdverse_event 5 14\tdeveloped\nE1\tAdverse_event:T3\n"),
+        "2": ("Rituximab cleared the lesions.",
+              "T1\tDrug 0 9\tRituximab\nT2\tEffect 18 29\tthe lesions\nT3\tPotential_therapeutic_event 10 17\tcleared\n"
+              "E1\tPotential_therapeutic_event:T3\n"),
+        "3": ("No hepatitis was seen with drug X.",
+              "T1\tEffect 3 12\thepatitis\nT2\tAdverse_event 13 16\twas\nE1\tAdverse_event:T2\nA1\tNegated E1\n"),
+        "4": ("Nausea may follow cisplatin.",
+              "T1\tEffect 0 6\tNausea\nT2\tAdverse_event 11 17\tfollow\nE1\tAdverse_event:T2\nA1\tSpeculated E1\n"
+              "T3\tDrug 18 27\tcisplatin\n"),
+    }
+    for name, (text, ann) in docs.items():
+        (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+        (folder / f"{name}.ann").write_text(ann, encoding="utf-8")
+    read = {d.id: d for d in read_phee(folder)}
+    assert read["1"].spans == [(0, 4, AE, "positive"), (21, 32, DRUG, "positive")]
+    assert read["2"].spans == [(0, 9, DRUG, "positive"), (18, 29, "TherapeuticEffect", "positive")]
+    assert read["3"].spans == [(3, 12, AE, "negated")]
+    assert read["4"].spans == [(0, 6, AE, "hypothetical"), (18, 27, DRUG, "positive")]
+
+
+def test_decode_widens_to_whole_words_and_keeps_status():
+    text = "severe thrombocytopenia"
+    offsets = [(0, 6), (7, 14), (14, 16), (16, 23)]  # a span starting inside a word is widened
+    probs = np.zeros((4, len(LABELS), 3))
+    probs[:, :, O] = 1.0
+    probs[2, 0] = [0.1, 0.8, 0.1]
+    probs[3, 0] = [0.1, 0.2, 0.7]
+    marks = np.tile([0.1, 0.8, 0.1], (4, 1))
+    spans = decode(text, offsets, probs, marks, LABELS, 0.5)
+    assert [(s.start, s.end, s.text, s.status) for s in spans] == [(7, 23, "thrombocytopenia", "negated")]
+    assert spans[0].confidence == pytest.approx(0.9)
+    assert decode(text, offsets, probs, marks, LABELS, 0.95) == []
+
+
+def test_phee_metrics_follow_squad_normalisation():
+    assert normalize_answer("The  Rash!") == "rash"
+    gold = [["severe rash", "fever"], ["the hepatitis"]]
+    pred = [["Severe rash.", "rash"], []]
+    scores = phee_scores(gold, pred)
+    assert scores["EM_precision"] == 50.0 and scores["EM_recall"] == round(100 / 3, 2)
+    # tokens: pred {severe, rash, rash} vs gold {severe, rash, fever, hepatitis}: 2 common
+    assert scores["Token_precision"] == round(200 / 3, 2) and scores["Token_recall"] == 50.0
+
+
+def test_decode_joins_hyphenated_pieces_and_styles_pick_a_head():
+    from linker.extract.extractor import select_style
+
+    text = "non-convulsive status"
+    offsets = [(0, 3), (3, 4), (4, 14), (15, 21)]
+    probs = np.zeros((4, len(LABELS), 3))
+    probs[:, :, O] = 1.0
+    probs[0, 0] = [0.0, 1.0, 0.0]  # "non": B; "-": O; "convulsive status": B I
+    probs[2, 0] = [0.0, 1.0, 0.0]
+    probs[3, 0] = [0.0, 0.0, 1.0]
+    marks = np.tile([1.0, 0.0, 0.0], (4, 1))
+    spans = decode(text, offsets, probs, marks, LABELS, 0.5)
+    assert [(s.start, s.end, s.text) for s in spans] == [(0, 21, "non-convulsive status")]
+    both = spans + [spans[0].__class__(0, 3, "non", AR, "positive", 0.9)]
+    assert [(s.label, s.text) for s in select_style(both, "terms")] == [(AE, "non")]
+    assert [(s.label, s.text) for s in select_style(both, "phrases")] == [(AE, "non-convulsive status")]
+
+
+def test_train_extractor_cli_writes_a_release_that_loads(tmp_path, capsys):
+    import json
+
+    from conftest import assert_one_line_error, cli
+
+    from linker.extract import extract, load_extractor
+    from linker.models import read_release
+
+    phee = tmp_path / "phee"
+    phee.mkdir()
+    for i in range(6):
+        (phee / f"{i}.txt").write_text(f"Rash developed after amoxicillin {i}.", encoding="utf-8")
+        (phee / f"{i}.ann").write_text("T1\tEffect 0 4\tRash\nT2\tDrug 21 32\tamoxicillin\n"
+                                       "T3\tAdverse_event 5 14\tdeveloped\nE1\tAdverse_event:T3\n", encoding="utf-8")
+    tac = tmp_path / "tac"
+    tac.mkdir()
+    for name in "ABCDE":
+        (tac / f"{name}.xml").write_text(TAC_LABEL, encoding="utf-8")
+    out = tmp_path / "release"
+    args = ["train", "extractor", "--phee-train", phee, "--phee-dev", phee, "--tac", tac, "--out", out, "--epochs", "1",
+            "--threads", "1"]
+    code, err = cli(args, capsys)
+    assert code == 0, err
+    manifest = read_release(out).manifest
+    assert manifest["kind"] == "tagger" and len(manifest["training"]["tac_dev_labels"]) == 1
+    assert set(manifest["threshold"]) == set(LABELS)
+    assert "linker train extractor" in (out / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert isinstance(extract(["Rash after amoxicillin."], model=load_extractor(out))[0], list)
+    code, err = cli(args, capsys)  # a release is there: only with --overwrite
+    assert_one_line_error(code, err, "--overwrite")
+    code, err = cli([*args, "--overwrite"], capsys)
+    assert code == 0, err
+    code, err = cli([*args, "--tune-only"], capsys)  # the decoding chosen again, the tensors kept
+    assert code == 0, err
+    tuned = read_release(out).manifest
+    assert tuned["training"]["tuned"]["command"].endswith("--tune-only --threads 1")
+    assert tuned["tensors"] == manifest["tensors"] and set(tuned["extend"]) == set(LABELS)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep.txt").write_text("x")
+    code, err = cli([*args[:-5], tmp_path / "other", "--epochs", "1"], capsys)
+    assert_one_line_error(code, err, "not a release")
+    assert json.loads((out / "manifest.json").read_text())["name"] == "linker-ae"
