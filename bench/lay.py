@@ -574,7 +574,7 @@ def markdown(r: dict) -> str:
         f"of `linker dict build --source default` less {d['excluded_names']['rows_left_out']:,} rows matching the "
         f"{d['excluded_names']['pairs']:,} held-out pairs of `{'`, `'.join(d['excluded_names']['files'])}`.",
         "",
-        f"**Choice on dev**: " + ", ".join(f"{LABELS[n]} Acc@1 {pct(v['acc1'])}" for n, v in r["choice_on_dev"]["dev"].items())
+        "**Choice on dev**: " + ", ".join(f"{LABELS[n]} Acc@1 {pct(v['acc1'])}" for n, v in r["choice_on_dev"]["dev"].items())
         + f" → the default index is **{LABELS[r['choice_on_dev']['chosen']]}**, calibrated on the development set "
         "(`linker calibrate --origin default`).",
         "",

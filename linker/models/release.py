@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from linker.errors import ConfigError, MissingInputError
@@ -179,7 +179,6 @@ def _trained(table: Path, encoder: str, out: Path, config: SapConfig) -> Path:
 
 def focus_table(recipe: ReleaseRecipe, table: Path, out: Path) -> dict:
     """The rows of the concepts that have a name of `recipe.focus_type` (all their names), from the training table."""
-    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
