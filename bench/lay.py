@@ -628,10 +628,10 @@ def markdown(r: dict) -> str:
             card = row["card"]
             f02 = card.get("train0.2") or card.get("dict0.2") or {}
             full_ = card["full"]
-            lines.append(f"| [{key.split('/')[0]}]({'../../' + row['recipe']}) | {row['encoder']} | {full_['n']:,} | "
+            lines.append(f"| `{row['recipe']}` | {row['encoder']} | {full_['n']:,} | "
                          f"{full_['acc1']:.2f} | {full_['acc5']:.2f} | {f02.get('n', '-')} | "
                          f"{f02['acc1']:.2f} | {row['test_evaluations']} |" if f02 else
-                         f"| [{key.split('/')[0]}]({'../../' + row['recipe']}) | {row['encoder']} | {full_['n']:,} | "
+                         f"| `{row['recipe']}` | {row['encoder']} | {full_['n']:,} | "
                          f"{full_['acc1']:.2f} | {full_['acc5']:.2f} | - | - | {row['test_evaluations']} |")
         lines += ["", "Filtered0.2: the Medical Crossing filter (test mentions whose normalised Levenshtein distance to "
                   "every train mention, or dictionary name for Mantra, is >= 0.2). The best trained systems (README) are "
