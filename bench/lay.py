@@ -414,6 +414,22 @@ def write_report(out: Path, report: dict) -> None:
     log.info("wrote %s", out / "report.md")
 
 
+def add_section(out: Path, key: str, load_before: list[float], **figures) -> dict:
+    """Put the section `key` (`benchmarks`, `demo`) into report.json, stamped, keeping the rest; the markdown is
+    rewritten once the lay-set results are there (`eval` keeps these sections when it runs again)."""
+    report_path = out / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+    report[key] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                   "command": f"python -m bench.lay {key}", "load_average_before": load_before,
+                   "load_average_after": [round(x, 2) for x in os.getloadavg()], **figures}
+    out.mkdir(parents=True, exist_ok=True)
+    if "results" in report:
+        write_report(out, report)
+    else:
+        report_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return report
+
+
 # --------------------------------------------------------------------------- make demo, before and after
 
 BEFORE_DEMO = [  # `make demo`'s recipes before the shipped encoders (commit febcb2b): tf-idf, no calibration
@@ -424,7 +440,8 @@ BEFORE_DEMO = [  # `make demo`'s recipes before the shipped encoders (commit feb
 
 
 def makefile_demo() -> list[str]:
-    """The Makefile's `make demo` recipes after the install, variables expanded (as tests/test_docs.py reads them)."""
+    """The Makefile's `make demo` recipes after the install, variables expanded (tests/test_docs.py and
+    tests/test_demo.py run the same list)."""
     import re
 
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
@@ -432,6 +449,8 @@ def makefile_demo() -> list[str]:
     commands = []
     for target in ("indexes/default.parquet", "indexes/default", "demo"):
         match = re.search(rf"^{re.escape(target)}:(.*)\n((?:\t.+\n?)+)", makefile, flags=re.M)
+        if match is None:
+            raise ValueError(f"Makefile: no recipe for {target}")
         prerequisite = match.group(1).split("|")[0].split()
         for line in match.group(2).splitlines():
             command = line.strip().replace("$(LINKER)", "linker").replace("$@", target)
@@ -471,17 +490,7 @@ def demo_report(scratch: Path, out: Path) -> dict:
     for _ in range(2):
         for side, commands in (("before", BEFORE_DEMO), ("after", makefile_demo())):
             runs[side].append(run_demo(commands, scratch / f"demo_{side}"))
-    report_path = out / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
-    report["demo"] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                      "command": "python -m bench.lay demo", "load_average_before": load_before,
-                      "load_average_after": [round(x, 2) for x in os.getloadavg()], "runs": runs}
-    out.mkdir(parents=True, exist_ok=True)
-    if "results" in report:
-        write_report(out, report)
-    else:
-        report_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return report
+    return add_section(out, "demo", load_before, runs=runs)
 
 
 # --------------------------------------------------------------------------- zero-shot benchmarks
@@ -513,17 +522,7 @@ def run_benchmarks(scratch: Path, out: Path) -> dict:
             rows[f"{name}/{label}"] = {"recipe": f"recipes/{name}.toml", "encoder": variant.index["encoder"],
                                        "card": _card_rows(result.card), "seconds": round(time.perf_counter() - started, 1),
                                        "test_evaluations": _evaluations(result.card)}
-    report_path = out / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.is_file() else {}
-    report["benchmarks"] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                            "command": "python -m bench.lay benchmarks", "load_average_before": load_before,
-                            "load_average_after": [round(x, 2) for x in os.getloadavg()], "rows": rows}
-    out.mkdir(parents=True, exist_ok=True)
-    if "results" in report:
-        write_report(out, report)
-    else:
-        report_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return report
+    return add_section(out, "benchmarks", load_before, rows=rows)
 
 
 def _card_rows(card: dict) -> dict:

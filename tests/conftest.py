@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -170,15 +169,6 @@ def ray_cluster():
 
 def makefile_demo_commands() -> list[str]:
     """The Makefile's recipes that `make demo` runs after the install, with make's variables expanded."""
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    variables = dict(re.findall(r"^(\w+) *[:?]?= *(.*?)\s*$", makefile, flags=re.M))
-    commands = []
-    for target in ("indexes/default.parquet", "indexes/default", "demo"):
-        match = re.search(rf"^{re.escape(target)}:(.*)\n((?:\t.+\n?)+)", makefile, flags=re.M)
-        assert match, target
-        prerequisite = match.group(1).split("|")[0].split()
-        for line in match.group(2).splitlines():
-            command = line.strip().replace("$(LINKER)", "linker").replace("$@", target)
-            command = re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], command)
-            commands.append(command.replace("$<", prerequisite[0]) if prerequisite else command)
-    return commands
+    from bench.lay import makefile_demo  # imported here: only the demo and docs tests need it
+
+    return makefile_demo()

@@ -16,11 +16,11 @@ short names (``--encoder linker-en``) through `SHIPPED`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from linker.dictionary import sha256_file
 from linker.errors import InputFormatError, MissingInputError
 
 FORMAT = "linker-release/1"
@@ -47,14 +47,6 @@ class Release:
     def revision(self) -> str:
         """What pins it in an index manifest: name, version and the weights' sha256."""
         return f"{self.name}=={self.version} sha256:{self.manifest['files'][WEIGHTS]['sha256']}"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def release_folder(name: str) -> Path:
@@ -91,7 +83,7 @@ def read_release(name_or_folder: str | Path, *, verify: bool = True) -> Release:
             size = target.stat().st_size
             if size != expected.get("bytes") or size > MAX_WEIGHTS_BYTES:
                 raise InputFormatError(target, f"{expected.get('bytes')} bytes (its manifest)", f"{size} bytes ({fix})")
-            digest = sha256_of(target)
+            digest = sha256_file(target)
             if digest != expected.get("sha256"):
                 raise InputFormatError(target, f"sha256 {str(expected.get('sha256'))[:16]}… (its manifest)",
                                        f"{digest[:16]}…: the file was altered ({fix})")
@@ -146,7 +138,7 @@ def write_release(folder: Path, *, name: str, version: str, kind: str, base: str
         "format": FORMAT, "name": name, "version": version, "kind": kind, "base": base, "base_revision": base_revision,
         "tensors": {"dtype": "float16", "count": len(half), "parameters": sum(t.numel() for t in half.values()),
                     "shapes": {k: list(t.shape) for k, t in half.items()}},
-        "files": {f: {"sha256": sha256_of(folder / f), "bytes": (folder / f).stat().st_size} for f in FILES},
+        "files": {f: {"sha256": sha256_file(folder / f), "bytes": (folder / f).stat().st_size} for f in FILES},
         **info,
     }
     with atomic_file(folder / MANIFEST) as tmp:

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from linker.errors import ConfigError, MissingInputError
-from linker.models import SHIPPED, WEIGHTS, release_folder, sha256_of, write_release
+from linker.dictionary import sha256_file
+from linker.models import SHIPPED, WEIGHTS, release_folder, write_release
 from linker.train.sap import SapConfig
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def held_out_phrases() -> tuple[set[tuple[str, str]], set[str], dict]:
         for line in path.read_text(encoding="utf-8").splitlines()[1:]:
             if line.strip():
                 phrases.add(name_key(line.split("\t", 1)[0]))
-    files = {p.name: sha256_of(p) for p in (LAY_HELDOUT, LAY_DEV_HELDOUT, LAY_TEST, LAY_DEV)}
+    files = {p.name: sha256_file(p) for p in (LAY_HELDOUT, LAY_DEV_HELDOUT, LAY_TEST, LAY_DEV)}
     return pairs, phrases, files
 
 
@@ -170,7 +171,7 @@ def _trained(table: Path, encoder: str, out: Path, config: SapConfig) -> Path:
         done = json.loads((out / CONFIG_FILE).read_text())
         same = {k: v for k, v in done["config"].items() if k not in ("device", "threads")} == {
             k: v for k, v in asdict(config).items() if k not in ("device", "threads")}
-        if same and list(done["data_sha256"].values()) == [sha256_of(table)] and done["base_encoder"] == encoder:
+        if same and list(done["data_sha256"].values()) == [sha256_file(table)] and done["base_encoder"] == encoder:
             log.info("trained model %s is current, kept", out)
             return out
     train_sap(table, encoder=encoder, out=out, config=config, show_progress=True, overwrite=True)
@@ -273,7 +274,7 @@ def dev_accuracy(encoder_name: str, work: Path, tag: str) -> dict:
     from linker.index.manifest import read_manifest
 
     current = (index / "manifest.json").is_file() and read_manifest(index).get("encoder", {}).get("revision") == \
-        resolve_encoder(encoder_name).revision and read_manifest(index)["concepts"]["sha256"] == sha256_of(table)
+        resolve_encoder(encoder_name).revision and read_manifest(index)["concepts"]["sha256"] == sha256_file(table)
     if not current:  # a rerun keeps an index of the same encoder and table
         build_index(table, kind="dense", out=index, config=DenseConfig(encoder=encoder_name), overwrite=True)
     report = evaluate(index, f"tsv:{dev}", ks=(1, 5), progress=False)
