@@ -63,13 +63,16 @@ test-typer-floor: setup
 # module that wrote it under eval/<study>/ (real data from ../shared/data or $LINKER_SHARED_DATA; minutes to hours on
 # 2 cores; each report names its command). The trained systems are recipes: `make eval-recipe-NAME` runs
 # recipes/NAME.toml into out/recipes/NAME (resumable; `--device cuda` is used where a GPU exists).
-.PHONY: bench-link bench-dense bench-dict bench-service bench-scaleout eval-accuracy eval-capabilities eval-recipes-tfidf
+.PHONY: bench-link bench-scale bench-dict bench-service bench-scaleout eval-accuracy eval-capabilities eval-extract eval-recipes-tfidf
 
 bench-link: setup
 	$(PY) -m bench.link --medic-dense
 
-bench-dense: setup
-	$(PY) -m bench.dense
+# Hours on 2 cores (a 5M-name dense build is most of it); eval/scale/report.md says what each row took.
+bench-scale: setup
+	$(PY) -m bench.scale tables
+	$(PY) -m bench.scale run --sizes union,1m,2m,5m --kinds tfidf,dense,hybrid
+	$(PY) -m bench.scale ray --size union --workers 1,2
 
 bench-dict: setup
 	$(PY) -m bench.dict_build
@@ -89,6 +92,10 @@ eval-capabilities: setup
 	$(PY) -m bench.capabilities --part default --sample 200
 	$(PY) -m bench.capabilities --part medic --sample 50
 	$(PY) -m bench.capabilities --part hpo --sample 50
+
+# The adverse-event extractor (eval/extract/): TAC 2017 dev, PHEE test (scored once), assertion rules, capabilities.
+eval-extract: setup
+	$(PY) -m bench.extract
 
 # The four tf-idf systems of the results table (under a minute each on 2 cores).
 eval-recipes-tfidf: setup

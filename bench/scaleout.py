@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench import data
 from bench.report import REPO as ROOT
-from bench.report import Report
+from bench.report import Report, command
 
 SEED = 0
 BATCH = 1024  # spans per `Linker.link` call, local and in a Ray worker (linker.normalize.BATCH)
@@ -122,9 +122,9 @@ def write_spans(folder: Path, texts: list[str], shards: int) -> tuple[Path, Path
 
 def run_child(kind: str, index: Path, source: Path, output: Path, workers: int, k: int) -> dict:
     load_before = os.getloadavg()
-    command = [sys.executable, "-m", "bench.scaleout", "--child", kind, "--index", str(index), "--input", str(source),
-               "--output", str(output), "--workers", str(workers), "--k", str(k)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    argv = [sys.executable, "-m", "bench.scaleout", "--child", kind, "--index", str(index), "--input", str(source),
+            "--output", str(output), "--workers", str(workers), "--k", str(k)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{kind} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -170,18 +170,6 @@ def index_names(index: Path) -> list[str]:
     import pyarrow.parquet as pq
 
     return pq.read_table(index / "concepts.parquet", columns=["name"]).column("name").to_pylist()
-
-
-def repetition_of(args) -> dict:
-    """`distinct_shares` of the spans a run with these arguments drew (they are seeded)."""
-    mentions = ncbi_mentions()
-    names = index_names(args.index)
-    out = {"tfidf": distinct_shares(span_texts(mentions, names, args.tfidf_spans), args.shards)}
-    if not args.skip_dense:
-        with tempfile.TemporaryDirectory(prefix="linker-scaleout-") as tmp:
-            dense_names = medic_sample(Path(tmp), args.dense_names)
-        out["dense"] = distinct_shares(span_texts(mentions, dense_names, args.dense_spans), args.shards)
-    return out
 
 
 def medic_sample(scratch: Path, names: int) -> list[str]:
@@ -273,12 +261,11 @@ def capacity_plan(result: dict) -> list[str]:
     return lines
 
 
-def write_report(result: dict, out: Path, command: str) -> None:
+def write_report(result: dict, out: Path) -> None:
     has_dense = any(kind.startswith("dense") for kind in result["indexes"])
     report = Report(out.name, out=out.parent, title="Scale-out: `linker normalize` in one process vs `linker normalize-ray`")
     lines = [
-        (f"Measured by `{command}`. " if command != report.meta["command"] else "")
-        + "No GPU; every contender ran in a fresh process, "
+        "No GPU; every contender ran in a fresh process, "
         f"alternated within each round ({result['runs']} round{'s' * (result['runs'] != 1)} for tf-idf"
         + (f", {result['dense_runs']} for dense" if has_dense else "") + "); "
         "medians over the rounds. Load average (1/5/15 min) before "
@@ -361,28 +348,17 @@ def main() -> None:
     parser.add_argument("--contenders", type=lambda s: s.split(","), default=CONTENDERS,
                         help="Comma-separated subset of local,ray-1,ray-2, run in this order (a long run may skip ray-1).")
     parser.add_argument("--out", type=Path, default=Path("eval/bench/bench_scaleout"), help="the report's path stem")
-    parser.add_argument("--from-json", type=Path, help="Only rewrite the report from an earlier run's JSON.")
     parser.add_argument("--note", default="", help="What else ran on the machine (stored in the JSON, shown in the report).")
     args = parser.parse_args()
     if "local" not in args.contenders or not set(args.contenders) <= set(CONTENDERS):
         parser.error(f"--contenders: expected local and a subset of {','.join(CONTENDERS)}, found {','.join(args.contenders)}"
                      " (the report compares Ray with the local process)")
-    if args.from_json:
-        result = json.loads(args.from_json.read_text(encoding="utf-8"))
-        result["note"] = args.note or result.get("note", "")
-        if "repetition" not in result and not data.skip_reason("ncbi"):  # a run from before it was recorded: the same draw
-            result["repetition"] = repetition_of(args)
-        write_report(result, args.out, result["command"])
-        return
     if args.child:
         print(json.dumps(child_local(args) if args.child == "local" else child_ray(args)))
         return
 
-    from bench.report import command as this_command
-
-    command = this_command()
     mentions = ncbi_mentions()
-    result = {"command": command, "note": args.note, "runs": args.runs, "dense_runs": args.dense_runs, "k": args.k, "indexes": {}, "raw": {}}
+    result = {"command": command(), "note": args.note, "runs": args.runs, "dense_runs": args.dense_runs, "k": args.k, "indexes": {}, "raw": {}}
     with tempfile.TemporaryDirectory(prefix="linker-scaleout-") as tmp:
         scratch = Path(tmp)
         names = index_names(args.index)
@@ -406,7 +382,7 @@ def main() -> None:
     result["load_min"], result["load_max"] = min(loads), max(loads)
     result["capacity_core_hours_1e8"] = {kind: {name: capacity(r["spans_per_link_cpu_s"]) for name, r in rows.items()}
                                          for kind, rows in result["indexes"].items()}
-    write_report(result, args.out, command)
+    write_report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """Load test of `linker serve` and `linker normalize`; writes eval/service/service_load.{md,json}.
 
     python -m bench.service_load --index indexes/default [--seconds 10] [--sizes 1,10] [--clients 8] [--spans 10000]
-    python -m bench.service_load --index A --index B [--baseline DIR] [--repeats 3] --out eval/service/NAME   # comparison
 
 1. Starts `linker serve` on 127.0.0.1 (a free port, loopback only), waits for /health, then
    `--clients` concurrent clients POST /link for `--seconds` per request size (1 and 10
@@ -13,14 +12,6 @@
    end to end (index loading included), with the process's peak RSS; it also reports how many
    perturbed names came back with their own concept at rank 1 (a sanity check, not an evaluation).
 
-Comparison (more than one --index, or --baseline): the service phase only, for each index and,
-with `--baseline DIR`, each index after the first (the reference) served by the linker code in DIR
-as well (a checkout from before a change: `python -m linker serve` run there). Every server starts
-once; then, for `--repeats` rounds, the clients drive each server in turn while the others idle,
-and the report gives the median of the rounds, the ratio to the first contender and the load
-average of each round. The same spans (from the first index's names) are
-sent to every contender.
-
 Everything stops by itself. Timings depend on the machine's load: the load average before and
 after is recorded next to the figures.
 """
@@ -30,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import socket
 import statistics
@@ -140,17 +130,16 @@ def percentile(values: list[float], q: float) -> float:
 STARTUP_LIMIT = 900  # seconds; a dense index's server starts in ~15 s on a quiet machine, minutes on a loaded one
 
 
-def start_server(index: Path, root: Path = ROOT) -> tuple[subprocess.Popen, str, float]:
-    """`linker serve` of `index` with the linker code in `root`; returns (process, base URL, start-up seconds)
-    once /health answers. Its stderr goes to a temporary file (a pipe nobody reads could fill and block it), which
-    `stop_server` returns."""
+def start_server(index: Path) -> tuple[subprocess.Popen, str, float]:
+    """`linker serve` of `index`; returns (process, base URL, start-up seconds) once /health answers. Its stderr
+    goes to a temporary file (a pipe nobody reads could fill and block it)."""
     port = free_port()
     started = time.perf_counter()
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         [sys.executable, "-m", "linker", "serve", "--index", str(index.resolve()), "--host", "127.0.0.1",
          "--port", str(port)],
-        cwd=root, stdout=subprocess.DEVNULL, stderr=log,
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
     )
     proc.log = log
     base = f"http://127.0.0.1:{port}"
@@ -168,16 +157,13 @@ def start_server(index: Path, root: Path = ROOT) -> tuple[subprocess.Popen, str,
             raise SystemExit(f"server did not answer /health within {STARTUP_LIMIT} s")
 
 
-def stop_server(proc: subprocess.Popen) -> str:
-    """Stop the server; what it wrote on stderr."""
+def stop_server(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    proc.log.seek(0)
-    return proc.log.read().decode(errors="replace")
 
 
 def drive_sizes(base: str, texts: list[str], clients: int, seconds: float, sizes: list[int]) -> list[dict]:
@@ -266,69 +252,6 @@ def batch_phase(index: Path, spans: list[dict]) -> dict:
     }
 
 
-def compare_phase(contenders: list[tuple[str, Path, Path]], texts: list[str], clients: int, seconds: float,
-                  sizes: list[int], repeats: int) -> dict:
-    """`repeats` rounds; in each, every (label, index, code root) contender's server is driven in turn."""
-    servers, rounds = {}, []
-    try:  # every server starts once; the rounds then drive one at a time while the others idle
-        for label, index, root in contenders:
-            proc, base, startup = start_server(index, root)
-            servers[label] = (proc, base)
-            print(f"{label}: started in {startup:.0f} s", file=sys.stderr)
-        for repeat in range(repeats):
-            load = [round(x, 2) for x in os.getloadavg()]
-            runs = {label: drive_sizes(base, texts, clients, seconds, sizes) for label, (_, base) in servers.items()}
-            rounds.append({"loadavg_before": load, "runs": runs})
-            print(f"round {repeat + 1}: " + "; ".join(
-                f"{label} {', '.join(str(r['mentions_per_second']) for r in rs)} mentions/s" for label, rs in runs.items()),
-                file=sys.stderr)
-    finally:
-        for proc, _ in servers.values():
-            stop_server(proc)
-    summary = {}
-    for label, _, _ in contenders:
-        for i, size in enumerate(sizes):
-            mine = [rnd["runs"][label][i] for rnd in rounds]
-            summary.setdefault(label, []).append({
-                "mentions_per_request": size,
-                "mentions_per_second": [r["mentions_per_second"] for r in mine],
-                "median_mentions_per_second": statistics.median(r["mentions_per_second"] for r in mine),
-                "median_p50_ms": statistics.median(r["latency_ms"]["p50"] for r in mine),
-                "median_p99_ms": statistics.median(r["latency_ms"]["p99"] for r in mine),
-                "failed_requests": sum(r["failed_requests"] for r in mine),
-            })
-    return {"clients": clients, "k": 5, "seconds": seconds, "repeats": repeats,
-            "contenders": {label: {"index": index.name, "code": "this checkout" if root == ROOT else "<baseline>"}
-                           for label, index, root in contenders},
-            "rounds": rounds, "summary": summary}
-
-
-def write_compare_report(report: Report, result: dict) -> None:
-    c = result["compare"]
-    first = next(iter(c["summary"]))
-    lines = [
-        f"{c['clients']} concurrent clients on loopback, k={c['k']}, {c['seconds']:g} s per request size; the contenders "
-        f"alternate (one server at a time) for {c['repeats']} rounds and each figure is the median of the rounds. "
-        "Load average (1/5/15 min) at the start of each round: "
-        + "; ".join(str(r["loadavg_before"]) for r in c["rounds"]) + ". "
-        "Code `<baseline>`: the linker checkout given as --baseline; failed = requests without a 200 answer within "
-        "the client's 30 s timeout.",
-        "",
-        "| contender | index | code | mentions/request | mentions/s (median) | rounds | vs " + first
-        + " | p50 ms | p99 ms | failed |",
-        "|---|---|---|---:|---:|---|---:|---:|---:|---:|",
-    ]
-    for label, rows in c["summary"].items():
-        who = c["contenders"][label]
-        for row, base in zip(rows, c["summary"][first], strict=True):
-            ratio = row["median_mentions_per_second"] / max(base["median_mentions_per_second"], 1e-9)
-            lines.append(
-                f"| {label} | `{who['index']}` | {who['code']} | {row['mentions_per_request']} "
-                f"| {row['median_mentions_per_second']:,} | {', '.join(str(x) for x in row['mentions_per_second'])} "
-                f"| {ratio:.2f}x | {row['median_p50_ms']:,} | {row['median_p99_ms']:,} | {row['failed_requests']} |")
-    report.write(result, lines)
-
-
 def write_report(report: Report, result: dict) -> None:
     s, b = result["service"], result["batch"]
     lines = [
@@ -368,26 +291,15 @@ def write_report(report: Report, result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--index", type=Path, action="append",
-                        help="index folder (default indexes/default); repeat to compare indexes")
-    parser.add_argument("--baseline", type=Path, help="compare: also serve each index with the linker code in this folder")
-    parser.add_argument("--repeats", type=int, default=1, help="compare: rounds of alternating contenders")
+    parser.add_argument("--index", type=Path, default=ROOT / "indexes" / "default")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per request size")
     parser.add_argument("--sizes", default="1,10", help="mentions per request, one run each (comma-separated)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--spans", type=int, default=10_000, help="batch spans; 0 skips the batch phase")
     parser.add_argument("--out", type=Path, default=Path("eval/service/service_load"), help="the report's path stem")
     args = parser.parse_args()
-    indexes = args.index or [ROOT / "indexes" / "default"]
-    for index in indexes:
-        if not (index / "manifest.json").is_file():
-            raise SystemExit(f"{index}: no index folder; build it first with `make indexes/default`")
-    if args.baseline is not None and not (args.baseline / "linker" / "__init__.py").is_file():
-        raise SystemExit(f"--baseline {args.baseline}: expected a checkout of linker (with linker/__init__.py)")
-    if len(indexes) > 1 or args.baseline is not None:
-        compare(args, indexes)
-        return
-    args.index = indexes[0]
+    if not (args.index / "manifest.json").is_file():
+        raise SystemExit(f"{args.index}: no index folder; build it first with `make indexes/default`")
     report = Report(args.out.name, out=args.out.parent, title="Service and batch load test")
     manifest = json.loads((args.index / "manifest.json").read_text())
     spans = make_spans(args.index, args.spans or 1000)  # the service phase needs texts too
@@ -399,23 +311,6 @@ def main() -> None:
                                       [int(x) for x in args.sizes.split(",")])
     result["batch"] = batch_phase(args.index, spans) if args.spans else None
     write_report(report, result)
-
-
-def compare(args, indexes: list[Path]) -> None:
-    contenders = []
-    for i, index in enumerate(indexes):
-        contenders.append((index.name, index, ROOT))
-        if args.baseline is not None and i > 0:  # the first index is the reference
-            contenders.append((f"{index.name} (baseline)", index, args.baseline))
-    report = Report(args.out.name, out=args.out.parent, title="Service load test: contenders compared")
-    if args.baseline is not None:  # the baseline checkout is named, never by its machine path
-        for path in (str(args.baseline.resolve()), str(args.baseline)):
-            report.meta["command"] = report.meta["command"].replace(path, "<baseline>")
-    result = {}
-    texts = [s["text"] for s in make_spans(indexes[0], args.spans or 1000)]
-    result["compare"] = compare_phase(contenders, texts, args.clients, args.seconds,
-                                      [int(x) for x in args.sizes.split(",")], args.repeats)
-    write_compare_report(report, result)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,22 @@ def bound_reranker(index: LoadedIndex) -> Path:
     return folder
 
 
+class TextColumn:
+    """A string column of the concept table, read one row at a time (`column[row]`)."""
+
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        self._array = column  # not combined: a chunked column may hold more than the 2 GB one string array can
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, row: int) -> str:
+        return self._array[row].as_py()
+
+    def __iter__(self):
+        return (value.as_py() for value in self._array)
+
+
 class Linker:
     """Links mentions to concepts with one index folder.
 
@@ -190,10 +206,11 @@ class Linker:
         table = index.concepts.table
         prior = read_prior(index)
         self._concepts = ConceptIndex(table.column("concept_id"), prior=prior and prior.concepts)  # most annotated
-        self._names: list[str] = table.column("name").to_pylist()
+        # Arrow columns, read a row at a time: a list of 5M Python strings would take seconds and GBs at start-up.
+        self._names = TextColumn(table.column("name"))
         self._prior_names = prior.names if prior else {}
         self._name_prior = self._count_name_prior(prior.name_rows) if self._prior_names else None
-        self._term_ids: list[str] = table.column("term_id").to_pylist()
+        self._term_ids = TextColumn(table.column("term_id"))
         self._langs, self._lang_codes = self._encode(table.column("lang"))
         self._sources, self._source_codes = self._encode(table.column("source"))
         self._types, self._type_codes = self._encode(table.column("term_type"))

@@ -16,7 +16,7 @@ time (CLI, service, eval, normalise) and in training.
   falls back to fp32 when the check fails.
 
 Which precisions `auto` may choose is decided by the parity measured on real benchmarks
-(NCBI-disease, Cantemist; eval/bench/bench_encode.md, scripts/bench_encode.py).
+(NCBI-disease, Cantemist; eval/bench/bench_encode.md).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from linker.extras import check as _check_extra
 
@@ -101,20 +101,32 @@ class ServiceLimits:
 # ----------------------------------------------------------------------------- request / response
 
 
-class MentionIn(BaseModel):
-    """One span to link."""
-
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    text: str = Field(description="The span text, e.g. 'hair loss'.")
+
+
+IndexName = Annotated[str | None, Field(description="Index name (GET /indexes); default: the first one loaded.")]
+
+
+class _TextIn(_Strict):
+    """What a span (/link) and a document (/annotate) share. A subclass redefines `text` with its own description;
+    the field keeps its place, first, in the schema and in the order of validation errors."""
+
+    text: str
     lang: str | None = Field(None, description="Restrict candidates to names in this language (ISO 639-1).")
     id: str | int | None = Field(None, description="Echoed back unchanged.")
 
 
-class LinkRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class MentionIn(_TextIn):
+    """One span to link."""
+
+    text: str = Field(description="The span text, e.g. 'hair loss'.")
+
+
+class LinkRequest(_Strict):
     mentions: list[MentionIn]
     k: int | None = Field(None, description="Concepts per mention (default 5).")
-    index: str | None = Field(None, description="Index name (GET /indexes); default: the first one loaded.")
+    index: IndexName = None
 
 
 class CandidateOut(BaseModel):
@@ -632,20 +644,16 @@ def _check_request(request: LinkRequest, indexes: dict[str, _Loaded], default: s
 ANNOTATE_MAX_TEXTS = 100  # documents per /annotate request; their characters count against max_request_chars
 
 
-class TextIn(BaseModel):
+class TextIn(_TextIn):
     """One document to annotate."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
     text: str = Field(description="The document text, e.g. a case report or a drug-label section.")
-    lang: str | None = Field(None, description="Restrict candidates to names in this language (ISO 639-1).")
-    id: str | int | None = Field(None, description="Echoed back unchanged.")
 
 
-class AnnotateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class AnnotateRequest(_Strict):
     texts: list[TextIn]
     k: int | None = Field(None, description="Candidates kept per adverse event (default 1); the code is the best.")
-    index: str | None = Field(None, description="Index name (GET /indexes); default: the first one loaded.")
+    index: IndexName = None
     threshold: float | None = Field(None, description="In-span probability a word piece needs (default: the tagger's).")
     review_below: float | None = Field(None, description="Decision 'review' below this span or link confidence (default 0.5).")
     style: str | None = Field(None, description="AdverseEvent spans as 'terms' (TAC 2017's convention), 'phrases' "

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -165,6 +171,58 @@ def ray_cluster():
             os.environ.pop("RAY_memory_monitor_refresh_ms", None)
         else:
             os.environ["RAY_memory_monitor_refresh_ms"] = saved
+
+
+class Server:
+    """A `linker serve` process started by the `serve` fixture: its base URL, its process, what it logged so far."""
+
+    def __init__(self, base: str, proc: subprocess.Popen, log) -> None:
+        self.base, self.proc, self._log = base, proc, log
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+
+@contextlib.contextmanager
+def _serve(*args, wait: float = 60):
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the log goes to a file: a pipe nobody reads while the tests run could fill up and block the server
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([sys.executable, "-m", "linker", "serve", *map(str, args), "--host", "127.0.0.1",
+                                 "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        server = Server(f"http://127.0.0.1:{port}", proc, log)
+        try:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    if httpx.get(f"{server.base}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"server did not start: {server.log()}")
+                time.sleep(0.2)
+            yield server
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def serve():
+    """`with serve("--index", path, ...) as server:` a real `linker serve` on a free loopback port, once /health
+    answers (`wait` seconds at most, else the test fails with its log); stopped on leaving the block."""
+    return _serve
 
 
 def makefile_demo_commands() -> list[str]:

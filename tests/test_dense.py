@@ -62,7 +62,7 @@ def test_no_queries_and_bad_k(flat):
 
 
 def test_config_is_validated():
-    with pytest.raises(UnknownNameError, match="available: flat, hnsw, ivf-pq, ivf-sq8"):
+    with pytest.raises(UnknownNameError, match="available: auto, flat, hnsw, ivf-pq, ivf-sq8"):
         DenseConfig(faiss_kind="lsh")
     with pytest.raises(ConfigError, match="batch_size"):
         DenseConfig(batch_size=0)
@@ -75,8 +75,9 @@ def test_empty_names_are_refused(encoder):
 
 @pytest.mark.parametrize("kind", ["hnsw", "ivf-sq8", "ivf-pq"])
 def test_approximate_kinds_record_recall_and_rerank_exactly(encoder, flat, kind):
-    # rerank_factor 12: ivf-pq re-scores 3 * 12 + 1 >= 35 candidates, i.e. every name, exactly.
-    index = DenseNameIndex.build(NAMES, encoder, config(faiss_kind=kind, rerank_factor=12))
+    # rerank_factor 12: ivf-pq re-scores 3 * 12 + 1 >= 35 candidates, i.e. every name, exactly (from fp32
+    # vectors here: fp16 storage, the IVF default, is exact only to ~1e-4, test_auto_kind_...).
+    index = DenseNameIndex.build(NAMES, encoder, config(faiss_kind=kind, rerank_factor=12, storage="fp32"))
     recall = index.params["recall"]
     assert recall["sample"] == 35
     # 35 names: HNSW's efSearch (128) visits all of them and IVF has a single list (35 < 2 * 39),
@@ -149,7 +150,7 @@ def test_interrupted_encoding_resumes_where_it_stopped(encoder, flat, tmp_path):
     work = tmp_path / "work"
     with pytest.raises(KeyboardInterrupt):
         DenseNameIndex.build(NAMES, FlakyEncoder(encoder, fail_after=2), config(), work_dir=work)
-    assert json.loads((work / PROGRESS).read_text())["done"] == 16  # two chunks of 8
+    assert len(json.loads((work / PROGRESS).read_text())["done"]) == 2  # two chunks of 8
 
     counting = FlakyEncoder(encoder)
     resumed = DenseNameIndex.build(NAMES, counting, config(), work_dir=work)
@@ -216,3 +217,52 @@ def test_equal_name_vectors_score_equal_wherever_they_are_stored(encoder):
     scores, rows = index.search_vectors(queries, len(copies))
     assert rows.tolist() == [copies.tolist()] * len(queries)
     assert (scores == scores[:, :1]).all()
+
+
+def test_auto_kind_is_flat_for_small_dictionaries_and_ivf_pq_with_fp16_vectors_above(encoder, flat, tmp_path, monkeypatch):
+    assert DenseConfig().faiss_kind == "auto" and flat.config.faiss_kind == "flat" and flat.embeddings.dtype == np.float32
+    assert "auto: 35 names, at most" in flat.params["faiss_kind_chosen"]
+    import linker.index.dense as dense
+
+    monkeypatch.setattr(dense, "AUTO_FLAT_MAX_NAMES", 10)
+    index = DenseNameIndex.build(NAMES, encoder, config(rerank_factor=12))
+    assert (index.config.faiss_kind, index.config.storage) == ("ivf-pq", "fp16")
+    assert "more than 10" in index.params["faiss_kind_chosen"] and index.params["recall"]["recall_at_1"] >= 0.9
+    params = index.save(tmp_path)
+    loaded = DenseNameIndex.load(tmp_path, params, encoder)
+    assert loaded.embeddings.dtype == np.float16 and isinstance(loaded.embeddings, np.memmap)
+    # fp16 storage moves a cosine by ~1e-4 (atol), and re-scoring keeps the exact order of the flat index.
+    got, want = loaded.search(NAMES[:10], 3), flat.search(NAMES[:10], 3)
+    np.testing.assert_allclose(got[0], want[0], atol=2e-3)
+    assert np.array_equal(got[1][:, 0], want[1][:, 0])
+
+
+def test_load_refuses_vectors_stored_in_another_dtype(encoder, tmp_path):
+    params = DenseNameIndex.build(NAMES, encoder, config(storage="fp16")).save(tmp_path)
+    path = tmp_path / "dense" / "embeddings.npy"
+    np.save(path, np.load(path).astype(np.float32))
+    with pytest.raises(Exception, match="fp16 name embeddings .* found dtype float32"):
+        DenseNameIndex.load(tmp_path, params, encoder)
+
+
+def test_ray_engine_encodes_the_same_chunks_and_resumes_a_local_partial_build(encoder, flat, tmp_path, ray_cluster):
+    from linker.engine.encode import RayEncoding
+
+    work = tmp_path / "work"
+    with pytest.raises(KeyboardInterrupt):  # a driver killed after two chunks of 8
+        DenseNameIndex.build(NAMES, FlakyEncoder(encoder, fail_after=2), config(), work_dir=work)
+    options = config(engine="ray", workers=2)
+    index = DenseNameIndex.build(NAMES, encoder, options, work_dir=work, runner=RayEncoding(encoder, options))
+    encoding = index.params["encoding"]
+    assert (encoding["resumed_at"], encoding["names_encoded"]) == (16, 35 - 16)
+    assert encoding["engine"] == {"engine": "ray", "workers": 2, "address": "local"}
+    # Same chunks, same model, one thread per actor: equal up to rounding, and the same answers.
+    np.testing.assert_allclose(index.embeddings, flat.embeddings, atol=1e-5)
+    assert np.array_equal(index.search(NAMES, 5)[1], flat.search(NAMES, 5)[1])
+
+
+def test_ray_options_need_the_ray_engine():
+    with pytest.raises(ConfigError, match="options of engine 'ray'"):
+        DenseConfig(workers=2)
+    with pytest.raises(UnknownNameError):
+        DenseConfig(engine="spark")

@@ -379,3 +379,34 @@ def test_ray_shard_that_kills_its_worker_every_time_fails_after_bounded_tries(ra
     assert time.monotonic() - started < 120
     assert sorted(p.name for p in (tmp_path / "out").glob("*.parquet")) == ["part-1.parquet", "part-2.parquet"]
     assert not (tmp_path / "out" / SUCCESS).exists()
+
+
+@pytest.mark.slow
+def test_ray_annotate_codes_raw_documents_as_linker_annotate_does(ray_cluster, index, linker, tmp_path, capsys):
+    """`linker annotate-ray` on a real local Ray: documents in (JSONL and Parquet shards), one row per span out,
+    the same spans, codes and decisions as the library function behind `linker annotate`; a re-run resumes, a
+    run with another style is refused."""
+    pytest.importorskip("torch")
+    from linker.extract import annotate, public
+
+    docs = {"d1": "A woman developed severe nausea and hair loss after starting cisplatin. She had no headache.",
+            "d2": "No rash since starting amoxicillin.", "d3": "Rash and vomiting on lamotrigine."}
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(json.dumps({"id": i, "text": docs[i]}) + "\n" for i in ("d1", "d2")))
+    pq.write_table(pa.table({"id": ["d3"], "text": [docs["d3"]]}), tmp_path / "in" / "b.parquet")
+    args = ["annotate-ray", "--index", str(index), "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+            "--workers", "2"]
+    assert run_cli(args) == 0
+    rows = pa.concat_tables([pq.read_table(tmp_path / "out" / f) for f in ("a.parquet", "b.parquet")]).to_pylist()
+    expected = annotate(list(docs.values()), linker)
+    fields = ("start", "end", "text", "label", "status", "code", "decision")
+    assert [(r["id"], *(r[f] for f in fields)) for r in rows] == [
+        (doc_id, *(public(s)[f] for f in fields)) for doc_id, spans in zip(docs, expected) for s in spans]
+    assert any(r["status"] == "negated" and r["decision"] == "not coded" and r["nil"] for r in rows)
+    assert any(r["decision"] in ("coded", "review") and not r["nil"] for r in rows)
+    manifest = json.loads((tmp_path / "out" / SUCCESS).read_text())
+    assert manifest["spans"] == len(rows) and manifest["job"]["extract"]["style"] == "auto"
+    capsys.readouterr()
+    assert run_cli(args) == 0 and "0 done now, 2 done before" in capsys.readouterr().err
+    assert run_cli([*args, "--style", "terms"]) == 1
+    assert "holds a run with extract" in capsys.readouterr().err

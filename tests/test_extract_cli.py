@@ -6,11 +6,7 @@ Uses the shipped tagger (linker/models/linker-ae, ~7 MB, over the offline minilm
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -241,39 +237,14 @@ def test_annotate_endpoint(indexes):
 
 
 @pytest.mark.slow
-def test_annotate_over_a_real_server(indexes):
-    import socket
-
+def test_annotate_over_a_real_server(indexes, serve):
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "linker", "serve", "--index", str(indexes["meddra"]), "--host",
-                             "127.0.0.1", "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode(errors="replace")
-            time.sleep(0.2)
-        with httpx.Client(base_url=base, timeout=60) as http:
-            body = http.post("/annotate", json={"texts": [{"text": CASE}]}).json()
-            assert {s["code"] for s in body["results"][0]["spans"] if s["code"]} & MEDDRA_CODES
-            bad = http.post("/annotate", json={"texts": [{"text": ""}]})
-            assert bad.status_code == 422 and bad.json()["field"] == "texts[0].text"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with serve("--index", indexes["meddra"]) as server, httpx.Client(base_url=server.base, timeout=60) as http:
+        body = http.post("/annotate", json={"texts": [{"text": CASE}]}).json()
+        assert {s["code"] for s in body["results"][0]["spans"] if s["code"]} & MEDDRA_CODES
+        bad = http.post("/annotate", json={"texts": [{"text": ""}]})
+        assert bad.status_code == 422 and bad.json()["field"] == "texts[0].text"
 
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)

@@ -32,7 +32,9 @@ def test_dense_manifest_records_encoder_and_files(built, tiny_encoder_dir):
     manifest = index.manifest
     assert manifest["kind"] == "dense"
     assert manifest["encoder"]["name"] == str(tiny_encoder_dir) and manifest["encoder"]["dim"] == 32
-    assert manifest["parameters"]["faiss_kind"] == "flat"
+    # The parameters as asked (auto decides again on a rebuild); the dense part records what auto chose.
+    assert manifest["parameters"]["faiss_kind"] == "auto" and manifest["dense"]["faiss_kind"] == "flat"
+    assert manifest["dense"]["storage"] == "fp32" and "15 names, at most" in manifest["dense"]["faiss_kind_chosen"]
     assert "dense/embeddings.npy" in manifest["files"] and "concepts.parquet" in manifest["files"]
     assert index.names.size == 15
 
@@ -85,3 +87,21 @@ def test_cli_builds_hybrid(tmp_path, tiny_encoder_dir, capsys):
     parameters = load_index(tmp_path / "h").manifest["parameters"]
     assert parameters["sparse_weight"] == 2.0
     assert parameters["tfidf"]["threads"] == 1 and parameters["dense"]["threads"] == 1
+
+
+def test_cli_dense_storage_and_kind_options_reach_the_index(tmp_path, tiny_encoder_dir, capsys):
+    table = write_concepts(tmp_path / "c.parquet")
+    main(["index", "build", "--dict", str(table), "--kind", "dense", "--out", str(tmp_path / "d"),
+          "--encoder", str(tiny_encoder_dir), "--faiss", "hnsw", "--storage", "fp16"])
+    index = load_index(tmp_path / "d")
+    assert index.manifest["dense"]["faiss_kind"] == "hnsw" and index.names.embeddings.dtype == np.float16
+
+
+def test_cli_refuses_dense_options_for_a_tfidf_index_in_one_line(tmp_path, capsys):
+    from conftest import assert_one_line_error, cli
+
+    table = write_concepts(tmp_path / "c.parquet")
+    code, err = cli(["index", "build", "--dict", table, "--kind", "tfidf", "--out", tmp_path / "t", "--engine", "ray",
+                     "--workers", "2"], capsys)
+    assert_one_line_error(code, err, "--engine, --workers: options of dense and hybrid indexes")
+    assert not (tmp_path / "t").exists()

@@ -224,43 +224,11 @@ def test_fuzz_raw_bytes_never_5xx(client, raw):
 # ----------------------------------------------------------------------------- a real server process
 
 
-def _wait_until_serving(proc: subprocess.Popen, base: str, seconds: float) -> None:
-    """Poll /health until the server answers; fail with its output if it exits or takes longer."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start: {proc.stdout.read().decode(errors='replace')}")
-        time.sleep(0.2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(indexes):
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "linker", "serve", "--index", str(indexes["meddra"]), "--index", str(indexes["hpo"]),
-         "--host", "127.0.0.1", "--port", str(port), "--max-mentions", "3", "--max-text-chars", "40", "--max-k", "10"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    base = f"http://127.0.0.1:{port}"
-    _wait_until_serving(proc, base, 60)
-    yield base
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def server(indexes, serve):
+    with serve("--index", indexes["meddra"], "--index", indexes["hpo"], "--max-mentions", "3", "--max-text-chars", "40",
+               "--max-k", "10") as running:
+        yield running.base
 
 
 @pytest.mark.slow
@@ -451,7 +419,8 @@ def test_batcher_sizes_its_calls_by_the_measured_cost_per_mention():
 
 
 @pytest.mark.slow
-def test_real_server_on_a_dense_index_answers_concurrent_requests_like_the_linker(indexes, tiny_encoder_dir, tmp_path):
+def test_real_server_on_a_dense_index_answers_concurrent_requests_like_the_linker(indexes, tiny_encoder_dir, tmp_path,
+                                                                                  serve):
     # The dense path of the service: encoder + FAISS on the batcher's thread, concurrent mixed-size
     # requests; every answer is 200 and equals the in-process Linker's (no 5xx, no mixed-up results).
     from linker.index import build_index
@@ -462,23 +431,13 @@ def test_real_server_on_a_dense_index_answers_concurrent_requests_like_the_linke
                 config=DenseConfig(encoder=str(tiny_encoder_dir), precision="bf16"))
     texts = ["hair loss", "head pain", "nausea", "Itching", "dizziness", "alopecia", "náuseas", "headache", "fever"]
     expected = Linker.load(folder).link(texts, k=3)
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "linker", "serve", "--index", str(folder), "--host", "127.0.0.1",
-                             "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_serving(proc, base, 300)  # torch's import alone takes minutes on a loaded CPU
+    # torch's import alone takes minutes on a loaded CPU
+    with serve("--index", folder, wait=300) as server, httpx.Client(base_url=server.base, timeout=60) as http, \
+            ThreadPoolExecutor(max_workers=12) as pool:
         # sizes 1..9 from rotating offsets: every request shares the batcher's calls with others
         requests = [[(i + j) % len(texts) for j in range(1 + i % len(texts))] for i in range(36)]
-        with httpx.Client(base_url=base, timeout=60) as http, ThreadPoolExecutor(max_workers=12) as pool:
-            responses = list(pool.map(lambda rows: http.post(
-                "/link", json={"mentions": [{"text": texts[r], "id": r} for r in rows], "k": 3}), requests))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        responses = list(pool.map(lambda rows: http.post(
+            "/link", json={"mentions": [{"text": texts[r], "id": r} for r in rows], "k": 3}), requests))
     assert [r.status_code for r in responses] == [200] * len(requests)
     for rows, response in zip(requests, responses, strict=True):
         results = response.json()["results"]

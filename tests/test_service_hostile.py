@@ -3,18 +3,21 @@ streams in and after NFKC normalisation, every error has the one body shape {"er
 
 The fast tests drive the app in-process (TestClient, or the raw ASGI interface where the body must arrive
 in chunks); the slow ones start a real uvicorn server on 127.0.0.1 and attack it under a load of
-well-behaved clients, with the attacks of scripts/reliability_service.py.
+well-behaved clients.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
-import sys
+import threading
 import time
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -442,120 +445,132 @@ def test_generated_hostile_bodies_never_5xx(client, raw, cut):
 
 # ----------------------------------------------------------------------------- a real server under attack
 
-# The answer each hostile case of bench/reliability_service.py must get from a server with default limits.
-EXPECTED = {
-    "none": [], "surrogate_text": [422], "surrogate_id": [422], "chunked_body": [413], "nfkc_maximal": [422] * 4,
-    "valid_maximal": [200] * 4, "nesting": [422], "huge_number": [400], "wrong_content_type": [415],
-    "unknown_path_and_method": [404, 405],
+
+@contextlib.contextmanager
+def under_load(server):
+    """While the block runs: a /health poller (seconds per answer, the server's RSS beside each) and a well-behaved
+    client of one-mention requests ((status, seconds) each), both every 0.05 s; started warm (the first requests
+    import and allocate what every later one reuses: seconds on a loaded CI machine)."""
+    import httpx
+    import psutil
+
+    process, stop = psutil.Process(server.proc.pid), threading.Event()
+    load = SimpleNamespace(health=[], others=[], rss=[])
+
+    def poll_health() -> None:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            while not stop.is_set():
+                started = time.perf_counter()
+                assert http.get("/health").status_code == 200
+                load.health.append(time.perf_counter() - started)
+                load.rss.append(process.memory_info().rss)
+                stop.wait(0.05)
+
+    def well_behaved() -> None:
+        with httpx.Client(base_url=server.base, timeout=60) as http:
+            while not stop.is_set():
+                started = time.perf_counter()
+                response = http.post("/link", json={"mentions": [{"text": "hair loss"}], "k": 1})
+                load.others.append((response.status_code, time.perf_counter() - started))
+                stop.wait(0.05)
+
+    threads = [threading.Thread(target=poll_health, daemon=True), threading.Thread(target=well_behaved, daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        warm_until = time.monotonic() + 60
+        while (len(load.health) < 5 or len(load.others) < 3) and time.monotonic() < warm_until and threads[0].is_alive():
+            time.sleep(0.1)
+        assert len(load.health) >= 5 and len(load.others) >= 3, f"server not answering: {server.log()}"
+        load.calm, load.start_rss = len(load.health), max(load.rss)
+        yield load
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert server.proc.poll() is None and "Traceback" not in server.log(), server.log()  # alive, nothing raised
+    assert load.others and all(status == 200 for status, _ in load.others), load.others
+
+
+def _valid_maximal() -> bytes:
+    """1,000 distinct mentions of ~100 characters: the most a request may hold by default."""
+    words = ["hair loss", "nausea", "head pain", "itching", "dizziness", "alopecia", "náuseas", "headache"]
+    return json.dumps({"mentions": [{"text": f"{n} " + " ".join(words[(n + j) % len(words)] for j in range(12))[:95],
+                                     "id": n} for n in range(1000)]}).encode()
+
+
+def _chunked(mib: int):
+    """A JSON body of `mib` MiB of one-word mentions, sent without a Content-Length (chunked)."""
+    yield b'{"mentions": ['
+    for _ in range(mib):
+        yield b'{"text": "nausea"}, ' * (2**20 // 20)
+    yield b'{"text": "nausea"}]}'
+
+
+# Hostile requests to a server with default limits (issue 10's cases): name -> (body, the statuses of its copies
+# sent at once).
+REAL_ATTACKS = {
+    "surrogate_text": ('{"mentions": [{"text": "nausea \\ud800"}]}', [422]),
+    "surrogate_id": ('{"mentions": [{"text": "nausea", "id": "\\udfff"}]}', [422]),
+    "chunked_body": (lambda: _chunked(20), [413]),  # 20 MiB read whole would cost the server ~1 GB
+    "nfkc_maximal": (json.dumps({"mentions": [{"text": "\ufdfa" * 500, "id": i} for i in range(1000)]}), [422] * 4),
+    "valid_maximal": (_valid_maximal(), [200] * 4),
+    "nesting": ('{"mentions": [{"text": "a", "id": ' + "[" * 200_000 + "]" * 200_000 + "}]}", [422]),
+    "huge_number": ('{"mentions": [{"text": "a"}], "k": ' + "9" * 5000 + "}", [400]),
+    "wrong_content_type": ('{"mentions": [{"text": "nausea"}]}', [415]),
 }
 
 
 @pytest.mark.slow
-def test_real_server_under_attack_never_5xx_keeps_memory_bounded_and_serves_the_others(tmp_path_factory, capsys):
-    from bench import reliability_service as rs
+def test_real_server_under_attack_never_5xx_keeps_memory_bounded_and_serves_the_others(tmp_path_factory, serve,
+                                                                                       capsys):
+    import httpx
 
     index = build_indexes(tmp_path_factory.mktemp("indexes"))["meddra"]
-    texts = ["hair loss", "nausea", "head pain", "itching", "dizziness", "alopecia", "náuseas", "headache"]
-    attacks = rs.cases(texts, chunked_mib=20)  # 20 MiB read whole would cost the server ~1 GB
-    assert set(attacks) == set(EXPECTED)
 
-    def every_attack(base):
-        return {name: attack(base) for name, (_what, attack) in attacks.items()}
+    def attack(base: str, name: str) -> list[httpx.Response]:
+        body, expected = REAL_ATTACKS[name]
+        headers = {"content-type": "text/plain"} if name == "wrong_content_type" else JSON_HEADERS
 
-    result = rs.run_case(rs.ROOT, index, every_attack, texts, clients=2, limit=240, settle=0.5)
-    answers = result["answers"]
-    assert {name: [a["status"] for a in got] for name, got in answers.items()} == EXPECTED
-    assert all(a["shape"] in {"{error, field}", "result"} for got in answers.values() for a in got), answers
-    assert result["server_alive_after"] and result["tracebacks_in_log"] == 0
-    well_behaved = result["well_behaved"]
-    assert well_behaved["requests"] > 0 and well_behaved["failed"] == 0, well_behaved
-    assert result["rss_mib"]["peak"] - result["rss_mib"]["start"] < 200, result["rss_mib"]
+        def send(_) -> httpx.Response:
+            return httpx.post(f"{base}/link", content=body() if callable(body) else body, headers=headers, timeout=600)
+
+        with ThreadPoolExecutor(len(expected)) as pool:  # the 4x cases at once
+            return list(pool.map(send, range(len(expected))))
+
+    with serve("--index", index) as server, under_load(server) as load:
+        answers = {name: attack(server.base, name) for name in REAL_ATTACKS}
+        answers["unknown_path_and_method"] = [httpx.get(f"{server.base}/nope"), httpx.get(f"{server.base}/link")]
+    statuses = {name: [r.status_code for r in got] for name, got in answers.items()}
+    assert statuses == {**{name: expected for name, (_, expected) in REAL_ATTACKS.items()},
+                        "unknown_path_and_method": [404, 405]}
+    for response in (r for got in answers.values() for r in got):
+        assert ("results" if response.status_code == 200 else "error") in response.json()
+    grown = (max(load.rss) - load.start_rss) / 2**20
+    assert grown < 200, f"RSS grew {grown:.0f} MiB"
     with capsys.disabled():  # recorded, not asserted: timings depend on the machine's load
-        print(f"\nunder attack: well-behaved p50/p99 {well_behaved['p50_ms']}/{well_behaved['p99_ms']} ms over "
-              f"{well_behaved['requests']} requests, slowest /health {result['health_max_ms']} ms, "
-              f"RSS {result['rss_mib']}")
+        print(f"\nunder attack: slowest well-behaved request {max(s for _, s in load.others) * 1000:.0f} ms over "
+              f"{len(load.others)}, slowest /health {max(load.health) * 1000:.0f} ms, RSS +{grown:.0f} MiB")
 
 
 @pytest.mark.slow
-def test_real_server_answers_4_mib_hostile_bodies_at_once_while_health_and_others_stay_fast(tmp_path_factory, capsys):
+def test_real_server_answers_4_mib_hostile_bodies_at_once_while_health_and_others_stay_fast(tmp_path_factory, serve,
+                                                                                            capsys):
     # issue 34 case 4 against a real uvicorn process: before, one of these bodies held the event loop 11-35 s
     # (/health blocked 35.7 s, a normal request waited 68 s) and grew the server by up to 1.9 GB
-    import re
-    import subprocess
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
     import httpx
-    import psutil
 
     index = build_indexes(tmp_path_factory.mktemp("indexes"))["meddra"]
-    proc = subprocess.Popen([sys.executable, "-m", "linker", "serve", "--index", str(index), "--port", "0"],
-                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, errors="replace")
-    log: list[str] = []
-    stop = threading.Event()
-    health: list[float] = []
-    others: list[tuple[int, float]] = []
-    rss: list[int] = []
-    try:
-        for line in proc.stderr:  # the index loads, then: serving meddra on http://127.0.0.1:PORT (docs at /docs)
-            log.append(line)
-            if found := re.match(r"serving .* on (http://127\.0\.0\.1:\d+) ", line):
-                base = found.group(1)
-                break
-        else:
-            pytest.fail(f"server did not start: {''.join(log)}")
-        threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()  # keep the pipe drained
-        server = psutil.Process(proc.pid)
-
-        def poll_health() -> None:
-            with httpx.Client(base_url=base, timeout=60) as http:
-                while not stop.is_set():
-                    started = time.perf_counter()
-                    assert http.get("/health").status_code == 200
-                    health.append(time.perf_counter() - started)
-                    rss.append(server.memory_info().rss)
-                    stop.wait(0.05)
-
-        def well_behaved() -> None:
-            with httpx.Client(base_url=base, timeout=60) as http:
-                while not stop.is_set():
-                    started = time.perf_counter()
-                    response = http.post("/link", json={"mentions": [{"text": "hair loss"}], "k": 1})
-                    others.append((response.status_code, time.perf_counter() - started))
-                    stop.wait(0.05)
-
-        threads = [threading.Thread(target=poll_health, daemon=True), threading.Thread(target=well_behaved, daemon=True)]
-        for thread in threads:
-            thread.start()
-        # warm: the first requests import and allocate what every later one reuses (seconds on a loaded CI machine)
-        warm_until = time.monotonic() + 60
-        while (len(health) < 5 or len(others) < 3) and time.monotonic() < warm_until and threads[0].is_alive():
-            time.sleep(0.1)
-        assert len(health) >= 5 and len(others) >= 3, f"server not answering before the attack: {''.join(log)}"
-        calm = len(health)
-        start_rss = max(rss)
-
+    with serve("--index", index) as server, under_load(server) as load:
         def attack(name: str) -> tuple[str, httpx.Response]:
-            with httpx.Client(base_url=base, timeout=120) as http:
+            with httpx.Client(base_url=server.base, timeout=120) as http:
                 return name, http.post("/link", content=HUGE_BODIES[name][0], headers=JSON_HEADERS)
 
         names = [*HUGE_BODIES, *HUGE_BODIES]  # each twice in turn, then four at once of the two worst
         answers = [attack(name) for name in names]
         with ThreadPoolExecutor(4) as pool:
             answers += list(pool.map(attack, ["ones", "empty_mentions"] * 2))
-        time.sleep(0.3)
-        stop.set()
-        for thread in threads:
-            thread.join(60)
-        assert proc.poll() is None, "".join(log)  # alive
-    finally:
-        stop.set()
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     for name, response in answers:
         _raw, status, field, message = HUGE_BODIES[name]
         if status == 200:
@@ -563,12 +578,11 @@ def test_real_server_answers_4_mib_hostile_bodies_at_once_while_health_and_other
         else:
             assert_error(response, status, field, message)
             assert "\n" not in response.json()["error"]
-    during = health[calm:]
+    during = load.health[load.calm:]
     assert during and max(during) < 1.0, f"slowest /health during the attack: {max(during):.2f} s"
-    assert others and all(status == 200 for status, _ in others), others
-    assert max(seconds for _, seconds in others) < 3.0, others
-    assert (max(rss) - start_rss) / 2**20 < 150, f"RSS grew {(max(rss) - start_rss) / 2**20:.0f} MiB"
-    assert not any("Traceback" in line for line in log), "".join(log)
+    assert max(seconds for _, seconds in load.others) < 3.0, load.others
+    grown = (max(load.rss) - load.start_rss) / 2**20
+    assert grown < 150, f"RSS grew {grown:.0f} MiB"
     with capsys.disabled():  # recorded for the reliability report; asserted above only against generous bounds
         print(f"\n{len(answers)} hostile 4 MiB bodies: slowest /health {max(during) * 1000:.0f} ms, slowest other "
-              f"request {max(s for _, s in others) * 1000:.0f} ms, RSS +{(max(rss) - start_rss) / 2**20:.0f} MiB")
+              f"request {max(s for _, s in load.others) * 1000:.0f} ms, RSS +{grown:.0f} MiB")

@@ -70,3 +70,27 @@ def test_language_threshold_and_bad_config(index):
         pipeline(index, k=0)
     with pytest.raises(Exception, match="expected an index folder, found a concept table"):
         pipeline(index.parent / "t.parquet")
+
+
+def test_linker_ae_sets_ents_and_the_linker_follows_it(index):
+    """A real blank pipeline: the tagger's spans become doc.ents (offsets exact, status kept); the linker links
+    the positive adverse events only, as `linker annotate` codes them."""
+    pytest.importorskip("torch")
+    from linker.extract import extract
+
+    text = "She developed hair loss after starting cisplatin. No headache since then."
+    nlp = spacy.blank("en")
+    nlp.add_pipe("linker_ae")
+    nlp.add_pipe("linker", config={"index": str(index), "k": 1, "labels": ["AdverseEvent"]})
+    doc = nlp(text)
+    expected = extract([text])[0]
+    assert [(e.start_char, e.end_char, e.label_, e._.ae_status) for e in doc.ents] == [
+        (s.start, s.end, s.label, s.status) for s in expected]
+    by_label = {(e.label_, e._.ae_status): e for e in doc.ents}
+    assert by_label[("Drug", "positive")].text == "cisplatin" and by_label[("Drug", "positive")]._.kb_ents == []
+    assert by_label[("AdverseEvent", "positive")]._.kb_ents[0][0] == "C0002170"  # hair loss
+    assert by_label[("AdverseEvent", "negated")]._.kb_ents == []  # negated: not linked
+    docs = list(nlp.pipe([text, "Nausea after cisplatin."], batch_size=4))
+    assert [(e.text, e._.ae_status) for e in docs[0].ents] == [(e.text, e._.ae_status) for e in doc.ents]
+    with pytest.raises(ConfigError, match="style: expected one of"):
+        nlp.add_pipe("linker_ae", name="bad", config={"style": "sentences"})

@@ -1,5 +1,6 @@
 """`linker extract`: adverse-event, drug and effect spans of texts; `linker annotate`: the same, each adverse event
-coded with an index (extract, then link)."""
+coded with an index (extract, then link); `linker annotate-ray`: annotate on Ray, shards of documents in, shards of
+coded spans out. The linking options and checks are `linker.cli.normalize`'s."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from pathlib import Path
 import typer
 
 from linker.cli.common import (
-    MAX_DOCUMENT_HELP,
-    MAX_LINE_HELP,
     check_file,
     check_index,
     check_linker_options,
@@ -21,6 +20,19 @@ from linker.cli.common import (
     rerank_option,
 )
 from linker.cli.main import app
+from linker.cli.normalize import (
+    SHARDS_OUTPUT_HELP,
+    address_option,
+    check_coded_output,
+    check_ray_job,
+    echo_ray_summary,
+    index_option,
+    lang_option,
+    max_document_option,
+    max_line_option,
+    overwrite_option,
+    workers_option,
+)
 from linker.errors import ConfigError
 
 _INPUT_HELP = ("A .txt, a .jsonl of documents {\"text\", \"id\"?}, a TAC 2017 / ADE Eval .xml label, or a folder of "
@@ -32,28 +44,52 @@ _OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml")
 _STYLE_HELP = ("AdverseEvent spans as terms (TAC 2017's convention, 'nausea', 'rash': learnt from drug labels), "
                "phrases (PHEE's, 'severe rash and nausea': from case reports) or auto (terms, and phrases where no "
                "term was found).")
+_ASSERTION_HELP = ("Who marks an event negated or hypothetical: rules (the tagger's status, then NegEx-style cues "
+                   "for the events it calls positive) or model (the tagger's status alone).")
 
 
-def _check_style(style: str) -> None:
-    if style not in ("auto", "terms", "phrases"):
-        raise ConfigError(f"--style: expected auto, terms or phrases, found {style!r}")
+def model_option():
+    return typer.Option("linker-ae", "--model", help=_MODEL_HELP)
 
 
-def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, threshold: float | None,
-                  model: str, extra_inputs: list) -> None:
-    from linker.extract.extractor import release_path
-    from linker.fileio import Input, check_inputs, check_output
+def threshold_option():
+    return typer.Option(None, "--threshold", help=_THRESHOLD_HELP)
 
-    if fmt not in _OUTPUT_FORMATS:
-        raise ConfigError(f"--format: expected one of {', '.join(_OUTPUT_FORMATS)}, found {fmt!r}")
+
+def style_option():
+    return typer.Option("auto", "--style", help=_STYLE_HELP)
+
+
+def assertion_option():
+    return typer.Option("rules", "--assertion", help=_ASSERTION_HELP)
+
+
+def _check_tagger(style: str, assertion: str, threshold: float | None, model: str) -> Path:
+    """The tagger's options and its release folder, before anything loads."""
+    from linker.extract.extractor import ASSERTIONS, STYLES, release_path
+
+    if style not in STYLES:
+        raise ConfigError(f"--style: expected {', '.join(STYLES)}, found {style!r}")
+    if assertion not in ASSERTIONS:
+        raise ConfigError(f"--assertion: expected {', '.join(ASSERTIONS)}, found {assertion!r}")
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ConfigError(f"--threshold: expected a probability between 0 and 1, found {threshold}")
-    check_file(input_path, "--input")
-    check_inputs(input_path, option="--input")
     folder = release_path(model)
     if not (folder / "manifest.json").is_file():
         raise ConfigError(f"--model {model}: no tagger release there (no {folder / 'manifest.json'}); pass linker-ae "
                           "or a folder written by `linker train extractor`")
+    return folder
+
+
+def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, threshold: float | None,
+                  model: str, extra_inputs: list, style: str, assertion: str) -> None:
+    from linker.fileio import Input, check_inputs, check_output
+
+    if fmt not in _OUTPUT_FORMATS:
+        raise ConfigError(f"--format: expected one of {', '.join(_OUTPUT_FORMATS)}, found {fmt!r}")
+    folder = _check_tagger(style, assertion, threshold, model)
+    check_file(input_path, "--input")
+    check_inputs(input_path, option="--input")
     inputs = [Input(input_path, "--input"), Input(folder, "--model"), *extra_inputs]
     check_output(output, inputs=inputs, overwrite=overwrite, folder=fmt != "jsonl")
 
@@ -69,26 +105,27 @@ def extract_cli(
     input_path: Path = typer.Option(..., "--input", help=_INPUT_HELP),
     output: Path = typer.Option(..., "--output", "-o", help="Output file (jsonl) or folder (brat, ade-xml)."),
     fmt: str = typer.Option("jsonl", "--format", "-f", help=_FORMAT_HELP),
-    model: str = typer.Option("linker-ae", "--model", help=_MODEL_HELP),
-    threshold: float = typer.Option(None, "--threshold", help=_THRESHOLD_HELP),
-    style: str = typer.Option("auto", "--style", help=_STYLE_HELP),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file, or an output folder that linker wrote."),
-    max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
-    max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
+    model: str = model_option(),
+    threshold: float = threshold_option(),
+    style: str = style_option(),
+    assertion: str = assertion_option(),
+    overwrite: bool = overwrite_option(),
+    max_line_bytes: int = max_line_option(),
+    max_document_bytes: int = max_document_option(),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
 ) -> None:
     """Find adverse events, drugs and therapeutic effects in texts (negated and hypothetical events tagged)."""
     from linker.extract.io import write_output
 
-    _check_style(style)
-    _check_common(input_path, output, fmt, overwrite, threshold, model, [])
+    _check_common(input_path, output, fmt, overwrite, threshold, model, [], style, assertion)
     docs = _read(input_path, max_line_bytes, max_document_bytes)  # every input checked before the model loads
     started = time.perf_counter()
     from linker.extract import load_extractor
 
     extractor = load_extractor(model, threads=threads)
     for doc in docs:
-        doc.spans = extractor.extract([text for _, text in doc.sections], threshold=threshold, style=style)
+        doc.spans = extractor.extract([text for _, text in doc.sections], threshold=threshold, style=style,
+                                      assertion=assertion)
     written = write_output(docs, output, fmt)
     typer.echo(f"extracted {written:,} spans from {len(docs):,} document(s) -> {output} in "
                f"{time.perf_counter() - started:.1f}s", err=True)
@@ -96,20 +133,21 @@ def extract_cli(
 
 @app.command("annotate")
 def annotate_cli(
-    index: Path = typer.Option(..., "--index", "-i", help="Index folder from `linker index build` (a MedDRA one for ade-xml)."),
+    index: Path = index_option("Index folder from `linker index build` (a MedDRA one for ade-xml)."),
     input_path: Path = typer.Option(..., "--input", help=_INPUT_HELP),
     output: Path = typer.Option(..., "--output", "-o", help="Output file (jsonl) or folder (brat, ade-xml)."),
     fmt: str = typer.Option("jsonl", "--format", "-f", help=_FORMAT_HELP),
     k: int = typer.Option(1, "--k", "-k", help="Candidates kept per adverse event (jsonl); the code is the best."),
-    lang: str = typer.Option(None, "--lang", help="Restrict candidates to names in this language."),
+    lang: str = lang_option("Restrict candidates to names in this language."),
     db: str = typer.Option("MedDRA", "--db", help="brat: database name in `Reference T1 DB:ID`."),
-    model: str = typer.Option("linker-ae", "--model", help=_MODEL_HELP),
-    threshold: float = typer.Option(None, "--threshold", help=_THRESHOLD_HELP),
-    style: str = typer.Option("auto", "--style", help=_STYLE_HELP),
+    model: str = model_option(),
+    threshold: float = threshold_option(),
+    style: str = style_option(),
+    assertion: str = assertion_option(),
     review_below: float = typer.Option(0.5, "--review-below", help="Decision 'review' when the span's or the link's confidence is below this."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file, or an output folder that linker wrote."),
-    max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
-    max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
+    overwrite: bool = overwrite_option(),
+    max_line_bytes: int = max_line_option(),
+    max_document_bytes: int = max_document_option(),
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
@@ -119,17 +157,13 @@ def annotate_cli(
     no link, or not coded for a negated / hypothetical event)."""
     from linker.extract import annotate_spans, load_extractor
     from linker.extract.io import write_output
-    from linker.formats import check_identifier
     from linker.link import Linker
 
     check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence)
     if not 0.0 <= review_below <= 1.0:
         raise ConfigError(f"--review-below: expected a probability from 0 to 1, found {review_below}")
-    if fmt != "jsonl" and k != 1:
-        raise ConfigError(f"--format {fmt} writes the best concept of each span; use --k 1 (found --k {k})")
-    check_identifier(db, "--db", forbid=":")
-    _check_style(style)
-    _check_common(input_path, output, fmt, overwrite, threshold, model, option_inputs(index, rerank))
+    check_coded_output(fmt, k, db)
+    _check_common(input_path, output, fmt, overwrite, threshold, model, option_inputs(index, rerank), style, assertion)
     check_index(index, rerank)
     docs = _read(input_path, max_line_bytes, max_document_bytes)
     started = time.perf_counter()
@@ -142,9 +176,8 @@ def annotate_cli(
     counts = dict.fromkeys(("coded", "review", "no link", "not coded"), 0)
     for doc in docs:
         texts = [text for _, text in doc.sections]
-        doc.spans = annotate_spans(linker, texts, extractor.extract(texts, threshold=threshold, style=style), k=k,
-                                   lang=lang,
-                                   review_below=review_below)
+        spans = extractor.extract(texts, threshold=threshold, style=style, assertion=assertion)
+        doc.spans = annotate_spans(linker, texts, spans, k=k, lang=lang, review_below=review_below)
         for rows in doc.spans:
             for row in rows:
                 if row["decision"] in counts:
@@ -153,3 +186,38 @@ def annotate_cli(
     typer.echo(f"annotated {written:,} spans from {len(docs):,} document(s) ("
                + ", ".join(f"{n:,} {name}" for name, n in counts.items())
                + f" adverse events) -> {output} in {time.perf_counter() - started:.1f}s", err=True)
+
+
+@app.command("annotate-ray")
+def annotate_ray_cli(
+    index: Path = index_option(),
+    input_spec: str = typer.Option(..., "--input", help="A folder, glob or file of .parquet / .jsonl(.gz) shards of "
+                                   "documents {\"text\", \"id\"?, \"lang\"?}."),
+    output: str = typer.Option(..., "--output", "-o", help=SHARDS_OUTPUT_HELP),
+    lang: str = lang_option("Restrict candidates to names in this language (a document's own lang wins)."),
+    model: str = model_option(),
+    threshold: float = threshold_option(),
+    style: str = style_option(),
+    assertion: str = assertion_option(),
+    overwrite: bool = overwrite_option("Replace an output folder that linker wrote."),
+    workers: int = workers_option(),
+    batch_size: int = typer.Option(64, "--batch-size", help="Documents per extract-and-link call."),
+    address: str = address_option(),
+    max_line_bytes: int = max_line_option(),
+    max_document_bytes: int = max_document_option(),
+    rerank: str = rerank_option(),
+    rerank_k: int = rerank_k_option(),
+    min_confidence: float = min_confidence_option(),
+) -> None:
+    """Annotate sharded documents on Ray (the ray extra): one row per span with its code and decision, as
+    `linker annotate` writes them; exactly-once and resumable, a local Ray or a cluster."""
+    from linker.engine.ray import annotate_ray
+
+    check_ray_job("annotate-ray", input_spec, output, rerank_k=rerank_k, min_confidence=min_confidence)
+    _check_tagger(style, assertion, threshold, model)
+    started = time.perf_counter()
+    summary = annotate_ray(index, input_spec, output, model=model, style=style, assertion=assertion,
+                           threshold=threshold, lang=lang, overwrite=overwrite, workers=workers, batch_size=batch_size,
+                           address=address, limits=read_limits(max_line_bytes, max_document_bytes), rerank=rerank,
+                           rerank_k=rerank_k, min_confidence=min_confidence)
+    echo_ray_summary("annotated", summary, output, started)

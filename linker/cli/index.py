@@ -60,13 +60,15 @@ def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, n
 
 
 def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None,
-                  precision: str, compile_choice: str) -> DenseConfig:
+                  precision: str, compile_choice: str, storage: str | None = None, engine: str | None = None,
+                  workers: int | None = None, address: str | None = None) -> DenseConfig:
     from linker.encoders import check_encoder_name
 
     if encoder is not None:
         check_encoder_name(encoder)  # before the concept table is read
     options = {"encoder": encoder, "faiss_kind": faiss_index, "batch_size": batch_size, "threads": threads,
-               "precision": precision, "compile": compile_choice}
+               "precision": precision, "compile": compile_choice, "storage": storage, "engine": engine,
+               "workers": workers, "address": address}
     return DenseConfig(**{key: value for key, value in options.items() if value is not None})
 
 
@@ -84,7 +86,11 @@ def build_cli(
     search: str = typer.Option(None, "--search", help="tf-idf: auto (default: exact up to --exact-max-names names, maxscore above), exact, maxscore (same top-k, stops reading postings early) or approximate."),
     threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
     encoder: str = typer.Option(None, "--encoder", help="dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."),
-    faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type (flat, hnsw, ivf-sq8, ivf-pq)."),
+    faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type: auto (default: flat up to 200,000 names, ivf-pq above), flat, hnsw, ivf-sq8, ivf-pq."),
+    storage: str = typer.Option(None, "--storage", help="dense/hybrid: dtype of the stored name vectors: auto (default: fp16 for the IVF kinds, fp32 otherwise), fp32, fp16."),
+    engine: str = typer.Option(None, "--engine", help="dense/hybrid: who encodes the names: local (default, this process) or ray (Ray actors; resumable)."),
+    workers: int = typer.Option(None, "--workers", help="--engine ray: encoding actors (default: one per CPU of the Ray cluster)."),
+    address: str = typer.Option(None, "--address", help="--engine ray: the Ray cluster to join (default: start a local Ray)."),
     batch_size: int = typer.Option(None, "--batch-size", help="dense/hybrid: most names per encoding batch (batches are filled by tokens)."),
     precision: str = typer.Option("auto", "--precision", help="dense/hybrid: auto, fp32, bf16 or int8; auto = the fastest this CPU runs natively that passes a check against fp32."),
     compile_choice: str = typer.Option("auto", "--compile", help="dense/hybrid: torch.compile the encoder: auto (CPU builds of >= 20,000 names, with a C++ compiler), on or off."),
@@ -95,6 +101,11 @@ def build_cli(
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
     spec = get_kind(kind)
+    dense_only = {"--encoder": encoder, "--faiss": faiss_index, "--storage": storage, "--engine": engine,
+                  "--workers": workers, "--address": address, "--batch-size": batch_size}
+    given = [option for option, value in dense_only.items() if value is not None]
+    if spec.config_type is TfidfConfig and given:
+        raise ConfigError(f"{', '.join(given)}: options of dense and hybrid indexes; --kind {kind} encodes nothing")
     if spec.config_type is not TfidfConfig:  # dense and hybrid encode names
         from linker.extras import check
 
@@ -106,7 +117,8 @@ def build_cli(
             raise ConfigError("--sparse-weight tuned needs --dev SPEC (the dev mentions to tune on), and --dev needs it")
     parts = {
         TfidfConfig: lambda: _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search),
-        DenseConfig: lambda: _dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice),
+        DenseConfig: lambda: _dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice,
+                                           storage, engine, workers, address),
     }
     config = spec.config_from_dict(_parameters(spec.config_type, parts, own))
     if dev is not None:  # read after the build: the folder the build replaces may not hold it

@@ -35,8 +35,8 @@ from linker import progress
 from linker.errors import InputFormatError, LinkerError
 
 # `linker --help` lists commands in the order a user runs them, not in registration order.
-PIPELINE_ORDER = ("dict", "index", "link", "extract", "annotate", "normalize", "normalize-ray", "serve", "eval", "capabilities",
-                  "train")
+PIPELINE_ORDER = ("dict", "index", "link", "extract", "annotate", "normalize", "normalize-ray", "annotate-ray", "serve",
+                  "eval", "capabilities", "train")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -1,7 +1,8 @@
-"""Ray engine: `linker normalize-ray` and the same inside your own Ray program.
+"""Ray engine: `linker normalize-ray`, `linker annotate-ray` and the same inside your own Ray program.
 
-    from linker.engine.ray import normalize_ray, link_dataset
+    from linker.engine.ray import annotate_ray, normalize_ray, link_dataset
     normalize_ray("indexes/default", "spans/*.jsonl", "linked/", workers=8)      # files -> files, exactly once
+    annotate_ray("indexes/meddra", "documents/*.jsonl", "coded/", workers=8)     # raw texts -> coded spans
     linked = link_dataset(ray.data.read_parquet("s3://bucket/spans/"), "indexes/default", k=3)  # Dataset -> Dataset
 
 `normalize_ray` runs `workers` Ray actors (`ShardWorker`): each loads the index once
@@ -18,6 +19,10 @@ The driver hands out one shard at a time and owns every failure, so one shard ne
   actor and its shard tried again, at most `MAX_ATTEMPTS` times in all; a shard that kills its
   worker every time (one that does not fit in memory) then fails like a bad one instead of being
   retried forever. The dead writers' temporaries are removed once the run's workers have ended.
+
+`annotate_ray` is the same job over shards of documents (``text``, ``id``, ``lang``): each worker also loads the
+tagger once and writes, per shard, one row per extracted span with its code and decision, through
+`linker.extract.annotate_spans`, the function behind `linker annotate` (`annotate_shard`).
 
 `link_dataset` is a Ray Data transform (`map_batches` on an actor pool) with the same Arrow
 function, `linker.engine.arrow.link_arrow`, that `linker normalize` and Spark's `mapInArrow` use.
@@ -38,13 +43,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 import linker
 from linker.engine.arrow import OUTPUT_SCHEMA, link_arrow
-from linker.engine.shards import Shard, failure_message, job_document, job_inputs, normalize_shard, \
-    prepare_output, write_success
+from linker.engine.shards import (
+    INPUT_BYTES,
+    INPUT_NAME,
+    INPUT_SHA256,
+    Shard,
+    failure_message,
+    file_sha256,
+    job_document,
+    job_inputs,
+    normalize_shard,
+    prepare_output,
+    read_shard,
+    write_success,
+)
 from linker.errors import ConfigError, LinkerError
-from linker.fileio import remove_stale_temporaries
+from linker.fileio import atomic_file, remove_stale_temporaries
 from linker.formats import DEFAULT_LIMITS, ReadLimits
 from linker.link import Linker
 from linker.normalize import BATCH
@@ -82,15 +100,21 @@ def _describe(exc: BaseException, shard: Path | None = None) -> str:
 
 
 class ShardWorker:
-    """A Ray actor: one Linker, loaded once; `link` normalises one shard and reports it as a row."""
+    """A Ray actor: one Linker (and with `extract`, one tagger), loaded once; `link` normalises (or annotates)
+    one shard and reports it as a row."""
 
     def __init__(self, index: str, load_options: dict, k: int, lang: str | None, batch_size: int,
-                 limits: ReadLimits) -> None:
+                 limits: ReadLimits, extract: dict | None = None) -> None:
         started = time.perf_counter()
         self.options = {"k": k, "lang": lang, "batch_size": batch_size, "limits": limits}
-        self.linker, self.error = None, None
+        self.linker, self.extractor, self.error = None, None, None
         try:
             self.linker = Linker.load(index, **load_options)
+            if extract is not None:
+                from linker.extract import load_extractor
+
+                self.extractor = load_extractor(extract["model"], threads=1)  # one CPU per actor
+                self.options.update(extract=extract)
         except Exception as exc:  # noqa: BLE001 - reported with every shard, so the driver shows it as one line
             self.error = _describe(exc)
         self.load_seconds = time.perf_counter() - started
@@ -102,12 +126,61 @@ class ShardWorker:
         counts, error = {"spans": 0, "nil": 0}, None if self.error is None else f"{shard.source}: {self.error}"
         if error is None:
             try:
-                counts = normalize_shard(self.linker, shard, **self.options)
+                if self.extractor is None:
+                    counts = normalize_shard(self.linker, shard, **self.options)
+                else:
+                    counts = annotate_shard(self.linker, self.extractor, shard, **self.options)
             except Exception as exc:  # noqa: BLE001 - any failure is this shard's, never the job's
                 error = _describe(exc, shard.source)
         return {"input": shard.name, "spans": counts["spans"], "nil": counts["nil"], "error": error,
                 "pid": os.getpid(), "peak_rss_mib": _peak_rss_mib(), "link_cpu_seconds": time.process_time() - self.ready_cpu,
                 "seconds": time.perf_counter() - started, "load_seconds": self.load_seconds}
+
+
+# One row per extracted span of a document; `nil` (no code: a negated or hypothetical event, a drug, or no
+# concept found) is the column `write_success` counts, as for normalize-ray's output.
+ANNOTATE_SCHEMA = pa.schema([
+    ("id", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("text", pa.string()), ("label", pa.string()),
+    ("status", pa.string()), ("confidence", pa.float64()), ("code", pa.string()), ("name", pa.string()),
+    ("link_confidence", pa.float64()), ("decision", pa.string()), ("nil", pa.bool_()),
+])
+
+
+def annotate_shard(linker: Linker, extractor, shard: Shard, *, extract: dict, k: int = 1, lang: str | None = None,
+                   batch_size: int = BATCH, limits: ReadLimits = DEFAULT_LIMITS) -> dict:
+    """Extract and code the documents of one shard into its output Parquet file, atomically, as
+    `linker.engine.shards.normalize_shard` links spans: every row checked first, the input's sha256 recorded
+    and checked again at the end. `extract`: the tagger's options (style, assertion, threshold)."""
+    from linker.extract import annotate_spans
+
+    size, digest = shard.source.stat().st_size, file_sha256(shard.source)
+    for _ in read_shard(shard, batch_size=batch_size, limits=limits):
+        pass  # the first pass checks every row: nothing is written if one is bad
+    spans = nil = 0
+    metadata = {INPUT_NAME: shard.name, INPUT_BYTES: str(size), INPUT_SHA256: digest}
+    options = {key: extract[key] for key in ("style", "assertion", "threshold")}
+    with atomic_file(shard.output) as tmp:
+        with pq.ParquetWriter(tmp, ANNOTATE_SCHEMA.with_metadata(metadata)) as writer:
+            for batch in read_shard(shard, batch_size=batch_size, limits=limits):
+                ids, texts, langs = (batch.column(c).to_pylist() for c in ("id", "text", "lang"))
+                found = extractor.extract(texts, **options)
+                coded: list = [None] * len(texts)
+                for code_lang in dict.fromkeys(x or lang for x in langs):  # a document's own lang wins
+                    rows = [i for i, x in enumerate(langs) if (x or lang) == code_lang]
+                    done = annotate_spans(linker, [texts[i] for i in rows], [found[i] for i in rows], k=k, lang=code_lang)
+                    for i, spans_of in zip(rows, done, strict=True):
+                        coded[i] = spans_of
+                table = pa.Table.from_pylist(
+                    [{"id": ids[i], **{f: row[f] for f in ANNOTATE_SCHEMA.names if f not in ("id", "nil")},
+                      "nil": row["code"] is None} for i, doc in enumerate(coded) for row in doc], schema=ANNOTATE_SCHEMA)
+                spans, nil = spans + table.num_rows, nil + sum(table.column("nil").to_pylist())
+                writer.write_table(table)
+        if file_sha256(shard.source) != digest:  # raising here removes the temporary: no output
+            from linker.errors import InputFormatError
+
+            raise InputFormatError(shard.source, "a shard that stays the same while it is annotated",
+                                   "a file that changed meanwhile", fix="run the same command again once it is written")
+    return {"input": shard.name, "spans": spans, "nil": nil}
 
 
 class BatchLinker:
@@ -176,17 +249,62 @@ def normalize_ray(
     program's Ray; else it connects to `address` or starts a local Ray with `workers` CPUs. A
     failed shard (see the module docstring) fails the run with one line, once every other is done.
     """
+    _ready(workers)
+    job = job_document(index, k=k, lang=lang, batch_size=batch_size, load_options=load_options)
+    options = {"index": str(index), "load_options": load_options, "k": k, "lang": lang, "batch_size": batch_size,
+               "limits": limits}
+    return _run_job(input_spec, output, job, options, protected=job_inputs(index, load_options), workers=workers,
+                    address=address, overwrite=overwrite)
+
+
+def annotate_ray(
+    index: str | Path, input_spec: str, output: str | Path, *, model: str = "linker-ae", style: str = "auto",
+    assertion: str = "rules", threshold: float | None = None, lang: str | None = None, workers: int = 2,
+    batch_size: int = 64, address: str | None = None, overwrite: bool = False, limits: ReadLimits = DEFAULT_LIMITS,
+    **load_options,
+) -> ScaleoutSummary:
+    """`linker annotate` on Ray: every shard of documents (a folder, a glob or a file of Parquet / JSONL rows with
+    ``text``, ``id`` and ``lang`` optional) into one Parquet shard of `ANNOTATE_SCHEMA` rows, then ``_SUCCESS``.
+
+    Exactly-once and resumable as `normalize_ray`; the job document adds the tagger (name and manifest sha256)
+    and its options, so a re-run with another tagger or style is refused instead of mixed. `batch_size`:
+    documents per extract-and-link call."""
+    from linker.extract.extractor import ASSERTIONS, STYLES, release_path
+    from linker.fileio import model_inputs
+    from linker.models import read_release
+
+    _ready(workers)
+    if style not in STYLES or assertion not in ASSERTIONS:
+        raise ConfigError(f"style / assertion: expected one of {', '.join(STYLES)} / {', '.join(ASSERTIONS)}, "
+                          f"found {style!r} / {assertion!r}")
+    if threshold is not None and not 0.0 < threshold < 1.0:
+        raise ConfigError(f"--threshold: expected a probability between 0 and 1, found {threshold}")
+    release = read_release(release_path(model))  # every file's sha256, on the driver, before Ray starts
+    extract = {"model": str(release_path(model)), "style": style, "assertion": assertion, "threshold": threshold}
+    job = {**job_document(index, k=1, lang=lang, batch_size=batch_size, load_options=load_options),
+           "extract": {**extract, "model": release.revision}}
+    options = {"index": str(index), "load_options": load_options, "k": 1, "lang": lang, "batch_size": batch_size,
+               "limits": limits, "extract": extract}
+    protected = [*job_inputs(index, load_options), *model_inputs(str(release_path(model)), "--model")]
+    return _run_job(input_spec, output, job, options, protected=protected, workers=workers, address=address,
+                    overwrite=overwrite)
+
+
+def _ready(workers: int) -> None:
+    """The checks of a job before any file is read: the worker count, then Ray itself."""
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, found {workers}")
     import_ray()
-    job = job_document(index, k=k, lang=lang, batch_size=batch_size, load_options=load_options)
-    shards, pending = prepare_output(input_spec, output, job, overwrite=overwrite,
-                                     protected=job_inputs(index, load_options))
-    log.info("%d of %d shards to link (%d done before)", len(pending), len(shards), len(shards) - len(pending))
+
+
+def _run_job(input_spec: str, output: str | Path, job: dict, options: dict, *, protected: list, workers: int,
+             address: str | None, overwrite: bool) -> ScaleoutSummary:
+    """The shards of a job still to do through `ShardWorker` actors, then ``_SUCCESS`` (or one line naming
+    every failed shard)."""
+    shards, pending = prepare_output(input_spec, output, job, overwrite=overwrite, protected=protected)
+    log.info("%d of %d shards to do (%d done before)", len(pending), len(shards), len(shards) - len(pending))
     results: list[dict] = []
     if pending:
-        options = {"index": str(index), "load_options": load_options, "k": k, "lang": lang,
-                   "batch_size": batch_size, "limits": limits}
         with ray_session(address=address, workers=workers) as ray:
             results = _run_shards(ray, pending, options, min(workers, len(pending)))
         for folder in sorted({s.output.parent for s in pending}):
@@ -289,4 +407,5 @@ def link_dataset(dataset, index: str | Path, *, k: int = 1, lang: str | None = N
     )
 
 
-__all__ = ["MAX_ATTEMPTS", "ScaleoutSummary", "ShardWorker", "import_ray", "link_dataset", "normalize_ray", "ray_session"]
+__all__ = ["ANNOTATE_SCHEMA", "MAX_ATTEMPTS", "ScaleoutSummary", "ShardWorker", "annotate_ray", "annotate_shard", "import_ray",
+           "link_dataset", "normalize_ray", "ray_session"]

@@ -662,7 +662,7 @@ def run_cases(linker_, cases: Sequence[Case], *, label: str | None = None, progr
                                   _instructive(failed, EXAMPLES)))
     config = {
         "library_version": linker.__version__,
-        "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "evaluated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "index_version": linker_.version,
         "index_kind": linker_.manifest.get("kind"),
         "encoder": {k: v for k, v in (linker_.manifest.get("encoder") or {}).items() if k != "path"} or None,  # no machine paths
@@ -763,7 +763,9 @@ def capability_table(reports: Sequence[CapabilityReport]) -> str:
     head = ["capability", "what changes"] + [f"{rep.label} fail % [95% CI]" for rep in reports] + ["n"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for capability in capabilities:
-        cells = [capability, _describe(capability)]
+        # the row's own description: a suite other than this one (the extractor's) describes its capabilities
+        described = next((r.description for rep in reports for r in rep.rows if r.capability == capability), "")
+        cells = [capability, described or _describe(capability)]
         n = ""
         for rep in reports:
             row = next((r for r in rep.rows if r.capability == capability), None)

@@ -43,14 +43,16 @@ def check_texts(texts: Sequence[str], where: str = "texts") -> list[str]:
 
 
 def extract(texts: Sequence[str], *, model: str | Extractor = NAME, threshold: float | None = None,
-            labels: Sequence[str] | None = None, style: str = "auto") -> list[list[ExtractedSpan]]:
+            labels: Sequence[str] | None = None, style: str = "auto", assertion: str = "rules"
+            ) -> list[list[ExtractedSpan]]:
     """The spans of each text: character offsets into it, label, status, confidence; sorted by position.
 
     model: a release name or folder (default: the shipped `linker-ae`) or a loaded `Extractor`; threshold: the
     in-span probability a word piece needs (default: the release's, chosen on dev); labels: keep only these
     (AdverseEvent, Drug, TherapeuticEffect); style: AdverseEvent spans as ``terms`` (TAC 2017's convention, learnt
     from drug labels), ``phrases`` (PHEE's, from case reports) or ``auto`` (the default: terms, and phrases where no
-    term was found; `linker.extract.extractor.STYLES`).
+    term was found; `linker.extract.extractor.STYLES`); assertion: ``rules`` (the default: the tagger's status, then
+    the NegEx-style cues of `linker.extract.assertion` for the spans it calls positive) or ``model`` (its status only).
     """
     texts = check_texts(texts)
     if threshold is not None and not 0.0 < threshold < 1.0:
@@ -61,7 +63,7 @@ def extract(texts: Sequence[str], *, model: str | Extractor = NAME, threshold: f
             raise ConfigError(f"labels: expected some of {AE}, {DRUG}, {BENEFIT}, found {', '.join(map(str, unknown))}")
     extractor = model if isinstance(model, Extractor) else load_extractor(model)
     return extractor.extract(texts, threshold=threshold, labels=tuple(labels) if labels is not None else None,
-                             style=style)
+                             style=style, assertion=assertion)
 
 
 def events_to_link(spans: Sequence[Sequence[ExtractedSpan]]) -> list[tuple[int, int]]:
@@ -117,13 +119,13 @@ def annotate_spans(linker: Linker, texts: Sequence[str], spans: Sequence[Sequenc
 
 def annotate(texts: Sequence[str], linker: Linker, *, model: str | Extractor = NAME, k: int = 1,
              lang: str | None = None, threshold: float | None = None, style: str = "auto",
-             review_below: float = REVIEW_BELOW) -> list[list[dict]]:
+             assertion: str = "rules", review_below: float = REVIEW_BELOW) -> list[list[dict]]:
     """Extract, then link each positive AdverseEvent span with `linker` (`annotate_spans`)."""
     texts = check_texts(texts)
     if k < 1:
         raise ConfigError(f"k: expected an integer >= 1, found {k}")
-    return annotate_spans(linker, texts, extract(texts, model=model, threshold=threshold, style=style), k=k, lang=lang,
-                          review_below=review_below)
+    spans = extract(texts, model=model, threshold=threshold, style=style, assertion=assertion)
+    return annotate_spans(linker, texts, spans, k=k, lang=lang, review_below=review_below)
 
 
 def public(row: dict) -> dict:

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError
-from linker.extract.data import AE, AR
+from linker.extract.assertion import assert_spans
+from linker.extract.data import AE, AR, BENEFIT
 from linker.extract.model import (
     ExtractedSpan,
     TaggerConfig,
@@ -33,6 +34,9 @@ KIND = "tagger"
 # phrases where no term overlaps them). On the dev data: TAC exact F1 72.0 / 16.8 / 68.9, PHEE EM_F1 0.0 / 53.0 /
 # 52.8 for terms / phrases / auto.
 STYLES = ("auto", "terms", "phrases")
+# Who says a span is negated or hypothetical: "rules" (the default: the status head, then the NegEx-style cues of
+# `linker.extract.assertion` for the spans it calls positive) or "model" (the status head alone).
+ASSERTIONS = ("rules", "model")
 BATCH = 32  # windows per forward pass
 
 
@@ -90,17 +94,23 @@ class Extractor:
         return {label: self.config.cut(label) if threshold is None else threshold for label in labels}
 
     def extract(self, texts: list[str], *, threshold: float | None = None, labels: tuple[str, ...] | None = None,
-                style: str = "auto") -> list[list[ExtractedSpan]]:
+                style: str = "auto", assertion: str = "rules") -> list[list[ExtractedSpan]]:
         """The spans of each text (offsets into it), sorted by position. `style` (`STYLES`) picks the head whose
-        spans are returned as AdverseEvent (`select_style`)."""
+        spans are returned as AdverseEvent (`select_style`); `assertion` (`ASSERTIONS`) who marks a span
+        negated or hypothetical."""
         if style not in STYLES:
             raise ConfigError(f"style: expected one of {', '.join(STYLES)}, found {style!r}")
+        if assertion not in ASSERTIONS:
+            raise ConfigError(f"assertion: expected one of {', '.join(ASSERTIONS)}, found {assertion!r}")
         cuts = self.thresholds(threshold)
         result = []
         for text, (offsets, probs, marks) in zip(texts, self.probabilities_many(list(texts)), strict=True):
             spans = decode(text, offsets, probs, marks, self.config.labels, cuts,
                            **self.config.decoding()) if offsets else []
-            result.append([s for s in select_style(spans, style) if labels is None or s.label in labels])
+            spans = select_style(spans, style)
+            if assertion == "rules":
+                spans = assert_spans(text, spans, (AE, BENEFIT))
+            result.append([s for s in spans if labels is None or s.label in labels])
         return result
 
 
@@ -185,4 +195,4 @@ def _load(folder: Path, threads: int | None) -> Extractor:
     return Extractor(bert, tokenizer, head, config, name=release.name, revision=release.revision)
 
 
-__all__ = ["NAME", "STYLES", "Extractor", "load_extractor", "release_path", "select_style"]
+__all__ = ["ASSERTIONS", "NAME", "STYLES", "Extractor", "load_extractor", "release_path", "select_style"]

@@ -399,7 +399,7 @@ per head {info['threshold']}, hysteresis {info.get('extend', {})}, split on B {i
 | TAC 2017 dev split | AdverseReaction exact F1 | {m['tac_dev']['exact']['f1']} |
 | TAC 2017 dev split | AdverseReaction relaxed F1 | {m['tac_dev']['relaxed']['f1']} |
 
-Test figures: `eval/extract/report.md` (`scripts/extract_eval.py`).
+Test figures: `eval/extract/report.md` (`python -m bench.extract`).
 
 ## Intended use and limits
 

@@ -16,17 +16,28 @@ FAISS kinds:
 For the approximate kinds the build measures recall@1 and recall@10 against exact search on a
 sample of the names encoded as queries, and records them in the parameters for the manifest.
 
-Building is bounded in memory and resumable: embeddings are written chunk by chunk into a
-``.npy`` memmap in a work folder with ``progress.json``; a build interrupted after some chunks
-continues from the last completed chunk when it runs again with the same names and encoder.
+``auto`` (the default) takes ``flat`` up to `AUTO_FLAT_MAX_NAMES` names and ``ivf-pq`` above,
+where exact search gets slow and its vectors large (eval/scale/report.md); the manifest records the
+kind chosen and why. Vectors are stored in ``float16`` for the IVF kinds (``storage`` auto): half
+the disk and page cache, and the re-scoring reads them from a memory map, so a served index holds
+in memory only the pages its queries touch.
+
+Building is bounded in memory and resumable: names are encoded in chunks of similar length, each
+written into a ``.npy`` memmap in a work folder whose ``progress.json`` lists the chunks done; a
+build interrupted after some chunks encodes only the others when it runs again with the same names
+and encoder. Chunks are encoded here or, with ``engine="ray"``, by Ray actors
+(`linker.engine.encode`); either way the driver writes them, so a killed driver or a lost worker
+costs only the chunks in flight.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
 import math
+import mmap
 import os
 import shutil
 import tempfile
@@ -49,12 +60,19 @@ log = logging.getLogger(__name__)
 DENSE_MODULES = ("torch", "sentence_transformers", "faiss")  # the `dense` extra
 
 FAISS_KINDS = ("flat", "hnsw", "ivf-sq8", "ivf-pq")
+# `faiss_kind="auto"`: flat (exact) up to this many names, ivf-pq with exact re-scoring above. On 2 cores a flat
+# search over 200,000 names answers ~1,000 queries/s, about what the encoder does (eval/scale/report.md).
+AUTO_FLAT_MAX_NAMES = 200_000
+STORAGES = ("auto", "fp32", "fp16")  # dtype of dense/embeddings.npy; auto = fp16 for the IVF kinds, fp32 otherwise
+ENGINES = ("local", "ray")
 SUBDIR = "dense"
 EMBEDDINGS = f"{SUBDIR}/embeddings.npy"
 FAISS_FILE = f"{SUBDIR}/index.faiss"
 PARAMS = f"{SUBDIR}/params.json"
 PROGRESS = "progress.json"
 WORK_EMBEDDINGS = "embeddings.npy"
+STORED_FP16 = "embeddings-fp16.npy"
+STORAGE_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 MISSING_SCORE = -np.inf  # score reported beside row -1 (fewer than k names found)
 
 
@@ -69,23 +87,37 @@ class DenseConfig:
     parity_sample: int = 512  # names encoded in fp32 and in the chosen precision to check it (0 = no check)
     compile: str = "auto"  # torch.compile the encoder: auto (large CPU builds), on, off (linker.encoders)
     chunk_rows: int = 8192  # names encoded between two progress checkpoints (~12 MB at 384-d)
-    faiss_kind: str = "flat"
+    faiss_kind: str = "auto"  # auto = flat up to AUTO_FLAT_MAX_NAMES names, ivf-pq above; the index records its choice
+    storage: str = "auto"  # dtype of the stored vectors: fp32, fp16; auto = fp16 for the IVF kinds
+    engine: str = "local"  # who encodes the chunks: this process, or Ray actors (linker.engine.encode)
+    workers: int = 0  # ray: encoding actors (0 = one per CPU of the Ray cluster)
+    address: str = ""  # ray: the cluster to join ("" = start a local Ray)
     hnsw_m: int = 32  # the lead's 1M-name measurement: recall@1 0.9 at ~3k q/s
     hnsw_ef_construction: int = 80  # FAISS default 40; 80 buys recall for 2x build time
     hnsw_ef_search: int = 128
     ivf_nlist: int = 0  # 0 = 4 * sqrt(names) (FAISS rule of thumb), at most names / 39 (k-means minimum)
-    ivf_nprobe: int = 16
+    # 64 lists probed and 8 candidates per wanted hit re-scored: chosen on the 313,349-name union with the lay and
+    # NCBI development mentions (recall@1 0.986 at 16 and 4, 0.995 at 64 and 8, 5,229 searches/s; eval/scale)
+    ivf_nprobe: int = 64
     pq_m: int = 48  # sub-quantisers; must divide the dimension (384 / 48 = 8 dims each)
     pq_nbits: int = 8
     rerank: bool = True  # re-score IVF candidates exactly from the float embeddings
-    rerank_factor: int = 4  # candidates per wanted hit before re-ranking
+    rerank_factor: int = 8  # candidates per wanted hit before re-ranking
     recall_sample: int = 1000  # names used as queries to measure recall of approximate kinds
     threads: int = 0  # torch and FAISS threads; 0 leaves their defaults (all cores)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.faiss_kind not in FAISS_KINDS:
-            raise UnknownNameError("FAISS index kind", self.faiss_kind, FAISS_KINDS)
+        if self.faiss_kind not in ("auto", *FAISS_KINDS):
+            raise UnknownNameError("FAISS index kind", self.faiss_kind, ("auto", *FAISS_KINDS))
+        if self.storage not in STORAGES:
+            raise UnknownNameError("vector storage", self.storage, STORAGES)
+        if self.engine not in ENGINES:
+            raise UnknownNameError("encoding engine", self.engine, ENGINES)
+        if self.workers < 0:
+            raise ConfigError(f"workers must be >= 0 (0 = one per CPU of the Ray cluster), found {self.workers}")
+        if self.engine == "local" and (self.workers or self.address):
+            raise ConfigError("workers and address are options of engine 'ray'; engine 'local' encodes in this process")
         check_precision(self.precision, allow_none=False)
         check_compile_choice(self.compile)
         positive = {
@@ -103,8 +135,19 @@ class DenseConfig:
 
     @classmethod
     def from_dict(cls, params: dict) -> DenseConfig:
-        """A recorded config; one written before precisions existed was encoded in fp32."""
-        return cls(**{"precision": "fp32", **typed_parameters(cls, params)})
+        """A recorded config; one written before precisions existed was encoded in fp32, one written
+        before `auto` kinds and storages was flat and stored fp32."""
+        return cls(**{"precision": "fp32", "faiss_kind": "flat", "storage": "fp32", **typed_parameters(cls, params)})
+
+    def resolved(self, names: int) -> DenseConfig:
+        """This config with `faiss_kind` and `storage` decided for an index of `names` names."""
+        kind = self.faiss_kind
+        if kind == "auto":
+            kind = "flat" if names <= AUTO_FLAT_MAX_NAMES else "ivf-pq"
+        storage = self.storage
+        if storage == "auto":
+            storage = "fp16" if kind.startswith("ivf") else "fp32"
+        return replace(self, faiss_kind=kind, storage=storage)
 
 
 def _names_key(names: Sequence[str], encoder) -> str:
@@ -124,6 +167,33 @@ def _set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+STAT_FIELDS = ("tokens", "padded_tokens", "truncated", "tokenize_seconds", "longest")
+
+
+class LocalEncoding:
+    """Encodes chunks in this process with `encoder` (`encode_names`' default runner)."""
+
+    def __init__(self, encoder, *, batch_size: int, token_budget: int) -> None:
+        self.encoder, self.batch_size, self.token_budget = encoder, batch_size, token_budget
+
+    def run(self, jobs, advance: Callable[[int], None]):
+        """For each (chunk, texts) of `jobs`: (chunk, passage vectors, encoding stats), in order."""
+        for chunk, texts in jobs:
+            vectors = self.encoder.encode(texts, role="passage", batch_size=self.batch_size,
+                                          token_budget=self.token_budget, progress=advance)
+            stats = self.encoder.last_stats
+            yield chunk, vectors, {field: getattr(stats, field) for field in STAT_FIELDS}
+
+
+def length_chunks(names: Sequence[str], chunk_rows: int) -> list[np.ndarray]:
+    """Name rows in chunks of `chunk_rows`, by length (characters) across the whole list, so that each chunk holds
+    names of similar length and its batches pad little; rows sorted within a chunk (the memmap is written front to
+    back). The chunking depends only on the names, so a resumed or distributed build encodes the same chunks."""
+    n = len(names)
+    order = np.argsort(np.fromiter((len(x) for x in names), dtype=np.int64, count=n), kind="stable")
+    return [np.sort(order[start : start + chunk_rows]) for start in range(0, n, chunk_rows)]
+
+
 def encode_names(
     names: Sequence[str],
     encoder,
@@ -134,70 +204,112 @@ def encode_names(
     chunk_rows: int = 8192,
     show_progress: bool | None = None,
     progress: Callable[[int], None] | None = None,
+    runner=None,
 ) -> tuple[np.memmap, dict]:
     """Encode `names` (passage role) into ``work_dir/embeddings.npy``, resuming a partial run.
 
-    Names are taken in order of length (characters) across the whole list, so each chunk holds
-    names of similar length and its batches pad little; rows are written back at their own
-    positions. After each chunk the memmap is flushed and ``progress.json`` records the chunks
-    done; a rerun with the same names and encoder (same key) starts after them. Returns the
-    memmap (read-only) and the encoding figures (tokens, truncated names, names/s).
+    Chunks come from `length_chunks`; `runner` encodes them (`LocalEncoding` with `encoder` when None;
+    `linker.engine.encode.RayEncoding` spreads them over Ray actors). After each chunk the memmap is
+    flushed and ``progress.json`` lists the chunks done; a rerun with the same names, encoder and
+    chunk size (same key) encodes only the others. Returns the memmap (read-only) and the encoding
+    figures (tokens, truncated names, names/s).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     n, dim = len(names), encoder.dim
     key = _names_key(names, encoder)
     progress_path, path = work_dir / PROGRESS, work_dir / WORK_EMBEDDINGS
-    done = 0
+    chunks = length_chunks(names, chunk_rows)
+    done: set[int] = set()
     if progress_path.is_file() and path.is_file():
         try:
             saved = json.loads(progress_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             saved = {}
-        if saved.get("key") == key and saved.get("rows") == n and saved.get("dim") == dim:
-            done = int(saved.get("done", 0))
-            log.info("resuming dense encoding in %s at %d of %d names", work_dir, done, n)
-    if done == 0:
+        if (saved.get("key"), saved.get("rows"), saved.get("dim"), saved.get("chunk_rows")) == (key, n, dim, chunk_rows) \
+                and isinstance(saved.get("done"), list):
+            done = {c for c in saved["done"] if isinstance(c, int) and 0 <= c < len(chunks)}
+            log.info("resuming dense encoding in %s: %d of %d chunks done", work_dir, len(done), len(chunks))
+    if not done:
         progress_path.unlink(missing_ok=True)
         vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
     else:
         vectors = np.load(path, mmap_mode="r+")
-    order = np.argsort(np.fromiter((len(x) for x in names), dtype=np.int64, count=n), kind="stable")
-    reporter = bar(n, initial=done, desc="encoding names", unit="name", show=show_progress)
+    start_rows = sum(len(chunks[c]) for c in done)
+    reporter = bar(n, initial=start_rows, desc="encoding names", unit="name", show=show_progress)
 
     def advance(count: int) -> None:  # after each batch, so the progress moves every few seconds
         reporter.update(count)
         if progress is not None:
             progress(count)
 
+    runner = runner or LocalEncoding(encoder, batch_size=batch_size, token_budget=token_budget)
+    jobs = ((c, [names[i] for i in chunks[c]]) for c in range(len(chunks)) if c not in done)  # texts made lazily
     totals = {"tokens": 0, "padded_tokens": 0, "truncated": 0, "longest": 0, "tokenize_seconds": 0.0}
-    started, start_row = time.perf_counter(), done
-    while done < n:
-        end = min(done + chunk_rows, n)
-        rows = np.sort(order[done:end])  # sorted rows: the memmap is written front to back
-        vectors[rows] = encoder.encode([names[i] for i in rows], role="passage", batch_size=batch_size,
-                                       token_budget=token_budget, progress=advance)
-        stats = encoder.last_stats
+    started = time.perf_counter()
+    for chunk, encoded, stats in runner.run(jobs, advance):
+        vectors[chunks[chunk]] = encoded
         for field in ("tokens", "padded_tokens", "truncated", "tokenize_seconds"):
-            totals[field] += getattr(stats, field)
-        totals["longest"] = max(totals["longest"], stats.longest)
+            totals[field] += stats[field]
+        totals["longest"] = max(totals["longest"], stats["longest"])
         vectors.flush()
-        done = end
+        release(vectors)
+        _trim_heap()
+        done.add(chunk)
         tmp = progress_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "rows": n, "dim": dim, "done": done}), encoding="utf-8")
+        tmp.write_text(json.dumps({"key": key, "rows": n, "dim": dim, "chunk_rows": chunk_rows, "done": sorted(done)}),
+                       encoding="utf-8")
         os.replace(tmp, progress_path)
     reporter.close()
     del vectors
     seconds = time.perf_counter() - started
     figures = {
-        "names_encoded": n - start_row, "resumed_at": start_row, "max_length": encoder.max_length, **totals,
+        "names_encoded": n - start_rows, "resumed_at": start_rows, "max_length": encoder.max_length, **totals,
         "tokenize_seconds": round(totals["tokenize_seconds"], 3),
-        "names_per_second": round((n - start_row) / max(seconds, 1e-9), 1),
+        "names_per_second": round((n - start_rows) / max(seconds, 1e-9), 1),
         "compiled": bool(getattr(encoder, "compiled", False)),  # False also when compiling failed and eager ran
+        "engine": getattr(runner, "describe", lambda: {"engine": "local"})(),
     }
     if totals["truncated"]:
         log.warning("%d of %d names were longer than the encoder's %d tokens and were truncated",
                     totals["truncated"], n, encoder.max_length)
     return np.load(path, mmap_mode="r"), figures
+
+
+def read_rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``array[rows]`` (any shape of row numbers). A memory-mapped ``.npy`` is read with pread, row by row, not
+    through its mapping: the kernel maps 16 pages around every page a process touches, so re-scoring a short list
+    through the mapping leaves the whole file in the server's resident memory after a few thousand queries
+    (5M names: 3.8 GB). Read this way, the rows sit in the page cache (shared, reclaimable) and nowhere else."""
+    if not (isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.flags.c_contiguous):
+        return np.asarray(array[rows])
+    unique, inverse = np.unique(rows.reshape(-1), return_inverse=True)
+    size = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    fd = os.open(array.filename, os.O_RDONLY)
+    try:
+        pread, offset = os.pread, array.offset
+        data = b"".join([pread(fd, size, offset + row * size) for row in unique.tolist()])
+    finally:
+        os.close(fd)
+    found = np.frombuffer(data, dtype=array.dtype).reshape(len(unique), *array.shape[1:])
+    return found[inverse].reshape(*rows.shape, *array.shape[1:])
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc): batches of every length leave the heap fragmented,
+    and without this a build's resident memory grows with the number of names (2.5 GB at 313k, 1.7 at 120k)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def release(array: np.ndarray) -> None:
+    """Drop a memory-mapped array's pages from this process's resident memory (they stay in the page cache and the
+    file). A pass over a mapped file leaves every page it touched counted in the process's RSS: a 5M-name build
+    writes and reads GBs of vectors, and without this its RSS would grow by all of them (eval/scale/report.md)."""
+    handle = getattr(array, "_mmap", None)  # numpy's own mmap of the file; None for an array in memory
+    if handle is not None and hasattr(handle, "madvise"):
+        handle.madvise(mmap.MADV_DONTNEED)
 
 
 def _exact_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
@@ -213,6 +325,7 @@ def _exact_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, block: int 
         scores, rows = faiss.knn(queries, chunk, min(k + 1, len(chunk)), metric=faiss.METRIC_INNER_PRODUCT)
         rows = np.where(rows >= 0, rows + start, -1)
         best_scores, best_rows = _merge(best_scores, best_rows, scores, rows, k)
+        release(embeddings)
     return best_scores, best_rows
 
 
@@ -229,9 +342,14 @@ def exact_scores(vectors: np.ndarray, embeddings: np.ndarray, rows: np.ndarray) 
     summation: equal name vectors get equal scores wherever they are stored.
     """
     safe = np.where(rows >= 0, rows, 0)
-    flat = np.unique(safe)
-    names = np.asarray(embeddings[flat], dtype=np.float64)  # memmap fancy index: sorted rows
-    scores = np.einsum("qd,qkd->qk", np.asarray(vectors, dtype=np.float64), names[np.searchsorted(flat, safe)])
+    queries = np.asarray(vectors, dtype=np.float64)
+    scores = np.empty(rows.shape, dtype=np.float64)
+    # In blocks of ~16k (query, name) pairs: the gathered float64 vectors of a block are ~50 MB, where all the
+    # pairs of a widened search at once could take GBs.
+    step = max(1, 16384 // max(1, rows.shape[1]))
+    for start in range(0, len(rows), step):
+        names = np.asarray(read_rows(embeddings, safe[start : start + step]), dtype=np.float64)  # (q, k, d)
+        scores[start : start + step] = np.matmul(names, queries[start : start + step, :, None])[:, :, 0]
     return np.where(rows >= 0, scores, MISSING_SCORE).astype(np.float32)
 
 
@@ -249,9 +367,28 @@ def _sort_hits(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray
     return scores, rows.astype(np.int64)
 
 
+def _stored_fp16(embeddings: np.ndarray, work_dir: Path, block: int = 65536) -> np.memmap:
+    """The float32 work vectors as a float16 ``.npy`` beside them, written block by block (never both in memory);
+    a cosine moves by ~1e-4, below the gap between neighbours that re-scoring has to order."""
+    path = work_dir / STORED_FP16
+    stored = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=embeddings.shape)
+    for start in range(0, len(embeddings), block):
+        stored[start : start + block] = embeddings[start : start + block]
+        stored.flush()
+        release(stored)  # block by block: the pages written and read would otherwise all stay resident
+        release(embeddings)
+    del stored
+    return np.load(path, mmap_mode="r")
+
+
+IVF_MAX_AUTO_LISTS = 4096  # k-means over more lists costs more than 2 cores can give a 5M-name build (eval/scale)
+TRAIN_POINTS_PER_LIST = 64  # FAISS warns below 39 and samples at most 256
+
+
 def _nlist(config: DenseConfig, n: int) -> int:
-    # FAISS k-means wants >= 39 training points per centroid; fewer gives empty, useless lists.
-    nlist = config.ivf_nlist or min(int(round(4 * math.sqrt(n))), n // 39)
+    # FAISS k-means wants >= 39 training points per centroid; fewer gives empty, useless lists. The rule of thumb
+    # 4 * sqrt(n) is capped: k-means and assigning every vector cost names x lists x dimensions.
+    nlist = config.ivf_nlist or min(int(round(4 * math.sqrt(n))), n // 39, IVF_MAX_AUTO_LISTS)
     return max(1, min(nlist, n))
 
 
@@ -283,17 +420,19 @@ def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 8192)
                 )
             index = faiss.IndexIVFPQ(quantizer, dim, nlist, config.pq_m, config.pq_nbits, faiss.METRIC_INNER_PRODUCT)
         index.cp.seed = config.seed
-        # FAISS's k-means samples at most 256 points per centroid anyway; so do we, from the memmap.
-        sample_size = min(n, max(256 * nlist, 2**config.pq_nbits * 40 if kind == "ivf-pq" else 0))
+        # TRAIN_POINTS_PER_LIST per centroid (and enough for the PQ codebooks), sampled from the memmap: k-means cost
+        # grows with the sample, and 64 points per list train as well as FAISS's 256 for a short list to re-score.
+        sample_size = min(n, max(TRAIN_POINTS_PER_LIST * nlist, 2**config.pq_nbits * 40 if kind == "ivf-pq" else 0))
         rng = np.random.default_rng(config.seed)
         sample = np.sort(rng.choice(n, size=sample_size, replace=False))
         # One FAISS call with no progress of its own: say what is happening before it starts.
         log.info("training FAISS %s (%d lists) on %d of %d vectors", kind, nlist, sample_size, n)
-        index.train(np.ascontiguousarray(embeddings[sample], dtype=np.float32))
+        index.train(np.ascontiguousarray(read_rows(embeddings, sample), dtype=np.float32))
     with bar(n, desc=f"adding to FAISS {kind}", unit="vector") as reporter:
         for start in range(0, n, block):
             index.add(np.ascontiguousarray(embeddings[start : start + block], dtype=np.float32))
             reporter.update(min(block, n - start))
+            release(embeddings)
     _tune(index, config)
     return index
 
@@ -320,7 +459,7 @@ class DenseNameIndex:
 
         self.encoder = encoder
         self.config = config
-        self.embeddings = embeddings  # (n, dim) float32, usually a read-only memmap
+        self.embeddings = embeddings  # (n, dim) float32 or float16 (config.storage), usually a read-only memmap
         self.params = dict(params or {})
         # Below this many queries FAISS scans the vectors once per query, one thread per query; above,
         # one matrix product per block reads them once for all queries on every thread. A service links
@@ -354,9 +493,11 @@ class DenseNameIndex:
         *,
         work_dir: Path | None = None,
         show_progress: bool | None = None,
+        runner=None,
     ) -> DenseNameIndex:
         """Encode `names` and index them. `work_dir` holds the resumable embeddings (a temporary
-        folder when None); keep it stable across runs to resume an interrupted build."""
+        folder when None); keep it stable across runs to resume an interrupted build. `runner`
+        encodes the chunks (`encode_names`; None = in this process)."""
         if len(names) == 0:
             raise ConfigError("a dense index needs at least one name, found none")
         _set_threads(config.threads)
@@ -365,13 +506,16 @@ class DenseNameIndex:
             temporary = tempfile.TemporaryDirectory(prefix="linker-dense-")
             work_dir = Path(temporary.name)
         started = time.perf_counter()
-        names = list(names)
+        requested = config.faiss_kind
+        config = config.resolved(len(names))
         if config.precision != encoder.precision:  # the config records what the vectors were encoded in
             config = replace(config, precision=encoder.precision)
         embeddings, encoding = encode_names(
             names, encoder, Path(work_dir), batch_size=config.batch_size, token_budget=config.token_budget,
-            chunk_rows=config.chunk_rows, show_progress=show_progress,
+            chunk_rows=config.chunk_rows, show_progress=show_progress, runner=runner,
         )
+        if config.storage == "fp16":
+            embeddings = _stored_fp16(embeddings, Path(work_dir))
         encode_seconds = time.perf_counter() - started
         started = time.perf_counter()
         faiss_index = _build_faiss(embeddings, config)
@@ -379,10 +523,15 @@ class DenseNameIndex:
             "rows": len(names),
             "dim": int(embeddings.shape[1]),
             "faiss_kind": config.faiss_kind,
+            "storage": config.storage,
             "encode_seconds": round(encode_seconds, 3),
             "faiss_seconds": round(time.perf_counter() - started, 3),
             "encoding": encoding,
         }
+        if requested == "auto":
+            params["faiss_kind_chosen"] = (f"auto: {len(names):,} names, "
+                                           f"{'at most' if config.faiss_kind == 'flat' else 'more than'} "
+                                           f"{AUTO_FLAT_MAX_NAMES:,}")
         if config.faiss_kind.startswith("ivf"):
             params["ivf_nlist"] = _nlist(config, len(names))
         index = cls(encoder, config, embeddings, faiss_index, params)
@@ -397,7 +546,9 @@ class DenseNameIndex:
     def from_embeddings(cls, encoder, config: DenseConfig, embeddings: np.ndarray) -> DenseNameIndex:
         """An index over names already encoded by `encoder` (rows of `embeddings`), with the FAISS structure
         `config.faiss_kind` names: what `build` does after encoding (one encoding, several kinds compared)."""
-        return cls(encoder, config, embeddings, _build_faiss(embeddings, config))
+        config = config.resolved(len(embeddings))
+        return cls(encoder, config, np.asarray(embeddings, dtype=STORAGE_DTYPES[config.storage]),
+                   _build_faiss(embeddings, config))
 
     def measure_recall(self, names: Sequence[str], sample: int, ks: tuple[int, ...] = (1, 10)) -> dict:
         """Recall of this (approximate) index against exact search on `sample` names (seeded)
@@ -455,7 +606,7 @@ class DenseNameIndex:
             (self._work_path / PROGRESS).unlink(missing_ok=True)
             self.embeddings = np.load(destination, mmap_mode="r")
         elif not (source.is_file() and source.resolve() == destination.resolve()):
-            np.save(destination, np.asarray(self.embeddings, dtype=np.float32))
+            np.save(destination, np.asarray(self.embeddings, dtype=STORAGE_DTYPES[self.config.storage]))
         files = {"embeddings": EMBEDDINGS}
         if self.config.faiss_kind != "flat":
             faiss.write_index(self.faiss_index, str(Path(folder) / FAISS_FILE))
@@ -499,6 +650,9 @@ class DenseNameIndex:
         # read before the encoder loads, so that a damaged folder is refused at once.
         embeddings = read_folder_array(folder, files["embeddings"], what="an .npy array of name embeddings",
                                        shape=(rows, dim), mmap=True, max_bytes=LARGE_MAX_BYTES, fix=REBUILD)
+        if embeddings.dtype != STORAGE_DTYPES[config.storage]:
+            raise InputFormatError(folder / files["embeddings"], f"{config.storage} name embeddings (its storage)",
+                                   f"dtype {embeddings.dtype}", fix=REBUILD)
         faiss_index = None
         if "faiss" in files:
             with native_read(folder / files["faiss"], "a FAISS index file", fix=REBUILD):
@@ -663,7 +817,12 @@ def build_dense(names: Sequence[str], config: DenseConfig, folder: Path) -> dict
     check_extra(DENSE_MODULES, extra="dense", what="a dense index")  # one line before any work
     encoder, precision = precision_encoder(names, config)
     work = partial_dir(Path(folder).parent, names, encoder)
-    index = DenseNameIndex.build(names, encoder, config, work_dir=work)
+    runner = None
+    if config.engine == "ray":
+        from linker.engine.encode import RayEncoding
+
+        runner = RayEncoding(encoder, config)
+    index = DenseNameIndex.build(names, encoder, config, work_dir=work, runner=runner)
     index.params["precision"] = precision
     params = index.save(folder)
     shutil.rmtree(work, ignore_errors=True)

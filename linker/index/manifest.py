@@ -14,8 +14,10 @@ import dataclasses
 import json
 import logging
 import math
+import mmap
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +188,7 @@ def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> Non
             f"{folder / MANIFEST}: built by linker {built_with}, this is linker {linker.__version__} "
             f"(another major version); {hint}"
         )
+    paths = {}
     for relative, entry in manifest["files"].items():
         path = folder / relative
         if not os.path.lexists(path):
@@ -196,9 +199,17 @@ def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> Non
         if size != entry["size"]:
             raise IndexMismatchError(f"{folder / relative}: {size} bytes, the manifest says {entry['size']} "
                                      f"(changed or truncated after the build); {hint}")
-        if checksums and sha256_file(path) != entry["sha256"]:
-            raise IndexMismatchError(f"{folder / relative}: sha256 differs from the manifest "
-                                     f"(changed after the build); {hint}")
+        paths[relative] = path
+    if checksums:
+        # Largest first, on as many threads as cores (hashlib releases the GIL): a 5M-name index holds GBs, and
+        # hashing them is most of its start-up (eval/scale/report.md).
+        order = sorted(paths, key=lambda r: -manifest["files"][r]["size"])
+        with ThreadPoolExecutor(max_workers=min(len(order), os.cpu_count() or 1) or 1) as pool:
+            digests = dict(zip(order, pool.map(lambda r: sha256_file(paths[r]), order)))
+        for relative in manifest["files"]:
+            if digests[relative] != manifest["files"][relative]["sha256"]:
+                raise IndexMismatchError(f"{folder / relative}: sha256 differs from the manifest "
+                                         f"(changed after the build); {hint}")
     log.debug("verified %d files of %s", len(manifest["files"]), folder)
 
 
@@ -351,15 +362,30 @@ def check_array(where: str | Path, array: np.ndarray, *, what: str, shape: tuple
     if array.dtype.kind not in kinds:
         raise InputFormatError(where, f"{what} of dtype kind {'/'.join(kinds)}", f"dtype {array.dtype}", fix=fix)
     if array.dtype.kind == "f":
-        flat = array.reshape(-1) if array.flags.c_contiguous else array.ravel(order="K")
-        block = 1 << 24
-        for start in range(0, flat.size, block):
-            part = np.asarray(flat[start : start + block])
+        start = 0
+        for part in _flat_blocks(array, 1 << 24):
             if not np.isfinite(part).all():
-                bad = start + int(np.argmin(np.isfinite(part)))
-                raise InputFormatError(where, f"{what} of finite numbers", f"{flat[bad]} at flat position {bad}",
+                bad = int(np.argmin(np.isfinite(part)))
+                raise InputFormatError(where, f"{what} of finite numbers", f"{part[bad]} at flat position {start + bad}",
                                        fix=fix)
+            start += len(part)
     return array
+
+
+def _flat_blocks(array: np.ndarray, block: int):
+    """`array`'s values in flat blocks. A whole memory-mapped file is read through the file, not its mapping: pages
+    read through the mapping stay in this process's resident memory, and a check of a 4 GB index would leave the
+    server holding all of it (its queries touch a few pages each)."""
+    if isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.flags.c_contiguous:
+        with open(array.filename, "rb") as handle:
+            handle.seek(array.offset)
+            for start in range(0, array.size, block):
+                count = min(block, array.size - start)
+                yield np.frombuffer(handle.read(count * array.dtype.itemsize), dtype=array.dtype)
+        return
+    flat = array.reshape(-1) if array.flags.c_contiguous else array.ravel(order="K")
+    for start in range(0, flat.size, block):
+        yield np.asarray(flat[start : start + block])
 
 
 def read_folder_array(folder: str | Path, name: object, *, what: str, shape: tuple[int | None, ...],

@@ -126,7 +126,7 @@ def adam(params, *, decoupled: bool, **options) -> torch.optim.Optimizer:
     """Adam (`decoupled=False`) or AdamW with torch's fused kernel where this torch has one for the
     parameters' device: one pass over all parameters instead of a dozen element-wise ops per
     tensor (a scratch timing on all-MiniLM-L6-v2's 22.7M parameters, 2 threads: 0.02 s per
-    optimizer step fused, 0.14 s unfused; whole training steps: scripts/bench_encode.py --part train).
+    optimizer step fused, 0.14 s unfused; whole training steps: eval/bench/bench_encode.md).
     Same update rule, so checkpoints of either kind resume in the other."""
     kind = torch.optim.AdamW if decoupled else torch.optim.Adam
     try:

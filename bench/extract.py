@@ -1,0 +1,279 @@
+"""The adverse-event extractor (linker-ae): eval/extract/report.md and report.json.
+
+    python -m bench.extract [--model linker-ae] [--out eval/extract] [--per-template 40]
+
+- TAC 2017 development split (the labels the release's manifest lists as held out): AdverseReaction mention F1,
+  exact and relaxed; then end-to-end coding (`linker.extract.annotate_spans`) with a closed-world MedDRA-format
+  dictionary built from the Normalization elements of the training-split labels only, scored with the ADE Eval
+  use cases (`linker.eval.ade_eval`), beside the same dictionary coding the gold mentions.
+- PHEE test: Effect EM_F1 / Token_F1 beside the PHEE paper's rows. Scored once per release: the count is kept in
+  report.json and a second scoring needs --rescore-test.
+- The rule-based assertion step (`linker.extract.assertion`) on the gold spans of TAC dev and PHEE dev.
+- The capability suite (`linker.extract.capabilities`), with the model's status alone and with the rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench import data
+from bench.report import REPO, Report, table
+from linker.eval.capabilities import capability_table
+
+RUNS = (("terms", "rules"), ("auto", "rules"), ("terms", "model"))  # (style, assertion) of the TAC dev runs
+PAPER_ROWS = [("PHEE paper: sequence labelling", 70.75, 79.72), ("PHEE paper: extractive QA", 71.21, 80.26),
+              ("PHEE paper: generative QA", 74.00, 83.63)]
+TAC_PUBLISHED = ("Belousov et al. 2019, 'Extracting adverse drug reactions and their context using sequence labelling "
+                 "ensembles in TAC2017' (arXiv:1905.11716): TAC 2017 task 1 test-set F1 76.00 and 75.61 (their two "
+                 "runs; the official test set, not this development split). Track overview: Roberts, Demner-Fushman, "
+                 "Tonning, 'Overview of the TAC 2017 Adverse Reaction Extraction from Drug Labels Track', TAC 2017.")
+
+
+def closed_world_meddra(label_files: list[Path], folder: Path) -> dict:
+    """MedDRA ASCII files (pt.asc, llt.asc) with the PTs and LLTs that the labels' Normalization elements name."""
+    from linker.formats.ade_xml import read_ade_xml
+
+    pts, llts = {}, {}
+    for file in label_files:
+        for norm in read_ade_xml(file).root.iter("Normalization"):
+            pt_id, pt = norm.get("meddra_pt_id"), norm.get("meddra_pt")
+            if pt_id and pt:
+                pts.setdefault(pt_id, pt)
+                if norm.get("meddra_llt_id") and norm.get("meddra_llt"):
+                    llts.setdefault(norm.get("meddra_llt_id"), (norm.get("meddra_llt"), pt_id))
+    ascii_dir = folder / "MedDRA_closed_English" / "MedAscii"
+    ascii_dir.mkdir(parents=True)
+    (ascii_dir / "pt.asc").write_text("".join(f"{c}${n}$$$$$$$$$$\n" for c, n in sorted(pts.items())), encoding="utf-8")
+    rows = {c: (n, c) for c, n in pts.items()} | llts  # every PT is also an LLT of itself
+    (ascii_dir / "llt.asc").write_text("".join(f"{c}${n}${p}$$$$$$$Y$$\n" for c, (n, p) in sorted(rows.items())),
+                                       encoding="utf-8")
+    return {"pts": len(pts), "llts": len(llts), "folder": ascii_dir.parent}
+
+
+def closed_world_linker(train_files: list[Path], tmp: Path):
+    from linker.dictionary import SourceSpec
+    from linker.index import build_index
+    from linker.link import Linker
+
+    meddra = closed_world_meddra(train_files, tmp)
+    table_path = data.dictionary(tmp / "closed.parquet", [SourceSpec("meddra", (meddra["folder"],))])
+    build_index(table_path, kind="tfidf", out=tmp / "closed-index")
+    return Linker.load(tmp / "closed-index"), {"pts": meddra["pts"], "llts": meddra["llts"]}
+
+
+def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
+    """Mention scores, end-to-end ADE Eval and throughput of each of `RUNS` on the TAC dev labels."""
+    from linker.eval.ade_eval import score_paths
+    from linker.extract import AE, annotate_spans
+    from linker.extract.data import read_tac
+    from linker.extract.io import read_inputs, write_output
+    from linker.extract.metrics import mention_scores
+    from linker.normalize import normalize_path
+
+    sections = [doc for file in dev_files for doc in read_tac(file)]
+    gold = {name: [[g[0] for g in d.groups if keep(g[2])] for d in sections]
+            for name, keep in (("all", lambda s: True), ("positive", lambda s: s == "positive"))}
+    out: dict = {"discontinuous_gold": sum(1 for d in sections for g in d.groups if len(g[0]) > 1)}
+    with tempfile.TemporaryDirectory(prefix="bench-extract-") as tmp:
+        tmp = Path(tmp)
+        linker, out["dictionary"] = closed_world_linker(train_files, tmp)
+        for style, assertion in RUNS:
+            key = f"{style}/{assertion}"
+            t0 = time.perf_counter()
+            predicted = extractor.extract([d.text for d in sections], style=style, assertion=assertion)
+            extract_seconds = time.perf_counter() - t0
+            spans = {"all": [[(s.start, s.end) for s in p if s.label == AE] for p in predicted],
+                     "positive": [[(s.start, s.end) for s in p if s.label == AE and s.status == "positive"]
+                                  for p in predicted]}
+            run = {name: mention_scores(gold[name], spans[name]) for name in gold}
+            docs = [doc for file in dev_files for doc in read_inputs(file)]
+            t0, n_spans = time.perf_counter(), 0
+            for doc in docs:
+                texts = [text for _, text in doc.sections]
+                doc.spans = annotate_spans(linker, texts, extractor.extract(texts, style=style, assertion=assertion))
+                n_spans += sum(len(s) for s in doc.spans)
+            seconds = time.perf_counter() - t0
+            write_output(docs, tmp / key, "ade-xml", coded=True)
+            run["ade_eval"] = _summary(score_paths(dev_files, sorted((tmp / key).glob("*.xml"))).to_dict())
+            run["throughput"] = {"annotate_seconds": round(seconds, 1), "docs_per_s": round(len(docs) / seconds, 3),
+                                 "spans_per_s": round(n_spans / seconds, 1), "extract_seconds": round(extract_seconds, 1),
+                                 "annotate_over_extract": round(seconds / extract_seconds, 2)}
+            out[key] = run
+        t0 = time.perf_counter()
+        (tmp / "gold-coded").mkdir()
+        for file in dev_files:  # the same dictionary coding the gold mentions: the coding part alone
+            normalize_path(linker, file, tmp / "gold-coded" / file.name, fmt="ade-xml")
+        out["normalize_gold_seconds"] = round(time.perf_counter() - t0, 1)
+        out["gold_mentions_coded"] = _summary(score_paths(dev_files, sorted((tmp / "gold-coded").glob("*.xml"))).to_dict())
+    return out
+
+
+def phee_test(extractor, previous: dict, rescore: bool) -> tuple[dict, str, int]:
+    from linker.extract import AE, BENEFIT
+    from linker.extract.data import read_phee
+    from linker.extract.metrics import phee_scores
+    from linker.extract.train import effect_strings
+
+    count = int(previous.get("phee_test_evaluations", 0))
+    if count and not rescore:
+        print(f"PHEE test already scored {count} time(s): kept (pass --rescore-test to score again)")
+        return previous["phee_test"], previous.get("phee_test_model", previous.get("model")), count
+    skipped: list[str] = []
+    test = read_phee(data.get("phee").path("test"), skipped)
+    t0 = time.perf_counter()
+    spans = extractor.extract([d.text for d in test], style="phrases")
+    seconds = time.perf_counter() - t0
+    scores = phee_scores(effect_strings(test), [[s.text for s in doc if s.label in (AE, BENEFIT)] for doc in spans])
+    scores.update(sentences=len(test), skipped_annotations=len(skipped), extract_seconds=round(seconds, 1),
+                  sentences_per_s=round(len(test) / seconds, 1))
+    return scores, extractor.revision, count + 1
+
+
+def assertion_on_gold(dev_files: list[Path]) -> dict:
+    """Gold status x the rules' status of every gold event span of TAC dev and PHEE dev (no tagger involved)."""
+    from linker.extract.assertion import load_cues, status_of
+    from linker.extract.data import DRUG, read_phee, read_tac
+
+    cues = load_cues()
+    out = {"cues_version": cues.version, "cues_sha256": cues.sha256}
+    for name, docs in (("TAC dev", [d for f in dev_files for d in read_tac(f)]),
+                       ("PHEE dev", read_phee(data.get("phee").path("dev")))):
+        pairs = Counter(f"{status} -> {status_of(d.text, s, e, cues) or 'positive'}"
+                        for d in docs for s, e, label, status in d.spans if label != DRUG)
+        out[name] = dict(sorted(pairs.items()))
+    return out
+
+
+def capabilities(extractor, per_template: int, seed: int) -> tuple[dict, list[str]]:
+    from linker.extract.capabilities import run_suite
+
+    reports = run_suite(extractor, per_template=per_template, seed=seed)
+    c = reports[0].config
+    lines = [f"Suite data version {c['suite_data_version']} (`linker/data/capabilities/extract/`), {c['templates']} "
+             f"templates, up to {c['per_template']} (drug, symptom) pairs each (seed {c['seed']}), {c['cases']:,} "
+             f"sentences, `style=\"{c['style']}\"`; failure rate in %, 95% Wilson interval in brackets. A case of an "
+             "`expect event` template fails when no positive AdverseEvent span overlaps the symptom; of an `expect "
+             "no_event` template, when one does (it would be coded as an adverse event of the drug). "
+             "`assertion=model`: the tagger's status head alone; `assertion=rules`: with the NegEx-style step. The cue "
+             "lists and these templates were written together, by one hand: the rules' rows here are optimistic, and "
+             "the gold-span table above is their independent check.", "",
+             capability_table(reports), "",
+             *table(["capability", "symptom found as AdverseEvent, any status (%)"],
+                    [(cap, "–" if v is None else f"{100 * v:.1f}") for cap, v in c["found"].items()]), "",
+             "Failures with the rules, one per template (the AdverseEvent spans found):", ""]
+    for cap, shown in reports[-1].config["failures"].items():
+        lines += [f"- {cap}: `{f['text']}` → {', '.join(f['spans']) or 'none'}" for f in shown]
+    return {"reports": [r.to_dict() for r in reports]}, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="linker-ae")
+    parser.add_argument("--out", type=Path, default=REPO / "eval" / "extract")
+    parser.add_argument("--rescore-test", action="store_true", help="Score PHEE test again (counted in the report).")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--per-template", type=int, default=40, help="Capability cases per template.")
+    parser.add_argument("--seed", type=int, default=15)
+    args = parser.parse_args()
+    from linker.extract import load_extractor
+    from linker.extract.extractor import release_path
+    from linker.models import read_release
+
+    report = Report("report", out=args.out, title="Adverse-event extraction (linker-ae): PHEE test, TAC 2017 "
+                    "development split, capabilities")
+    previous = json.loads(p.read_text(encoding="utf-8")) if (p := args.out / "report.json").is_file() else {}
+    started = time.perf_counter()
+    extractor = load_extractor(args.model, threads=args.threads)
+    manifest = read_release(release_path(args.model)).manifest
+    tac = data.get("tac2017").path("train")
+    dev_files = [tac / f"{stem}.xml" for stem in manifest["training"]["tac_dev_labels"]]
+    train_files = [tac / f"{stem}.xml" for stem in manifest["training"]["tac_train_labels"]]
+    r = {"model": extractor.revision, "threshold": extractor.thresholds(), "tac_dev_labels": len(dev_files),
+         "tac_dev": tac_dev(extractor, dev_files, train_files), "assertion_on_gold": assertion_on_gold(dev_files)}
+    r["phee_test"], r["phee_test_model"], r["phee_test_evaluations"] = phee_test(extractor, previous, args.rescore_test)
+    r["capabilities"], cap_lines = capabilities(extractor, args.per_template, args.seed)
+    r["wall_seconds"] = round(time.perf_counter() - started)
+    report.write(r, render(r, manifest, cap_lines))
+
+
+def _summary(result: dict) -> dict:
+    return {key: value for key, value in result.items() if key != "per_document"}
+
+
+def _uc(result: dict) -> list[str]:
+    m, c = result["use_case_1_mentions_micro_weighted"], result["use_case_2_codes_macro_by_section"]
+    values = (m["precision"], m["recall"], m["f1"], c["precision"], c["recall"], c["f1"], result["quality"]["value"])
+    return [f"{100 * v:.2f}" for v in values]
+
+
+def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
+    t, phee, tac = manifest["training"], r["phee_test"], r["tac_dev"]
+    same = r["phee_test_model"] == r["model"]
+    keys = [f"{style}/{assertion}" for style, assertion in RUNS]
+    return [
+        f"Model `{r['model']}`, span thresholds per head {r['threshold']} (chosen on PHEE dev and TAC dev). "
+        f"PHEE test evaluations so far: **{r['phee_test_evaluations']}**. Wall time {r['wall_seconds']:,} s.", "",
+        "## PHEE test: Effect spans", "",
+        f"Scored once, with `{r['phee_test_model']}`" + ("." if same else " (the same tensors: the release was since "
+                                                         "rewritten with a new card and manifest, its fp16 weights re-saved unchanged in value)."), "",
+        *table(["system", "EM_F1", "Token_F1"], [*((n, f"{em:.2f}", f"{tok:.2f}") for n, em, tok in PAPER_ROWS),
+                                                 ("**linker-ae** (this release)",
+                                                              f"**{phee['EM_F1']:.2f}**", f"**{phee['Token_F1']:.2f}**")]), "",
+        f"{phee['sentences']:,} sentences, {phee['gold_spans']:,} gold Effect spans, {phee['predicted_spans']:,} predicted "
+        f"(EM P/R {phee['EM_precision']}/{phee['EM_recall']}, token P/R {phee['Token_precision']}/{phee['Token_recall']}); "
+        f"{phee['skipped_annotations']} annotation(s) skipped as their text does not match the .txt. `style=\"phrases\"` "
+        "(PHEE's span convention); statuses do not enter this score. Settings differ: the paper scores the arguments of "
+        "each gold event trigger; linker-ae finds every Effect span of a sentence (adverse and therapeutic) with no "
+        "trigger given. EM_F1: SQuAD-normalised string match per sentence; Token_F1: SQuAD token overlap, "
+        "micro-summed (`linker/extract/metrics.py`).", "",
+        f"## TAC 2017 development split ({r['tac_dev_labels']} of the 101 training labels, seeded 20%, held out)", "",
+        "AdverseReaction mentions (exact: same offsets; a discontinuous gold mention counts as missed since linker-ae "
+        f"writes contiguous spans; {tac['discontinuous_gold']} of them. Relaxed: any overlap). Runs are style/assertion: "
+        "`terms` is the head trained on TAC's convention, `auto` (the default) the terms and the phrase head's spans "
+        "where no term overlaps them; `rules` (the default) the status head then the NegEx-style cues, `model` the "
+        "status head alone. `positive`: positive gold mentions against positive predictions.", "",
+        *table(["run", "mentions", "exact P", "exact R", "exact F1", "relaxed P", "relaxed R", "relaxed F1"],
+               [(k, f"{n} ({tac[k][n]['exact']['gold']:,} gold, {tac[k][n]['exact']['predicted']:,} predicted)",
+                 *(tac[k][n][m][f] for m in ("exact", "relaxed") for f in ("precision", "recall", "f1")))
+                for k in keys for n in ("all", "positive")]), "",
+        f"Published, for scale only: {TAC_PUBLISHED}", "",
+        "### End to end: ADE Eval use cases (`linker.eval.ade_eval`)", "",
+        f"Closed-world MedDRA-format dictionary: {tac['dictionary']['pts']:,} PTs and {tac['dictionary']['llts']:,} LLTs "
+        "from the Normalization elements of the training-split labels (not MedDRA: only the terms TAC's annotators "
+        "used; codes that occur only in the dev labels cannot be found). tf-idf index, default settings. The ade-xml "
+        "writer leaves negated and hypothetical spans out (TAC's rule). The open default dictionary is not measured "
+        "here (it holds no MedDRA codes).", "",
+        *table(["run", "UC1 P", "UC1 R", "UC1 F", "UC2 P", "UC2 R", "UC2 F", "quality"],
+               [*((f"annotate {k}", *_uc(tac[k]["ade_eval"])) for k in keys),
+                ("gold mentions, linked", *_uc(tac["gold_mentions_coded"]))]), "",
+        "## Throughput (1 torch thread, shared 2-core machine)", "",
+        *[f"- annotate {k} on the {r['tac_dev_labels']} dev labels: {tac[k]['throughput']['annotate_seconds']} s, "
+          f"{tac[k]['throughput']['docs_per_s']} labels/s, {tac[k]['throughput']['spans_per_s']} spans/s; "
+          f"{tac[k]['throughput']['annotate_over_extract']}x the extraction alone "
+          f"({tac[k]['throughput']['extract_seconds']} s, the same sections in one call)." for k in keys],
+        f"- linking the gold mentions alone (normalize): {tac['normalize_gold_seconds']} s: the tagger is the cost (a "
+        "ratio below 1 is the noise of a shared machine).",
+        f"- extract on PHEE test: {phee.get('sentences_per_s')} sentences/s.", "",
+        "## Assertion rules on gold spans (dev data, no tagger)", "",
+        f"Cues version {r['assertion_on_gold']['cues_version']} (`linker/data/assertion/cues.tsv`): the gold status "
+        "of every gold event span -> the status the rules give it. TAC marks hypothetical only a reaction of a drug "
+        "class or of animals, which no cue can tell; PHEE's statuses come from one-event sentences only.", "",
+        *table(["data", "gold -> rules: spans"], [(name, ", ".join(f"{k}: {v:,}" for k, v in pairs.items()))
+                                                 for name, pairs in r["assertion_on_gold"].items()
+                                                 if isinstance(pairs, dict)]), "",
+        "## Capabilities (after MacPhail et al., templates)", "", *cap_lines, "",
+        "## Training (from the release manifest)", "",
+        f"`{t['command']}`: {t['windows']:,} windows, {t['wall_seconds']:,} s wall, {t['cpu_seconds']:,} s CPU, "
+        f"{t['torch_threads']} thread(s), load average {t['load_average']}; epoch chosen "
+        f"{manifest['metrics']['chosen_epoch']}." + (f" Decoding then chosen again on the same dev data: "
+                                                     f"`{t['tuned']['command']}`." if t.get("tuned") else ""),
+    ]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""Terminology scale: tf-idf, dense and hybrid indexes from the real union of the open terminologies to 5M names.
+
+    python -m bench.scale tables                                  # work/scale/names-{union,1m,2m,5m}.parquet
+    python -m bench.scale run --sizes union,1m --kinds tfidf,dense,hybrid
+    python -m bench.scale ray --size union --workers 1,2          # `--engine ray` against the local build
+    python -m bench.scale peer --size union                       # scispaCy's candidate generator, if installed
+
+Writes eval/scale/report.{md,json}; each command adds its rows to what earlier runs wrote (one build at a time
+fills the 2 cores, so sizes run one after the other), replacing rows of the same size and kind.
+
+**The names.** ``union``: every open terminology of `linker-multi`'s recipe in one concept table (ICD-10-CM from
+simple-icd-10-cm, HPO with its es/fr/de/nl translations, MEDIC, Disease Ontology, Cantemist's ICD-O codes; 313,349
+names of 140,271 concepts); ``100k``: its first 100,000 names (the Ray builds). ``1m``/``2m``/``5m``: the union, then generated variants of its names until the size
+is reached: round r gives every union name a clinical qualifier before it and, for 11 of 12 rounds in turn, one
+after it (`QUALIFIERS`, `SUFFIXES`, "chronic hair loss in remission"), under the name's own concept; the smaller
+tables are prefixes of the larger. English qualifiers on names of every language: a harder haystack than a real
+release (many near-duplicates per concept), not a model of one.
+
+**Each build and each serving measurement runs in its own child process** (`python -m bench.scale _build` /
+`_serve`): its peak RSS is that process's (`ru_maxrss`; Ray's worker processes are not in it), and the time to the
+first answer runs from starting the child (Python, imports, checking the index, loading the encoder) until it has
+printed the candidates of one mention. Serving then links `QUERIES` (distinct real mentions: the lay development
+slice and NCBI-disease's development set, never a test set) at k = 5 and reads its RSS (anonymous and file-backed)
+from /proc. Recall of an approximate dense index is of name rows against exact search over the same stored vectors
+(`linker.index.dense.recall_against_exact`, ties counted as hits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from bench import data
+from bench.report import Report, load, table
+
+WORK = data.REPO / "work" / "scale"
+OUT = data.REPO / "eval" / "scale"
+SIZES = {"100k": 100_000, "union": 0, "1m": 1_000_000, "2m": 2_000_000, "5m": 5_000_000}
+QUALIFIERS = ("acute", "chronic", "mild", "severe", "recurrent", "bilateral", "left", "right", "congenital",
+              "familial", "early onset", "late onset", "drug induced", "postoperative", "intermittent", "persistent",
+              "progressive", "transient", "secondary", "idiopathic")
+SUFFIXES = ("", "unspecified", "in pregnancy", "in childhood", "of the left side", "of the right side",
+            "with complications", "without complications", "in remission", "after surgery", "due to medication",
+            "nos")
+ENCODER = "minilm"
+
+
+def table_path(size: str) -> Path:
+    return WORK / f"names-{size}.parquet"
+
+
+def make_tables(sizes: list[str]) -> dict:
+    """The union, and each padded size as the union plus generated variants (a prefix of the next size's)."""
+    from linker.dictionary import SourceSpec, build_dictionary
+    from linker.models.release import RECIPES, data_root
+    from linker.sources import SourceOptions
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    root = data_root()
+    specs = [SourceSpec(s, tuple(root / p for p in paths)) for s, paths in RECIPES["linker-multi"].sources]
+    build_dictionary(specs, table_path("union"), options=SourceOptions(), overwrite=True)
+    union = pq.read_table(table_path("union"))
+    meta = pq.read_metadata(table_path("union")).metadata
+    largest = max(SIZES[s] for s in sizes)
+    parts, rows = [union], union.num_rows
+    for r in range((max(largest - rows, 0) + union.num_rows - 1) // union.num_rows):
+        take = min(union.num_rows, largest - rows)
+        base = union.slice(0, take)
+        names = pc.utf8_trim_whitespace(pc.binary_join_element_wise(
+            QUALIFIERS[r % len(QUALIFIERS)], base.column("name"), SUFFIXES[r % len(SUFFIXES)], " "))
+        columns = {"name": names, "term_id": pc.binary_join_element_wise(f"gen{r}", base.column("term_id"), ":"),
+                   "source": ["generated"] * take, "term_type": ["generated"] * take, "preferred": [False] * take}
+        variant = base
+        for field, values in columns.items():
+            spec = union.schema.field(field)  # with its nullability: concat_tables wants equal schemas
+            variant = variant.set_column(union.schema.get_field_index(field), spec, pa.array(values, type=spec.type)
+                                         if isinstance(values, list) else values)
+        parts.append(variant)
+        rows += take
+    padded = pa.concat_tables(parts)
+    counts = {"union": union.num_rows}
+    for size in sizes:
+        if SIZES[size]:
+            pq.write_table(padded.slice(0, SIZES[size]).replace_schema_metadata(meta), table_path(size),
+                           compression="zstd")
+            counts[size] = SIZES[size]
+    counts["union_concepts"] = len(pc.unique(union.column("concept_id")))
+    return counts
+
+
+def queries() -> list[str]:
+    """Distinct real mentions: the lay development slice and NCBI-disease's development set."""
+    from linker.eval.datasets import load_dataset
+
+    texts = [line.split("\t")[0] for line in (data.REPO / "linker/data/lay/lay_dev.tsv").read_text().splitlines()[1:]]
+    if data.skip_reason("ncbi") is None:
+        texts += [m.text for m in load_dataset(data.get("ncbi").spec("dev"))]
+    return list(dict.fromkeys(t for t in texts if t.strip()))
+
+
+def rss() -> dict:
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            fields[key] = round(int(value.split()[0]) / 1024)
+    return fields
+
+
+def child_build(size: str, kind: str, out: Path, options: dict) -> None:
+    from linker.index import build_index, get_kind
+    from linker.index.dense import DenseConfig
+
+    dense = DenseConfig(encoder=ENCODER, **options)
+    config = {"tfidf": None, "dense": dense}.get(kind)
+    if kind == "hybrid":
+        config = get_kind("hybrid").config_type(dense=dense)
+    started = time.perf_counter()
+    manifest = build_index(table_path(size), kind=kind, out=out, config=config, overwrite=True)
+    dense_part = manifest.get("dense", {})
+    print(json.dumps({"build_seconds": round(time.perf_counter() - started, 1),
+                      "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                      "faiss_kind": dense_part.get("faiss_kind"), "storage": dense_part.get("storage"),
+                      "encode_seconds": dense_part.get("encode_seconds"), "recall_at_build": dense_part.get("recall"),
+                      "names_per_second": dense_part.get("encoding", {}).get("names_per_second"),
+                      "resumed_at": dense_part.get("encoding", {}).get("resumed_at")}))
+
+
+def child_serve(index: Path, recall: bool) -> None:
+    from linker.link import Linker
+
+    texts = queries()
+    linker = Linker.load(index)
+    first = linker.link([texts[0]], k=5)
+    print("FIRST " + json.dumps(first[0].candidates[0].concept_id if first[0].candidates else None), flush=True)
+    after_load = rss()
+    times = []
+    for _ in range(3):  # the first pass also warms the pages it touches; the median of three is reported
+        started = time.perf_counter()
+        for start in range(0, len(texts), 256):
+            linker.link(texts[start : start + 256], k=5)
+        times.append(time.perf_counter() - started)
+    result = {"queries": len(texts), "mentions_per_second": round(len(texts) / float(np.median(times)), 1),
+              "pass_seconds": [round(t, 2) for t in times], "rss_after_load_mib": after_load, "rss_mib": rss()}
+    dense = getattr(linker.index.names, "dense", linker.index.names)
+    if recall and hasattr(dense, "encode_queries") and dense.config.faiss_kind != "flat":
+        from linker.index.dense import recall_against_exact
+
+        started = time.perf_counter()
+        result["recall"] = recall_against_exact(dense, dense.encode_queries(texts), ks=(1, 5))
+        result["recall"]["seconds"] = round(time.perf_counter() - started, 1)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def spawn(args: list[str], program: list[str] | None = None, kill: tuple[float, str] | None = None
+          ) -> tuple[dict, float | None, float]:
+    """Run a child (`python -m bench.scale ARGS`, or `program` ARGS); its RESULT/last JSON line, the seconds until it
+    printed FIRST, and its wall time. `kill` = (seconds, "driver" | "worker"): SIGKILL the child, or one Ray encoding
+    actor, that long after the start (the child's failure is then expected: {} is returned)."""
+    started, first = time.perf_counter(), None
+    program = program or [sys.executable, "-m", "bench.scale"]
+    proc = subprocess.Popen([*program, *args], cwd=data.REPO, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if kill is not None:
+        def killer() -> None:
+            time.sleep(kill[0])
+            if kill[1] == "driver":
+                proc.kill()
+            else:  # Ray names an actor's process after its class
+                actors = subprocess.run(["pgrep", "-f", "ray::_EncodeWorker"], capture_output=True, text=True).stdout.split()
+                if actors:
+                    os.kill(int(actors[0]), 9)
+                    print(f"killed Ray actor process {actors[0]}", file=sys.stderr)
+        threading.Thread(target=killer, daemon=True).start()
+    result = {}
+    for line in proc.stdout:
+        if line.startswith("FIRST ") and first is None:
+            first = time.perf_counter() - started
+        elif line.startswith("RESULT "):
+            result = json.loads(line[7:])
+        elif line.startswith("{"):
+            result = json.loads(line)
+    if proc.wait() and not (kill and kill[1] == "driver"):
+        raise SystemExit(f"bench.scale {' '.join(args)} failed with exit code {proc.returncode}")
+    return result, first, time.perf_counter() - started
+
+
+def disk_mib(folder: Path) -> float:
+    return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
+
+
+def run(sizes: list[str], kinds: list[str], recall: bool) -> list[dict]:
+    rows = []
+    for size in sizes:
+        for kind in kinds:
+            out = WORK / f"index-{size}-{kind}"
+            before = load()
+            built, _, _ = spawn(["_build", size, kind, str(out)])
+            served, first, _ = spawn(["_serve", str(out), *(["--recall"] if recall else [])])
+            rows.append({"size": size, "kind": kind, "names": json.loads((out / "manifest.json").read_text())
+                         ["counts"]["names"], **built, "disk_mib": disk_mib(out), "first_answer_seconds":
+                         round(first, 2), **served, "load_before": before, "load_after": load()})
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def ray_build(size: str, workers: list[int]) -> dict:
+    """Dense builds of `size`: in one process, then `--engine ray` with each worker count, then with one actor killed
+    and with the driver killed and the command run again; time, and identity with the local build."""
+    from linker.index import load_index
+
+    ray = {"engine": "ray", "workers": max(workers)}
+    w = max(workers)
+    plan = [("local", "local", {}, None), *((f"ray-{n}", f"ray-{n}", {"engine": "ray", "workers": n}, None)
+                                            for n in workers),
+            # a lost worker: one actor process killed 30 s in; Ray restarts it and its chunk is encoded again
+            (f"ray-{w}, a worker killed at 30 s", "worker-killed", ray, (30.0, "worker")),
+            # a killed driver: the build killed 30 s in (its Ray stopped after), then the same command again
+            ("driver killed at 30 s", "driver-killed", ray, (30.0, "driver")),
+            (f"ray-{w}, rerun after the driver was killed", "driver-killed", ray, None)]
+    runs, folders = {}, {}
+    for label, name, options, kill in plan:
+        out = WORK / f"ray-{size}-{name}"
+        before = load()
+        built, _, wall = spawn(["_build", size, "dense", str(out), json.dumps(options)], kill=kill)
+        if kill and kill[1] == "driver":
+            subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], capture_output=True)
+            continue  # the rerun reports what was left to do
+        runs[label], folders[label] = {**built, "wall_seconds": round(wall, 1), "load_before": before,
+                                       "load_after": load()}, out
+    reference = load_index(folders["local"]).names
+    sample = np.sort(np.random.default_rng(0).choice(reference.size, size=min(2000, reference.size), replace=False))
+    vectors = reference.encode_queries(queries()[:1000])
+    _, want = reference.search_vectors(vectors, 5)
+    a = np.asarray(reference.embeddings[sample], dtype=np.float32)
+    for label, folder in folders.items():
+        if label == "local":
+            continue
+        other = load_index(folder).names
+        b = np.asarray(other.embeddings[sample], dtype=np.float32)
+        _, got = other.search_vectors(vectors, 5)
+        runs[label]["identity"] = {"vectors_sampled": len(sample), "bit_identical_share": float(np.mean(np.all(a == b, 1))),
+                                   "max_abs_difference": float(np.abs(a - b).max()),
+                                   "same_top5_share": float(np.mean(np.all(got == want, 1))),
+                                   "same_top1_share": float(np.mean(got[:, 0] == want[:, 0])), "queries": len(vectors)}
+    return runs
+
+
+def peer(size: str, python: str) -> dict:
+    """scispaCy's candidate generator over the same names (`bench/peer_scispacy.py`, run by `python`)."""
+    concepts = pq.read_table(table_path(size), columns=["concept_id", "name", "preferred"])
+    kb, out, texts = WORK / f"kb-{size}.jsonl", WORK / f"scispacy-{size}", WORK / "queries.txt"
+    grouped: dict[str, list[str]] = {}
+    for cid, name in zip(concepts.column("concept_id").to_pylist(), concepts.column("name").to_pylist()):
+        grouped.setdefault(cid, []).append(name)
+    with kb.open("w", encoding="utf-8") as handle:
+        for cid, names in grouped.items():
+            handle.write(json.dumps({"concept_id": cid, "canonical_name": names[0], "aliases": names[1:]}) + "\n")
+    texts.write_text("\n".join(queries()) + "\n", encoding="utf-8")
+    script = [python, str(data.REPO / "bench" / "peer_scispacy.py")]
+    before = load()
+    built, _, _ = spawn(["build", str(kb), str(out)], script)
+    served, first, _ = spawn(["serve", str(kb), str(out), str(texts)], script)
+    return {"size": size, "names": concepts.num_rows, "peer": "scispacy 0.6.2 CandidateGenerator", **built,
+            "disk_mib": disk_mib(out), "first_answer_seconds": round(first, 2), **served, "load_before": before,
+            "load_after": load()}
+
+
+def write(part: str, value) -> None:
+    path = OUT / "report.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    if part == "rows":
+        keep = {(r["size"], r["kind"]) for r in value}
+        value = [r for r in saved.get("rows", []) if (r["size"], r["kind"]) not in keep] + value
+        value.sort(key=lambda r: (list(SIZES).index(r["size"]), r["kind"]))
+    saved = {k: v for k, v in saved.items() if k not in ("command", "date", "cpus", "load_before", "load_after", "commit")}
+    saved[part] = value
+    report = Report("report", out=OUT, title="Terminology scale: tf-idf, dense and hybrid indexes up to 5M names")
+    report.write(saved, render(saved))
+
+
+def render(saved: dict) -> list[str]:
+    lines = [line for part in (__doc__ or "").split("\n\n") if part.startswith("**")
+             for line in (part.replace("\n", " "), "")]
+    if "tables" in saved:
+        lines += ["Tables: " + ", ".join(f"{k} {v:,}" for k, v in saved["tables"].items()) + ".", ""]
+    if saved.get("rows"):
+        lines += ["## Build and serve (2 cores, one process at a time)", ""]
+        lines += table(["names", "kind", "FAISS / storage", "build s", "build peak RSS MiB", "disk MiB",
+                        "first answer s", "serving RSS MiB (anon + file)", "mentions/s, k=5", "recall@1 / @5"],
+                       [[f"{r['names']:,}", r["kind"], f"{r.get('faiss_kind') or '-'} / {r.get('storage') or '-'}",
+                         r["build_seconds"], f"{r['peak_rss_mib']:,}", f"{r['disk_mib']:,}", r["first_answer_seconds"],
+                         f"{r['rss_mib']['VmRSS']:,} ({r['rss_mib']['RssAnon']:,} + {r['rss_mib']['RssFile']:,})",
+                         f"{r['mentions_per_second']:,}",
+                         (f"{r['recall']['recall_at_1']} / {r['recall']['recall_at_5']}" if "recall" in r else
+                          "exact")] for r in saved["rows"]], align="rrrrrrrrr")
+        lines += ["", "Load average (1 min) before each build: " + ", ".join(
+            f"{r['size']} {r['kind']} {r['load_before'][0]}" for r in saved["rows"]) + "."]
+    if saved.get("ray"):
+        lines += ["", "## Dense build on Ray (local Ray, one CPU per actor)", ""]
+        runs = saved["ray"]["runs"]
+        local = runs["local"]["build_seconds"]
+        lines += table(["build", "seconds", "speed-up", "names encoded by this run", "identity with the local build"],
+                       [[label, r["build_seconds"], f"{local / r['build_seconds']:.2f}x",
+                         f"{saved['ray']['names'] - (r.get('resumed_at') or 0):,}",
+                         "-" if "identity" not in r else
+                         (f"{r['identity']['bit_identical_share']:.1%} of {r['identity']['vectors_sampled']:,} sampled "
+                          f"vectors bit-identical (max diff {r['identity']['max_abs_difference']:.1e}); top-5 "
+                          f"identical for {r['identity']['same_top5_share']:.1%}, top-1 for "
+                          f"{r['identity']['same_top1_share']:.1%} of {r['identity']['queries']:,} queries")]
+                        for label, r in runs.items()], align="rrr")
+    if saved.get("peer"):
+        r = saved["peer"]
+        lines += ["", "## Peer: scispaCy's candidate generator on the same names", "",
+                  *table(["names", "peer", "build s", "build peak RSS MiB", "disk MiB", "first answer s",
+                          "serving RSS MiB (anon + file)", "mentions/s, k=5"],
+                         [[f"{r['names']:,}", r["peer"], r["build_seconds"], f"{r['peak_rss_mib']:,}",
+                           f"{r['disk_mib']:,}", r["first_answer_seconds"],
+                           f"{r['rss_mib']['VmRSS']:,} ({r['rss_mib']['RssAnon']:,} + {r['rss_mib']['RssFile']:,})",
+                           f"{r['mentions_per_second']:,}"]], align="rrrrrrr")]
+    if saved.get("notes"):
+        lines += ["", "## Notes", "", *saved["notes"]]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("tables").add_argument("--sizes", default="1m,2m,5m")
+    p = sub.add_parser("run")
+    p.add_argument("--sizes", default="union,1m")
+    p.add_argument("--kinds", default="tfidf,dense,hybrid")
+    p.add_argument("--no-recall", action="store_true")
+    p = sub.add_parser("ray")
+    p.add_argument("--size", default="union")
+    p.add_argument("--workers", default="1,2")
+    p = sub.add_parser("peer")
+    p.add_argument("--size", default="union")
+    p.add_argument("--python", required=True, help="the Python of an environment with scispacy installed")
+    p = sub.add_parser("_build")
+    p.add_argument("size")
+    p.add_argument("kind")
+    p.add_argument("out", type=Path)
+    p.add_argument("options", nargs="?", default="{}")
+    p = sub.add_parser("_serve")
+    p.add_argument("index", type=Path)
+    p.add_argument("--recall", action="store_true")
+    args = parser.parse_args()
+    if args.command == "tables":
+        saved = json.loads((OUT / "report.json").read_text()).get("tables", {}) if (OUT / "report.json").is_file() else {}
+        write("tables", {**saved, **make_tables(["union", *args.sizes.split(",")])})
+    elif args.command == "run":
+        write("rows", run(args.sizes.split(","), args.kinds.split(","), not args.no_recall))
+    elif args.command == "ray":
+        write("ray", {"size": args.size, "names": pq.read_metadata(table_path(args.size)).num_rows,
+                      "runs": ray_build(args.size, [int(w) for w in args.workers.split(",")])})
+    elif args.command == "peer":
+        write("peer", peer(args.size, args.python))
+    elif args.command == "_build":
+        child_build(args.size, args.kind, args.out, json.loads(args.options))
+    else:
+        child_serve(args.index, args.recall)
+
+
+if __name__ == "__main__":
+    main()

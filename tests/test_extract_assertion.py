@@ -1,0 +1,154 @@
+"""The rule-based assertion step (negated / hypothetical events) and the extractor's capability suite.
+
+The rules and the suite's generation and scoring need no model; one test runs the shipped linker-ae over a tiny
+template file, and one runs `linker extract --assertion` (a few seconds to load the tagger once).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import assert_one_line_error, cli
+
+from linker.errors import InputFormatError
+from linker.extract.assertion import load_cues, read_cues, status_of
+from linker.extract.capabilities import Case, fill, generate_cases, load_suite, score
+from linker.extract.model import ExtractedSpan
+
+
+def status(sentence: str, term: str) -> str | None:
+    start = sentence.index(term)
+    return status_of(sentence, start, start + len(term))
+
+
+@pytest.mark.parametrize("sentence, term, expected", [
+    ("No rash since starting lamotrigine.", "rash", "negated"),
+    ("No rash since starting lamotrigine.", "No rash", "negated"),  # a phrase span opening with its cue
+    ("I have had no headache since I started ibuprofen.", "had no headache", "negated"),
+    ("The patient denied nausea after cisplatin.", "nausea", "negated"),
+    ("Hepatotoxicity was ruled out.", "Hepatotoxicity", "negated"),
+    ("Severe rash after lamotrigine; no fever.", "Severe rash", None),  # the cue is in the next clause
+    ("No fever, but she developed a rash.", "rash", None),  # "but" ends the cue's scope
+    ("No change in the rash was seen.", "rash", None),  # a pseudo cue
+    ("Hypothyroidism without thyroid disease.", "Hypothyroidism without thyroid disease", None),  # cue deep inside
+    ("No one in the ward had any sign of the severe recurrent rash at all.", "rash", None),  # beyond the window
+    ("If you develop a rash while taking it, call your doctor.", "rash", "hypothetical"),
+    ("She developed a rash after lamotrigine.", "rash", None),
+])
+def test_cues_in_scope(sentence, term, expected):
+    assert status(sentence, term) == expected
+
+
+def test_the_nearest_cue_wins_and_cue_files_are_checked(tmp_path):
+    assert status("If there is no rash, go on.", "rash") == "negated"
+    cues = load_cues()
+    assert cues.version == "1" and len(cues.sha256) == 16
+    extra = tmp_path / "cues.tsv"
+    extra.write_text("negated\tbefore\tnary a\n", encoding="utf-8")
+    assert status_of("Nary a rash.", 7, 11, load_cues([extra])) == "negated"
+    assert status_of("Nary a rash.", 7, 11) is None
+    with pytest.raises(InputFormatError, match=r"cues.tsv:2: expected negated\|hypothetical"):
+        read_cues(tmp_path / "cues.tsv", [(1, "# header"), (2, "negated\tany\tno")])
+    with pytest.raises(InputFormatError, match="x.tsv:1: .*found 2 tab-separated"):
+        read_cues("x.tsv", [(1, "negated\tbefore")])
+
+
+def test_fill_gives_the_symptoms_offsets_and_capitalises():
+    text, span = fill("{symptom} after {drug}.", {"drug": "ibuprofen", "symptom": "hair loss"})
+    assert text == "Hair loss after ibuprofen." and text[span[0]:span[1]] == "Hair loss"
+    assert fill("{drug} is awful.", {"drug": "metformin"}) == ("Metformin is awful.", None)
+
+
+def _suite(tmp_path, templates: str):
+    (tmp_path / "t.tsv").write_text(templates, encoding="utf-8")
+    (tmp_path / "f.tsv").write_text("drug\tibuprofen\ndrug\tmetformin\nsymptom\trash\nsymptom\tnausea\n",
+                                    encoding="utf-8")
+    return load_suite([tmp_path / "t.tsv"], [tmp_path / "f.tsv"], package=False)
+
+
+def test_cases_are_seeded_per_template(tmp_path):
+    data = _suite(tmp_path, "negation\tno_event\tNo {symptom} since starting {drug}.\n"
+                            "baseline\tevent\t{drug} gave me {symptom}.\n")
+    cases = generate_cases(data, per_template=3, seed=1)
+    assert len(cases) == 6 and cases == generate_cases(data, per_template=3, seed=1)
+    assert {c.capability for c in cases[:3]} == {"negation"}
+    # a template's cases do not change when another template is added
+    more = _suite(tmp_path, "baseline\tevent\tI took {drug}, then {symptom}.\n"
+                            "negation\tno_event\tNo {symptom} since starting {drug}.\n")
+    assert [c.text for c in generate_cases(more, per_template=3, seed=1)[3:]] == [c.text for c in cases[:3]]
+
+
+def test_failure_is_a_positive_event_over_the_symptom_or_a_missed_one():
+    def span(start, end, status="positive", label="AdverseEvent"):
+        return ExtractedSpan(start, end, "", label, status, 0.9)
+
+    cases = [Case("negation", "no_event", "t:1", "No rash.", (3, 7)),
+             Case("negation", "no_event", "t:1", "No rash.", (3, 7)),
+             Case("negation", "no_event", "t:1", "No rash.", (3, 7)),
+             Case("baseline", "event", "t:2", "Rash.", (0, 4)),
+             Case("baseline", "event", "t:2", "Rash.", (0, 4)),
+             Case("sentiment", "no_event", "t:3", "Awful pills.", None)]
+    predicted = [[span(0, 7)], [span(0, 7, "negated")], [span(3, 7, label="TherapeuticEffect")],
+                 [span(0, 4, "hypothetical")], [span(0, 4)], [span(0, 5)]]
+    report = score(cases, predicted, label="x")
+    rows = {r.capability: r for r in report.rows}
+    assert (rows["negation"].n, rows["negation"].failures) == (3, 1)
+    assert (rows["baseline"].n, rows["baseline"].failures) == (2, 1)  # a hypothetical event is no event found
+    assert rows["sentiment"].failures == 1  # no symptom: any positive event fails
+    assert rows["negation"].low < 1 / 3 < rows["negation"].high
+    assert report.config["found"]["negation"] == 2 / 3 and report.config["found"]["sentiment"] is None
+
+
+@pytest.mark.parametrize("row, message", [
+    ("negation\tmaybe\tNo {symptom} with {drug}.", "expect event|no_event"),
+    ("negation\tno_event\tNo {symptom}.", "template with {drug}"),
+    ("baseline\tevent\t{drug} is fine.", "an `event` template holding {symptom}"),
+    ("negation\tno_event", "found 2 tab-separated"),
+])
+def test_bad_template_rows_are_one_line(tmp_path, row, message):
+    with pytest.raises(InputFormatError, match=r"t.tsv:1: ") as error:
+        _suite(tmp_path, row + "\n")
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_package_suite_is_valid():
+    data = load_suite()
+    assert data.version == "1" and {"negation", "temporal", "beneficial", "sentiment"} <= {t.capability for t in data.templates}
+    assert len(data.fillers["drug"]) >= 10 and len(data.fillers["symptom"]) >= 10
+
+
+@pytest.fixture(scope="module")
+def extractor():
+    pytest.importorskip("torch")
+    from linker.extract import load_extractor
+
+    return load_extractor()
+
+
+def test_tiny_suite_on_the_shipped_tagger(tmp_path, extractor):
+    """The rules turn the negated symptom's positive event into a negated one; the baseline event is found."""
+    from linker.extract.capabilities import run_suite
+
+    data = _suite(tmp_path, "negation\tno_event\tNo {symptom} since starting {drug}.\n"
+                            "baseline\tevent\tI developed {symptom} after starting {drug}.\n")
+    model, rules = run_suite(extractor, data, per_template=4, seed=3)
+    assert [r.capability for r in rules.rows] == ["negation", "baseline"] and rules.row("negation").n == 4
+    assert rules.row("negation").failures == 0 and rules.row("baseline").failures == 0
+    assert model.row("negation").failures == 4  # the status head alone calls "No rash" positive
+    assert model.config["assertion"] == "model" and rules.config["assertion"] == "rules"
+
+
+def test_extract_cli_assertion_option(tmp_path, capsys, extractor):
+    (tmp_path / "in.txt").write_text("No rash since starting lamotrigine.", encoding="utf-8")
+    statuses = {}
+    for mode in ("model", "rules"):
+        code, _ = cli(["-q", "extract", "--input", tmp_path / "in.txt", "--output", tmp_path / f"{mode}.jsonl",
+                       "--assertion", mode], capsys)
+        assert code == 0
+        rows = [json.loads(line) for line in (tmp_path / f"{mode}.jsonl").read_text().splitlines()]
+        statuses[mode] = [r["status"] for r in rows if r["label"] == "AdverseEvent"]
+    assert statuses == {"model": ["positive"], "rules": ["negated"]}
+    code, err = cli(["extract", "--input", tmp_path / "in.txt", "--output", tmp_path / "x.jsonl",
+                     "--assertion", "maybe"], capsys)
+    assert_one_line_error(code, err, "--assertion: expected rules, model, found 'maybe'")
