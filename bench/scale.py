@@ -19,7 +19,7 @@ release (many near-duplicates per concept), not a model of one.
 **Each build and each serving measurement runs in its own child process** (`python -m bench.scale _build` /
 `_serve`): its peak RSS is that process's (`ru_maxrss`; Ray's worker processes are not in it), and the time to the
 first answer runs from starting the child (Python, imports, checking the index, loading the encoder) until it has
-printed the candidates of one mention. Serving then links `QUERIES` (distinct real mentions: the lay development
+printed the candidates of one mention. Serving then links the queries (995 distinct real mentions: the lay development
 slice and NCBI-disease's development set, never a test set) at k = 5 and reads its RSS (anonymous and file-backed)
 from /proc. Recall of an approximate dense index is of name rows against exact search over the same stored vectors
 (`linker.index.dense.recall_against_exact`, ties counted as hits).
@@ -55,6 +55,22 @@ SUFFIXES = ("", "unspecified", "in pregnancy", "in childhood", "of the left side
             "with complications", "without complications", "in remission", "after surgery", "due to medication",
             "nos")
 ENCODER = "minilm"
+NOTES = [
+    "- **Kinds.** tf-idf: the default settings (char_wb 3-grams, exact search up to 500,000 names, maxscore above). "
+    "Dense: minilm, precision auto (bf16, compiled for the build; queries eager), `--faiss auto` (flat up to 200,000 "
+    "names, ivf-pq with float16 vectors and exact re-scoring above). Hybrid: both, summed (weights 1 and 1).",
+    "- **Rows marked served again** were built by an earlier commit of this work, whose build differed only in how "
+    "FAISS was trained (on 256 instead of 64 vectors per list; every name at 313k and 1M); their index was served "
+    "again with this commit's code. Their build figures are that build's.",
+    "- **Build memory.** oneDNN (torch's bf16 kernels) caches a compiled kernel per operator shape, 1,024 by "
+    "default; encoding batches of every length fills it: 9 calls of 2,048 names, compiled minilm bf16, grew the "
+    "process by 239 MB at 1,024 entries, 95 MB at 256 in the same time, 68 MB at 64 (5% slower). linker now sets "
+    "`ONEDNN_PRIMITIVE_CACHE_CAPACITY=256` unless it is set; the 5M dense build above ran before that, at 1,024 "
+    "(its anonymous memory rose to 3.7 GB and stayed there from chunk ~340 of 610).",
+    "- **Serving memory.** Re-scoring reads the short list's vectors with pread, not through the memory map: the "
+    "kernel maps 16 pages around each page touched, and 3 passes of 995 queries over the 1M index mapped the whole "
+    "768 MB vector file into the server (RssFile +744 MB) where pread left it at +56 MB for the same searches.",
+]
 
 
 def table_path(size: str) -> Path:
@@ -177,6 +193,10 @@ def spawn(args: list[str], program: list[str] | None = None, kill: tuple[float, 
         def killer() -> None:
             time.sleep(kill[0])
             if kill[1] == "driver":
+                # once a few chunks are done (the driver's start-up and Ray's vary), so the rerun has some to skip
+                while proc.poll() is None and sum(len(json.loads(f.read_text()).get("done", []))
+                                                  for f in WORK.glob(".dense-partial-*/progress.json")) < 3:
+                    time.sleep(0.5)
                 proc.kill()
             else:  # Ray names an actor's process after its class
                 actors = subprocess.run(["pgrep", "-f", "ray::_EncodeWorker"], capture_output=True, text=True).stdout.split()
@@ -201,13 +221,22 @@ def disk_mib(folder: Path) -> float:
     return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
 
 
-def run(sizes: list[str], kinds: list[str], recall: bool) -> list[dict]:
+def run(sizes: list[str], kinds: list[str], recall: bool, serve_only: bool = False) -> list[dict]:
+    """Build and serve each (size, kind); with `serve_only`, serve the index an earlier run built and keep that
+    run's build figures (marked ``"served_again"``)."""
+    saved = json.loads((OUT / "report.json").read_text()).get("rows", []) if (OUT / "report.json").is_file() else []
     rows = []
     for size in sizes:
         for kind in kinds:
             out = WORK / f"index-{size}-{kind}"
             before = load()
-            built, _, _ = spawn(["_build", size, kind, str(out)])
+            if serve_only:
+                old = next(r for r in saved if (r["size"], r["kind"]) == (size, kind))
+                built = {key: old[key] for key in ("build_seconds", "peak_rss_mib", "faiss_kind", "storage",
+                                                   "encode_seconds", "recall_at_build", "names_per_second")
+                         if key in old} | {"served_again": True}
+            else:
+                built, _, _ = spawn(["_build", size, kind, str(out)])
             served, first, _ = spawn(["_serve", str(out), *(["--recall"] if recall else [])])
             rows.append({"size": size, "kind": kind, "names": json.loads((out / "manifest.json").read_text())
                          ["counts"]["names"], **built, "disk_mib": disk_mib(out), "first_answer_seconds":
@@ -227,8 +256,8 @@ def ray_build(size: str, workers: list[int]) -> dict:
                                             for n in workers),
             # a lost worker: one actor process killed 30 s in; Ray restarts it and its chunk is encoded again
             (f"ray-{w}, a worker killed at 30 s", "worker-killed", ray, (30.0, "worker")),
-            # a killed driver: the build killed 30 s in (its Ray stopped after), then the same command again
-            ("driver killed at 30 s", "driver-killed", ray, (30.0, "driver")),
+            # a killed driver: the build killed once 3 chunks are done (its Ray stopped after), then the same command
+            ("driver killed after 3 chunks", "driver-killed", ray, (0.0, "driver")),
             (f"ray-{w}, rerun after the driver was killed", "driver-killed", ray, None)]
     runs, folders = {}, {}
     for label, name, options, kill in plan:
@@ -245,11 +274,13 @@ def ray_build(size: str, workers: list[int]) -> dict:
     vectors = reference.encode_queries(queries()[:1000])
     _, want = reference.search_vectors(vectors, 5)
     a = np.asarray(reference.embeddings[sample], dtype=np.float32)
+    first_ray = np.asarray(load_index(folders[f"ray-{workers[0]}"]).names.embeddings[sample], dtype=np.float32)
     for label, folder in folders.items():
         if label == "local":
             continue
         other = load_index(folder).names
         b = np.asarray(other.embeddings[sample], dtype=np.float32)
+        runs[label]["bit_identical_to_first_ray_build"] = bool(np.array_equal(first_ray, b))
         _, got = other.search_vectors(vectors, 5)
         runs[label]["identity"] = {"vectors_sampled": len(sample), "bit_identical_share": float(np.mean(np.all(a == b, 1))),
                                    "max_abs_difference": float(np.abs(a - b).max()),
@@ -300,12 +331,13 @@ def render(saved: dict) -> list[str]:
         lines += ["## Build and serve (2 cores, one process at a time)", ""]
         lines += table(["names", "kind", "FAISS / storage", "build s", "build peak RSS MiB", "disk MiB",
                         "first answer s", "serving RSS MiB (anon + file)", "mentions/s, k=5", "recall@1 / @5"],
-                       [[f"{r['names']:,}", r["kind"], f"{r.get('faiss_kind') or '-'} / {r.get('storage') or '-'}",
+                       [[f"{r['names']:,}", r["kind"] + (" (served again)" if r.get("served_again") else ""),
+                         f"{r.get('faiss_kind') or '-'} / {r.get('storage') or '-'}",
                          r["build_seconds"], f"{r['peak_rss_mib']:,}", f"{r['disk_mib']:,}", r["first_answer_seconds"],
                          f"{r['rss_mib']['VmRSS']:,} ({r['rss_mib']['RssAnon']:,} + {r['rss_mib']['RssFile']:,})",
                          f"{r['mentions_per_second']:,}",
                          (f"{r['recall']['recall_at_1']} / {r['recall']['recall_at_5']}" if "recall" in r else
-                          "exact")] for r in saved["rows"]], align="rrrrrrrrr")
+                          "exact")] for r in saved["rows"]], align="r  rrrrrrr")
         lines += ["", "Load average (1 min) before each build: " + ", ".join(
             f"{r['size']} {r['kind']} {r['load_before'][0]}" for r in saved["rows"]) + "."]
     if saved.get("ray"):
@@ -314,7 +346,9 @@ def render(saved: dict) -> list[str]:
         local = runs["local"]["build_seconds"]
         lines += table(["build", "seconds", "speed-up", "names encoded by this run", "identity with the local build"],
                        [[label, r["build_seconds"], f"{local / r['build_seconds']:.2f}x",
-                         f"{saved['ray']['names'] - (r.get('resumed_at') or 0):,}",
+                         f"{saved['ray']['names'] - (r.get('resumed_at') or 0):,}"
+                         + (" (sampled vectors bit-identical to the first Ray build)"
+                            if r.get("bit_identical_to_first_ray_build") else ""),
                          "-" if "identity" not in r else
                          (f"{r['identity']['bit_identical_share']:.1%} of {r['identity']['vectors_sampled']:,} sampled "
                           f"vectors bit-identical (max diff {r['identity']['max_abs_difference']:.1e}); top-5 "
@@ -330,8 +364,7 @@ def render(saved: dict) -> list[str]:
                            f"{r['disk_mib']:,}", r["first_answer_seconds"],
                            f"{r['rss_mib']['VmRSS']:,} ({r['rss_mib']['RssAnon']:,} + {r['rss_mib']['RssFile']:,})",
                            f"{r['mentions_per_second']:,}"]], align="rrrrrrr")]
-    if saved.get("notes"):
-        lines += ["", "## Notes", "", *saved["notes"]]
+    lines += ["", "## Notes", "", *NOTES]
     return lines
 
 
@@ -343,6 +376,7 @@ def main() -> None:
     p.add_argument("--sizes", default="union,1m")
     p.add_argument("--kinds", default="tfidf,dense,hybrid")
     p.add_argument("--no-recall", action="store_true")
+    p.add_argument("--serve-only", action="store_true", help="serve the indexes an earlier run built")
     p = sub.add_parser("ray")
     p.add_argument("--size", default="union")
     p.add_argument("--workers", default="1,2")
@@ -362,7 +396,7 @@ def main() -> None:
         saved = json.loads((OUT / "report.json").read_text()).get("tables", {}) if (OUT / "report.json").is_file() else {}
         write("tables", {**saved, **make_tables(["union", *args.sizes.split(",")])})
     elif args.command == "run":
-        write("rows", run(args.sizes.split(","), args.kinds.split(","), not args.no_recall))
+        write("rows", run(args.sizes.split(","), args.kinds.split(","), not args.no_recall, args.serve_only))
     elif args.command == "ray":
         write("ray", {"size": args.size, "names": pq.read_metadata(table_path(args.size)).num_rows,
                       "runs": ray_build(args.size, [int(w) for w in args.workers.split(",")])})
