@@ -309,7 +309,7 @@ def peer(size: str, python: str) -> dict:
             "load_after": load()}
 
 
-def write(part: str, value) -> None:
+def write(report: Report, part: str, value) -> None:
     path = OUT / "report.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
     if part == "rows":
@@ -318,7 +318,6 @@ def write(part: str, value) -> None:
         value.sort(key=lambda r: (list(SIZES).index(r["size"]), r["kind"]))
     saved = {k: v for k, v in saved.items() if k not in ("command", "date", "cpus", "load_before", "load_after", "commit")}
     saved[part] = value
-    report = Report("report", out=OUT, title="Terminology scale: tf-idf, dense and hybrid indexes up to 5M names")
     report.write(saved, render(saved))
 
 
@@ -392,16 +391,20 @@ def main() -> None:
     p.add_argument("index", type=Path)
     p.add_argument("--recall", action="store_true")
     args = parser.parse_args()
+    # Made before the work, so that its load average "before" is the one the runs met.
+    report = Report("report", out=OUT, title="Terminology scale: tf-idf, dense and hybrid indexes up to 5M names")
+    if args.command == "peer":  # the peer's Python lives outside the repository: the report names it by role
+        report.meta["command"] = report.meta["command"].replace(args.python, "PEER_PYTHON")
     if args.command == "tables":
         saved = json.loads((OUT / "report.json").read_text()).get("tables", {}) if (OUT / "report.json").is_file() else {}
-        write("tables", {**saved, **make_tables(["union", *args.sizes.split(",")])})
+        write(report, "tables", {**saved, **make_tables(["union", *args.sizes.split(",")])})
     elif args.command == "run":
-        write("rows", run(args.sizes.split(","), args.kinds.split(","), not args.no_recall, args.serve_only))
+        write(report, "rows", run(args.sizes.split(","), args.kinds.split(","), not args.no_recall, args.serve_only))
     elif args.command == "ray":
-        write("ray", {"size": args.size, "names": pq.read_metadata(table_path(args.size)).num_rows,
+        write(report, "ray", {"size": args.size, "names": pq.read_metadata(table_path(args.size)).num_rows,
                       "runs": ray_build(args.size, [int(w) for w in args.workers.split(",")])})
     elif args.command == "peer":
-        write("peer", peer(args.size, args.python))
+        write(report, "peer", peer(args.size, args.python))
     elif args.command == "_build":
         child_build(args.size, args.kind, args.out, json.loads(args.options))
     else:
