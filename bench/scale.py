@@ -21,8 +21,9 @@ release (many near-duplicates per concept), not a model of one.
 first answer runs from starting the child (Python, imports, checking the index, loading the encoder) until it has
 printed the candidates of one mention. Serving then links the queries (995 distinct real mentions: the lay development
 slice and NCBI-disease's development set, never a test set) at k = 5 and reads its RSS (anonymous and file-backed)
-from /proc. Recall of an approximate dense index is of name rows against exact search over the same stored vectors
-(`linker.index.dense.recall_against_exact`, ties counted as hits).
+from /proc. Recall of an approximate dense index is against exact search over the same stored vectors, ties counted
+as hits: of the top-k name rows (`linker.index.dense.recall_against_exact`), and of the top-k concepts that linking
+returns (`concept_recall`: `linker.retrieve.top_concepts`, whose widening fetches more names than k).
 """
 
 from __future__ import annotations
@@ -176,8 +177,26 @@ def child_serve(index: Path, recall: bool) -> None:
 
         started = time.perf_counter()
         result["recall"] = recall_against_exact(dense, dense.encode_queries(texts), ks=(1, 5))
+        if dense is linker.index.names:
+            result["recall"]["concepts"] = concept_recall(linker, texts)
         result["recall"]["seconds"] = round(time.perf_counter() - started, 1)
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def concept_recall(linker, texts: list[str], k: int = 5, exact_names: int = 1000) -> dict:
+    """What linking returns: the top-k concepts of each query (`linker.retrieve.top_concepts`, widening included)
+    against the top-k concepts of exact search over the same stored vectors (its best `exact_names` names, collapsed);
+    ties count as hits, as in `recall_against_exact`."""
+    from linker.index.dense import _exact_topk, exact_scores
+    from linker.retrieve import collapse, top_concepts
+
+    dense, codes = linker.index.names, linker._concepts.codes
+    vectors = np.ascontiguousarray(dense.encode_queries(texts), dtype=np.float32)
+    _, rows = _exact_topk(vectors, dense.embeddings, exact_names)
+    truth = [collapse(s, r, codes, None) for s, r in zip(exact_scores(vectors, dense.embeddings, rows), rows)]
+    found = top_concepts(dense, linker._concepts, texts, k)
+    return {f"recall_at_{c}": round(float(np.mean([min(int(np.sum(f.scores[:c] >= t.scores[min(c, len(t.scores)) - 1] - 1e-5)), c) / c
+                                                   for f, t in zip(found, truth)])), 4) for c in (1, k)}
 
 
 def spawn(args: list[str], program: list[str] | None = None, kill: tuple[float, str] | None = None
@@ -329,14 +348,18 @@ def render(saved: dict) -> list[str]:
     if saved.get("rows"):
         lines += ["## Build and serve (2 cores, one process at a time)", ""]
         lines += table(["names", "kind", "FAISS / storage", "build s", "build peak RSS MiB", "disk MiB",
-                        "first answer s", "serving RSS MiB (anon + file)", "mentions/s, k=5", "recall@1 / @5"],
+                        "first answer s", "serving RSS MiB (anon + file)", "mentions/s, k=5", "recall@1 / @5 (names)",
+                        "recall@1 / @5 (concepts linked)"],
                        [[f"{r['names']:,}", r["kind"] + (" (served again)" if r.get("served_again") else ""),
                          f"{r.get('faiss_kind') or '-'} / {r.get('storage') or '-'}",
                          r["build_seconds"], f"{r['peak_rss_mib']:,}", f"{r['disk_mib']:,}", r["first_answer_seconds"],
                          f"{r['rss_mib']['VmRSS']:,} ({r['rss_mib']['RssAnon']:,} + {r['rss_mib']['RssFile']:,})",
                          f"{r['mentions_per_second']:,}",
                          (f"{r['recall']['recall_at_1']} / {r['recall']['recall_at_5']}" if "recall" in r else
-                          "exact")] for r in saved["rows"]], align="r  rrrrrrr")
+                          "exact"),
+                         (f"{r['recall']['concepts']['recall_at_1']} / {r['recall']['concepts']['recall_at_5']}"
+                          if "concepts" in r.get("recall", {}) else "-")] for r in saved["rows"]],
+                        align="r  rrrrrrrr")
         lines += ["", "Load average (1 min) before each build: " + ", ".join(
             f"{r['size']} {r['kind']} {r['load_before'][0]}" for r in saved["rows"]) + "."]
     if saved.get("ray"):

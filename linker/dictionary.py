@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 import linker
 from linker.errors import LinkerError, MissingInputError
-from linker.fileio import Input, atomic_file, check_output, native_read
+from linker.fileio import Input, atomic_file, check_output, mapped_blocks, native_read
 from linker.progress import bar
 from linker.schema import CONCEPT_SCHEMA, HIERARCHY_SCHEMA, ConceptName, HierarchyRow, validate_concept_table
 from linker.sources import SourceOptions, get_source
@@ -74,9 +74,8 @@ def hierarchy_path(path: str | Path) -> Path:
 
 def sha256_file(path: str | Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    for block in mapped_blocks(path):
+        digest.update(block)
     return digest.hexdigest()
 
 

@@ -9,6 +9,7 @@ import functools
 import gzip
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -74,6 +75,36 @@ def open_binary(path: str | Path):
         return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else path.open("rb")
     except OSError as exc:
         raise MissingInputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def mapped_blocks(path: str | Path, offset: int = 0, end: int | None = None,
+                  block: int = 256 << 20) -> Iterator[memoryview]:
+    """The bytes offset..end (None: the file's end) of `path` as read-only views of a memory map, `block` bytes each;
+    once the next block is asked for, the pages of the one before are dropped from this process (they stay in the
+    page cache, and a view still held reads them back).
+
+    For reading GBs whole (checksums, finite checks): no copy into Python buffers, and a consumer that releases the
+    GIL (hashlib, numpy) takes it once per block. 1 MB reads beside a thread importing torch each waited up to the
+    5 ms switch interval for the GIL: hashing a 3.8 GB file took 5.9 s there, 3.4 s alone. The map is closed when
+    the last view is freed, not here: a caller may still hold one."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        end = size if end is None else min(end, size)
+        if end <= offset:
+            return
+        try:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a file system that cannot map it: read it
+            handle.seek(offset)
+            for start in range(offset, end, block):
+                yield memoryview(handle.read(min(block, end - start)))
+            return
+    view = memoryview(mapped)
+    for start in range(offset, end, block):
+        yield view[start : min(end, start + block)]
+        if hasattr(mapped, "madvise"):  # not on Windows
+            first = start - start % mmap.PAGESIZE
+            mapped.madvise(mmap.MADV_DONTNEED, first, min(end, start + block) - first)
 
 
 def read_failure(exc: BaseException, where: str | Path, *, line: int | None = None) -> InputFormatError:

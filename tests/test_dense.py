@@ -62,7 +62,7 @@ def test_no_queries_and_bad_k(flat):
 
 
 def test_config_is_validated():
-    with pytest.raises(UnknownNameError, match="available: auto, flat, hnsw, ivf-pq, ivf-sq8"):
+    with pytest.raises(UnknownNameError, match="available: auto, flat, hnsw, ivf-pq, ivf-pqfs, ivf-sq8"):
         DenseConfig(faiss_kind="lsh")
     with pytest.raises(ConfigError, match="batch_size"):
         DenseConfig(batch_size=0)
@@ -73,9 +73,9 @@ def test_empty_names_are_refused(encoder):
         DenseNameIndex.build([], encoder, config())
 
 
-@pytest.mark.parametrize("kind", ["hnsw", "ivf-sq8", "ivf-pq"])
+@pytest.mark.parametrize("kind", ["hnsw", "ivf-sq8", "ivf-pq", "ivf-pqfs"])
 def test_approximate_kinds_record_recall_and_rerank_exactly(encoder, flat, kind):
-    # rerank_factor 12: ivf-pq re-scores 3 * 12 + 1 >= 35 candidates, i.e. every name, exactly (from fp32
+    # rerank_factor 12: IVF re-scores 3 + 3 * 12 + 1 >= 35 candidates, i.e. every name, exactly (from fp32
     # vectors here: fp16 storage, the IVF default, is exact only to ~1e-4, test_auto_kind_...).
     index = DenseNameIndex.build(NAMES, encoder, config(faiss_kind=kind, rerank_factor=12, storage="fp32"))
     recall = index.params["recall"]
@@ -98,12 +98,23 @@ def test_ivf_pq_without_rerank_returns_approximate_scores(encoder, flat):
     assert not np.allclose(scores, exact_scores, atol=1e-5)
 
 
+def test_product_codes_take_a_byte_per_8_dimensions_and_the_head_of_a_search_gets_the_most_candidates():
+    from linker.index.dense import candidates, pq_shape
+
+    for dim, pq, fast in ((384, (48, 8), (96, 4)), (32, (4, 8), (8, 4))):
+        assert pq_shape(DenseConfig(faiss_kind="ivf-pq"), dim) == pq
+        assert pq_shape(DenseConfig(faiss_kind="ivf-pqfs"), dim) == fast
+    assert pq_shape(DenseConfig(faiss_kind="ivf-pqfs", pq_m=48, pq_nbits=8), 384) == (48, 4)  # fast scan: 4 bits
+    # 8 extra candidates for each of the first 20 hits, one for each hit after (retrieve's 40, 160 and 640)
+    assert [candidates(DenseConfig(), k) for k in (1, 5, 20, 40, 160, 640)] == [9, 45, 180, 200, 320, 800]
+
+
 def test_ivf_pq_needs_a_dividing_pq_m(encoder):
     with pytest.raises(ConfigError, match="must divide the encoder dimension 32"):
         DenseNameIndex.build(NAMES, encoder, config(faiss_kind="ivf-pq", pq_m=5))
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf-pq"])
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf-pq", "ivf-pqfs"])
 def test_save_load_round_trip_gives_identical_results(encoder, tmp_path, kind):
     index = DenseNameIndex.build(NAMES, encoder, config(faiss_kind=kind))
     params = index.save(tmp_path)
@@ -219,14 +230,15 @@ def test_equal_name_vectors_score_equal_wherever_they_are_stored(encoder):
     assert (scores == scores[:, :1]).all()
 
 
-def test_auto_kind_is_flat_for_small_dictionaries_and_ivf_pq_with_fp16_vectors_above(encoder, flat, tmp_path, monkeypatch):
+def test_auto_kind_is_flat_for_small_dictionaries_and_ivf_pqfs_with_fp16_vectors_above(encoder, flat, tmp_path, monkeypatch):
     assert DenseConfig().faiss_kind == "auto" and flat.config.faiss_kind == "flat" and flat.embeddings.dtype == np.float32
     assert "auto: 35 names, at most" in flat.params["faiss_kind_chosen"]
     import linker.index.dense as dense
 
     monkeypatch.setattr(dense, "AUTO_FLAT_MAX_NAMES", 10)
     index = DenseNameIndex.build(NAMES, encoder, config(rerank_factor=12))
-    assert (index.config.faiss_kind, index.config.storage) == ("ivf-pq", "fp16")
+    assert (index.config.faiss_kind, index.config.storage) == ("ivf-pqfs", "fp16")
+    assert (index.params["pq_m"], index.params["pq_nbits"]) == (8, 4)  # config(): 8 sub-quantisers
     assert "more than 10" in index.params["faiss_kind_chosen"] and index.params["recall"]["recall_at_1"] >= 0.9
     params = index.save(tmp_path)
     loaded = DenseNameIndex.load(tmp_path, params, encoder)

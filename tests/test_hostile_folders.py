@@ -23,7 +23,7 @@ from linker.confidence import CALIBRATION, Calibration, write_calibration
 from linker.dictionary import sha256_file
 from linker.errors import LinkerError
 from linker.index import PRIOR, build_index, load_index
-from linker.index.manifest import MANIFEST, check_model_folder, folder_file, read_manifest
+from linker.index.manifest import MANIFEST, check_array, check_model_folder, folder_file, read_manifest
 from linker.index.tfidf import IDF, MATRIX, VOCABULARY
 from linker.link import Linker
 
@@ -321,6 +321,27 @@ def test_index_info_and_load_agree_on_a_good_folder(base):
     manifest = read_manifest(base)
     assert PRIOR in manifest["files"] and CALIBRATION in manifest["files"]
     assert load_index(base).names.size == 15
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, None])
+def test_a_memory_mapped_array_is_checked_for_finite_values_in_every_block(tmp_path, monkeypatch, dtype, bad):
+    """float16 is checked by its exponent bits: the same verdict and position as np.isfinite, in any block
+    (the file is read in blocks of 7 values here, through one reused buffer)."""
+    import linker.index.manifest as manifest
+
+    values = np.linspace(-65000, 65000, 40).astype(dtype).reshape(10, 4)  # float16's largest finite values
+    if bad is not None:
+        values[9, 3] = bad  # the last value: in the last, shorter block
+    np.save(tmp_path / "v.npy", values)
+    real = manifest._flat_blocks
+    monkeypatch.setattr(manifest, "_flat_blocks", lambda array, block: real(array, 7))
+    mapped = np.load(tmp_path / "v.npy", mmap_mode="r")
+    if bad is None:
+        assert check_array("v.npy", mapped, what="vectors", shape=(None, 4)) is mapped
+    else:
+        with pytest.raises(LinkerError, match=f"finite numbers, found {bad} at flat position 39"):
+            check_array("v.npy", mapped, what="vectors", shape=(None, 4))
 
 
 @pytest.mark.slow

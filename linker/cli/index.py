@@ -86,7 +86,7 @@ def build_cli(
     search: str = typer.Option(None, "--search", help="tf-idf: auto (default: exact up to --exact-max-names names, maxscore above), exact, maxscore (same top-k, stops reading postings early) or approximate."),
     threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
     encoder: str = typer.Option(None, "--encoder", help="dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."),
-    faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type: auto (default: flat up to 200,000 names, ivf-pq above), flat, hnsw, ivf-sq8, ivf-pq."),
+    faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type: auto (default: flat up to 200,000 names, ivf-pqfs above), flat, hnsw, ivf-sq8, ivf-pq, ivf-pqfs."),
     storage: str = typer.Option(None, "--storage", help="dense/hybrid: dtype of the stored name vectors: auto (default: fp16 for the IVF kinds, fp32 otherwise), fp32, fp16."),
     engine: str = typer.Option(None, "--engine", help="dense/hybrid: who encodes the names: local (default, this process) or ray (Ray actors; resumable)."),
     workers: int = typer.Option(None, "--workers", help="--engine ray: encoding actors (default: one per CPU of the Ray cluster)."),

@@ -15,10 +15,12 @@ previous index untouched.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -67,6 +69,21 @@ class IndexKind:
     build: Callable[[Sequence[str], Any, Path], dict]  # (names, config, folder) -> extra manifest fields
     load: Callable[..., NameIndex]  # (folder, config, manifest, precision=None) -> index
     config_from_dict: Callable[[dict], Any]
+    # Modules `load` imports: imported in a thread while the files are verified (torch and sentence-transformers take
+    # seconds of Python; hashing GBs of vectors runs in C, without the GIL), eval/scale/report.md's first answer.
+    preload: tuple[str, ...] = ()
+
+
+def _import_in_background(modules: tuple[str, ...]) -> None:
+    def run() -> None:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - the loader's own import reports a missing extra in one line
+                return
+
+    if modules:
+        threading.Thread(target=run, name="linker-preload", daemon=True).start()
 
 
 def _tfidf_kind() -> IndexKind:
@@ -330,8 +347,9 @@ def load_index(folder: str | Path, *, checksums: bool = True, precision: str | N
             f"{folder / MANIFEST}: unknown index kind {manifest['kind']!r} (this library knows "
             f"{', '.join(available_kinds())}); rebuild it with `linker index build`"
         )
-    verify(folder, manifest, checksums=checksums)
     spec = get_kind(manifest["kind"])
+    _import_in_background(spec.preload)
+    verify(folder, manifest, checksums=checksums)
     try:
         config = spec.config_from_dict(manifest.get("parameters", {}))
     except (TypeError, ValueError, KeyError) as exc:  # a missing or mistyped parameter (`typed_parameters`)

@@ -10,13 +10,15 @@ FAISS kinds:
 - ``flat``: exact search (default). The lead measured ~220 queries/s over 1M x 384 on 2 cores.
 - ``hnsw``: graph search over full vectors, scores exact, recall < 1 (M=32 measured by the lead
   at ~3k queries/s with recall@1 0.9 on 1M names).
-- ``ivf-sq8`` / ``ivf-pq``: inverted lists over 8-bit scalar / product-quantised codes; their
-  candidates (``k * rerank_factor``) are re-scored exactly against the float embeddings.
+- ``ivf-sq8`` / ``ivf-pq`` / ``ivf-pqfs``: inverted lists over 8-bit scalar / product-quantised codes, or
+  4-bit product codes scanned with SIMD (FAISS "fast scan": 6x faster than ``ivf-pq`` over 5M names at the same
+  code size, with higher recall; eval/scale/report.md); their candidates (`candidates`) are re-scored exactly
+  against the float embeddings.
 
 For the approximate kinds the build measures recall@1 and recall@10 against exact search on a
 sample of the names encoded as queries, and records them in the parameters for the manifest.
 
-``auto`` (the default) takes ``flat`` up to `AUTO_FLAT_MAX_NAMES` names and ``ivf-pq`` above,
+``auto`` (the default) takes ``flat`` up to `AUTO_FLAT_MAX_NAMES` names and ``ivf-pqfs`` above,
 where exact search gets slow and its vectors large (eval/scale/report.md); the manifest records the
 kind chosen and why. Vectors are stored in ``float16`` for the IVF kinds (``storage`` auto): half
 the disk and page cache, and the re-scoring reads them from a memory map, so a served index holds
@@ -59,8 +61,8 @@ from linker.precision import check_precision, resolve_precision
 log = logging.getLogger(__name__)
 DENSE_MODULES = ("torch", "sentence_transformers", "faiss")  # the `dense` extra
 
-FAISS_KINDS = ("flat", "hnsw", "ivf-sq8", "ivf-pq")
-# `faiss_kind="auto"`: flat (exact) up to this many names, ivf-pq with exact re-scoring above. On 2 cores a flat
+FAISS_KINDS = ("flat", "hnsw", "ivf-sq8", "ivf-pq", "ivf-pqfs")
+# `faiss_kind="auto"`: flat (exact) up to this many names, ivf-pqfs with exact re-scoring above. On 2 cores a flat
 # search over 200,000 names answers ~1,000 queries/s, about what the encoder does (eval/scale/report.md).
 AUTO_FLAT_MAX_NAMES = 200_000
 STORAGES = ("auto", "fp32", "fp16")  # dtype of dense/embeddings.npy; auto = fp16 for the IVF kinds, fp32 otherwise
@@ -87,7 +89,7 @@ class DenseConfig:
     parity_sample: int = 512  # names encoded in fp32 and in the chosen precision to check it (0 = no check)
     compile: str = "auto"  # torch.compile the encoder: auto (large CPU builds), on, off (linker.encoders)
     chunk_rows: int = 8192  # names encoded between two progress checkpoints (~12 MB at 384-d)
-    faiss_kind: str = "auto"  # auto = flat up to AUTO_FLAT_MAX_NAMES names, ivf-pq above; the index records its choice
+    faiss_kind: str = "auto"  # auto = flat up to AUTO_FLAT_MAX_NAMES names, ivf-pqfs above; the index records its choice
     storage: str = "auto"  # dtype of the stored vectors: fp32, fp16; auto = fp16 for the IVF kinds
     engine: str = "local"  # who encodes the chunks: this process, or Ray actors (linker.engine.encode)
     workers: int = 0  # ray: encoding actors (0 = one per CPU of the Ray cluster)
@@ -97,12 +99,14 @@ class DenseConfig:
     hnsw_ef_search: int = 128
     ivf_nlist: int = 0  # 0 = 4 * sqrt(names) (FAISS rule of thumb), at most names / 39 (k-means minimum)
     # 64 lists probed and 8 candidates per wanted hit re-scored: chosen on the 313,349-name union with the lay and
-    # NCBI development mentions (recall@1 0.986 at 16 and 4, 0.995 at 64 and 8, 5,229 searches/s; eval/scale)
+    # NCBI development mentions (ivf-pq: recall@1 0.986 at 16 and 4, 0.995 at 64 and 8, 5,229 searches/s; eval/scale)
     ivf_nprobe: int = 64
-    pq_m: int = 48  # sub-quantisers; must divide the dimension (384 / 48 = 8 dims each)
-    pq_nbits: int = 8
+    # Sub-quantisers; must divide the dimension. 0 = one byte of code per 8 dimensions: dim / 8 of 8 bits (ivf-pq),
+    # dim / 4 of 4 bits (ivf-pqfs); 48 bytes a name at 384 dimensions.
+    pq_m: int = 0
+    pq_nbits: int = 8  # bits per ivf-pq sub-quantiser (ivf-pqfs: always 4, the only width fast scan has)
     rerank: bool = True  # re-score IVF candidates exactly from the float embeddings
-    rerank_factor: int = 8  # candidates per wanted hit before re-ranking
+    rerank_factor: int = 8  # extra candidates re-scored per wanted hit, for the first RERANK_HEAD hits
     recall_sample: int = 1000  # names used as queries to measure recall of approximate kinds
     threads: int = 0  # torch and FAISS threads; 0 leaves their defaults (all cores)
     seed: int = 0
@@ -123,13 +127,13 @@ class DenseConfig:
         positive = {
             "batch_size": self.batch_size, "token_budget": self.token_budget, "chunk_rows": self.chunk_rows, "hnsw_m": self.hnsw_m,
             "hnsw_ef_construction": self.hnsw_ef_construction, "hnsw_ef_search": self.hnsw_ef_search,
-            "ivf_nprobe": self.ivf_nprobe, "pq_m": self.pq_m, "rerank_factor": self.rerank_factor,
+            "ivf_nprobe": self.ivf_nprobe, "rerank_factor": self.rerank_factor,
         }
         bad = {k: v for k, v in positive.items() if v < 1}
         if bad:
             raise ConfigError(f"dense index options must be >= 1, found {bad}")
-        if self.ivf_nlist < 0 or self.recall_sample < 0 or self.threads < 0 or self.parity_sample < 0:
-            raise ConfigError("ivf_nlist, recall_sample and threads must be >= 0 (0 = automatic / off / default)")
+        if self.ivf_nlist < 0 or self.pq_m < 0 or self.recall_sample < 0 or self.threads < 0 or self.parity_sample < 0:
+            raise ConfigError("ivf_nlist, pq_m, recall_sample and threads must be >= 0 (0 = automatic / off / default)")
         if not 1 <= self.pq_nbits <= 16:
             raise ConfigError(f"pq_nbits must be in 1..16, found {self.pq_nbits}")
 
@@ -143,7 +147,7 @@ class DenseConfig:
         """This config with `faiss_kind` and `storage` decided for an index of `names` names."""
         kind = self.faiss_kind
         if kind == "auto":
-            kind = "flat" if names <= AUTO_FLAT_MAX_NAMES else "ivf-pq"
+            kind = "flat" if names <= AUTO_FLAT_MAX_NAMES else "ivf-pqfs"
         storage = self.storage
         if storage == "auto":
             storage = "fp16" if kind.startswith("ivf") else "fp32"
@@ -381,6 +385,7 @@ def _stored_fp16(embeddings: np.ndarray, work_dir: Path, block: int = 65536) -> 
     return np.load(path, mmap_mode="r")
 
 
+RERANK_HEAD = 20  # hits with rerank_factor extra candidates each (`candidates`)
 IVF_MAX_AUTO_LISTS = 4096  # k-means over more lists costs more than 2 cores can give a 5M-name build (eval/scale)
 TRAIN_POINTS_PER_LIST = 64  # FAISS warns below 39 and samples at most 256
 
@@ -390,6 +395,22 @@ def _nlist(config: DenseConfig, n: int) -> int:
     # 4 * sqrt(n) is capped: k-means and assigning every vector cost names x lists x dimensions.
     nlist = config.ivf_nlist or min(int(round(4 * math.sqrt(n))), n // 39, IVF_MAX_AUTO_LISTS)
     return max(1, min(nlist, n))
+
+
+def pq_shape(config: DenseConfig, dim: int) -> tuple[int, int]:
+    """(sub-quantisers, bits each) of an ivf-pq or ivf-pqfs index of `dim` dimensions."""
+    nbits = 4 if config.faiss_kind == "ivf-pqfs" else config.pq_nbits
+    return config.pq_m or max(1, dim // nbits), nbits  # a byte of code per 8 dimensions
+
+
+def candidates(config: DenseConfig, k: int) -> int:
+    """IVF hits re-scored exactly for a search of k: each hit, and `rerank_factor` more for each of the first
+    `RERANK_HEAD`. Quantised scores misorder neighbours that lie close together, so the head of the list needs many
+    candidates; `linker.retrieve` fetches 40 names for 5 concepts and 160, 640 when it widens, and 8 candidates per
+    name there re-scored 321, 1,281 and 5,121 rows a mention for little gain (ivf-pqfs over 5M names, development
+    mentions: 300 -> 512 mentions/s, concept recall@1 0.996 -> 0.995 and @5 0.986 -> 0.980 against exact search;
+    eval/scale/report.md)."""
+    return k + config.rerank_factor * min(k, RERANK_HEAD)
 
 
 def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 8192):
@@ -411,18 +432,22 @@ def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 8192)
                 quantizer, dim, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
             )
         else:
-            if dim % config.pq_m:
-                raise ConfigError(f"pq_m={config.pq_m} must divide the encoder dimension {dim} (e.g. {dim // 8})")
-            if n < 2**config.pq_nbits:
+            m, nbits = pq_shape(config, dim)
+            if dim % m:
+                raise ConfigError(f"pq_m={m} must divide the encoder dimension {dim} (e.g. {dim // 8})")
+            if n < 2**nbits:
                 raise ConfigError(
-                    f"ivf-pq with pq_nbits={config.pq_nbits} needs at least {2**config.pq_nbits} names to train, "
-                    f"found {n}; use a smaller pq_nbits or kind flat"
+                    f"{kind} with {nbits}-bit codes needs at least {2**nbits} names to train, found {n}; "
+                    "use a smaller pq_nbits or kind flat"
                 )
-            index = faiss.IndexIVFPQ(quantizer, dim, nlist, config.pq_m, config.pq_nbits, faiss.METRIC_INNER_PRODUCT)
+            if kind == "ivf-pqfs":
+                index = faiss.IndexIVFPQFastScan(quantizer, dim, nlist, m, nbits, faiss.METRIC_INNER_PRODUCT)
+            else:
+                index = faiss.IndexIVFPQ(quantizer, dim, nlist, m, nbits, faiss.METRIC_INNER_PRODUCT)
         index.cp.seed = config.seed
         # TRAIN_POINTS_PER_LIST per centroid (and enough for the PQ codebooks), sampled from the memmap: k-means cost
         # grows with the sample, and 64 points per list train as well as FAISS's 256 for a short list to re-score.
-        sample_size = min(n, max(TRAIN_POINTS_PER_LIST * nlist, 2**config.pq_nbits * 40 if kind == "ivf-pq" else 0))
+        sample_size = min(n, max(TRAIN_POINTS_PER_LIST * nlist, 2 ** pq_shape(config, dim)[1] * 40 if "pq" in kind else 0))
         rng = np.random.default_rng(config.seed)
         sample = np.sort(rng.choice(n, size=sample_size, replace=False))
         # One FAISS call with no progress of its own: say what is happening before it starts.
@@ -534,6 +559,8 @@ class DenseNameIndex:
                                            f"{AUTO_FLAT_MAX_NAMES:,}")
         if config.faiss_kind.startswith("ivf"):
             params["ivf_nlist"] = _nlist(config, len(names))
+        if "pq" in config.faiss_kind:
+            params["pq_m"], params["pq_nbits"] = pq_shape(config, int(embeddings.shape[1]))
         index = cls(encoder, config, embeddings, faiss_index, params)
         index._work_dir = temporary
         index._work_path = Path(work_dir)
@@ -578,7 +605,7 @@ class DenseNameIndex:
         if len(vectors) == 0:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
         rerank = self.config.rerank and self.config.faiss_kind.startswith("ivf")
-        fetch = min(self.size, k * self.config.rerank_factor if rerank else k)
+        fetch = min(self.size, candidates(self.config, k) if rerank else k)
         # One extra hit so that ties at the k-th place are resolved by row, not by FAISS order.
         fetch = min(self.size, fetch + 1)
         scores, rows = self.faiss_index.search(vectors, fetch)
@@ -681,6 +708,7 @@ class DenseNameIndex:
 
 
 REBUILD = "rebuild it with `linker index build`"
+ENCODER_MODULES = ("faiss", "torch", "sentence_transformers")  # what loading an encoder and a FAISS index imports
 
 
 def listed_params(folder: Path, manifest: dict) -> dict:
@@ -838,4 +866,4 @@ def dense_kind():
     def load(folder: Path, config: DenseConfig, manifest: dict, precision: str | None = None):
         return DenseNameIndex.load(folder, listed_params(folder, manifest), precision=precision)
 
-    return IndexKind("dense", DenseConfig, build_dense, load, DenseConfig.from_dict)
+    return IndexKind("dense", DenseConfig, build_dense, load, DenseConfig.from_dict, preload=ENCODER_MODULES)

@@ -25,7 +25,7 @@ import numpy as np
 import linker
 from linker.dictionary import sha256_file
 from linker.errors import IndexMismatchError, InputFormatError, MissingInputError
-from linker.fileio import atomic_file, is_temporary
+from linker.fileio import atomic_file, is_temporary, mapped_blocks
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ def check_array(where: str | Path, array: np.ndarray, *, what: str, shape: tuple
     if array.dtype.kind == "f":
         start = 0
         for part in _flat_blocks(array, 1 << 24):
-            if not np.isfinite(part).all():
+            if not _all_finite(part):
                 bad = int(np.argmin(np.isfinite(part)))
                 raise InputFormatError(where, f"{what} of finite numbers", f"{part[bad]} at flat position {start + bad}",
                                        fix=fix)
@@ -372,16 +372,26 @@ def check_array(where: str | Path, array: np.ndarray, *, what: str, shape: tuple
     return array
 
 
+FP16_EXPONENT = 0x7C00  # a float16's exponent bits: all set in a NaN or an infinity, and only there
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """`np.isfinite(values).all()`; for float16 by its exponent bits, 3x faster (numpy widens float16 to test it,
+    and a 5M-name index's vectors are 1.9 billion of them)."""
+    if values.dtype.itemsize != 2 or values.dtype.kind != "f":
+        return bool(np.isfinite(values).all())
+    return int(np.bitwise_and(values.view(np.uint16), FP16_EXPONENT).max(initial=0)) != FP16_EXPONENT
+
+
 def _flat_blocks(array: np.ndarray, block: int):
-    """`array`'s values in flat blocks. A whole memory-mapped file is read through the file, not its mapping: pages
-    read through the mapping stay in this process's resident memory, and a check of a 4 GB index would leave the
-    server holding all of it (its queries touch a few pages each)."""
+    """`array`'s values in flat blocks. A whole memory-mapped file is read through a map of its own, whose pages are
+    dropped block by block (`mapped_blocks`), not through the array's: pages read through that mapping would stay
+    in this process's resident memory, and a check of a 4 GB index would leave the server holding all of it (its
+    queries touch a few pages each). A block is valid only until the next one."""
     if isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.flags.c_contiguous:
-        with open(array.filename, "rb") as handle:
-            handle.seek(array.offset)
-            for start in range(0, array.size, block):
-                count = min(block, array.size - start)
-                yield np.frombuffer(handle.read(count * array.dtype.itemsize), dtype=array.dtype)
+        for part in mapped_blocks(array.filename, array.offset, array.offset + array.nbytes,
+                                  block * array.dtype.itemsize):
+            yield np.frombuffer(part, dtype=array.dtype)
         return
     flat = array.reshape(-1) if array.flags.c_contiguous else array.ravel(order="K")
     for start in range(0, flat.size, block):
