@@ -19,7 +19,8 @@ release (many near-duplicates per concept), not a model of one.
 **Each build and each serving measurement runs in its own child process** (`python -m bench.scale _build` /
 `_serve`): its peak RSS is that process's (`ru_maxrss`; Ray's worker processes are not in it), and the time to the
 first answer runs from starting the child (Python, imports, checking the index, loading the encoder) until it has
-printed the candidates of one mention. Serving then links the queries (995 distinct real mentions: the lay development
+printed the candidates of one mention ("hair loss"; the rows of tf-idf, of 2M names and of the peer were measured
+when the child read the queries first, ~0.2 s more). Serving then links the queries (995 distinct real mentions: the lay development
 slice and NCBI-disease's development set, never a test set) at k = 5 and reads its RSS (anonymous and file-backed)
 from /proc. Recall of an approximate dense index is against exact search over the same stored vectors, ties counted
 as hits: of the top-k name rows (`linker.index.dense.recall_against_exact`), and of the top-k concepts that linking
@@ -158,11 +159,11 @@ def child_build(size: str, kind: str, out: Path, options: dict) -> None:
 def child_serve(index: Path, recall: bool) -> None:
     from linker.link import Linker
 
-    texts = queries()
     linker = Linker.load(index)
-    first = linker.link([texts[0]], k=5)
+    first = linker.link(["hair loss"], k=5)  # before the queries are read: their files are not the index's start-up
     print("FIRST " + json.dumps(first[0].candidates[0].concept_id if first[0].candidates else None), flush=True)
     after_load = rss()
+    texts = queries()
     times = []
     for _ in range(3):  # the first pass also warms the pages it touches; the median of three is reported
         started = time.perf_counter()
@@ -386,7 +387,53 @@ def render(saved: dict) -> list[str]:
                            f"{r['disk_mib']:,}", r["first_answer_seconds"],
                            f"{r['rss_mib']['VmRSS']:,} ({r['rss_mib']['RssAnon']:,} + {r['rss_mib']['RssFile']:,})",
                            f"{r['mentions_per_second']:,}"]], align="rrrrrrr")]
-    lines += ["", "## Notes", "", *NOTES]
+    lines += ["", *plan(saved.get("rows", [])), "## Notes", "", *NOTES]
+    return lines
+
+
+def plan(rows: list[dict], target: int = 50_000_000, cores: int = 16) -> list[str]:
+    """A capacity plan for `target` names, scaled from the measured dense builds (the 5M one, and the smallest for the
+    part of the serving memory that does not grow with names); what each line assumes is said in it."""
+    dense = sorted((r for r in rows if r["kind"] == "dense"), key=lambda r: r["names"])
+    if len(dense) < 2 or dense[-1]["names"] < 1_000_000:
+        return []
+    big, small = dense[-1], dense[0]
+    scale, dim = target / big["names"], 384
+    per_core = big["names_per_second"] / 2
+    core_hours = target / per_core / 3600
+    after_encoding = (big["build_seconds"] - big["encode_seconds"]) * scale
+    grows = (big["rss_mib"]["RssAnon"] - small["rss_mib"]["RssAnon"]) / (big["names"] - small["names"])
+    anon = small["rss_mib"]["RssAnon"] + grows * (target - small["names"])
+    vectors_mib = dim * 2 / 2**20  # float16, per name
+    fits = (24 * 1024 - small["rss_mib"]["RssAnon"]) / (vectors_mib + grows) + small["names"]
+    lines = [f"## Capacity plan: {target / 1e6:.0f}M names", "",
+             f"Scaled from the {big['names'] / 1e6:.0f}M dense build above, linearly in the number of names; none of it "
+             f"was run at {target / 1e6:.0f}M.", "",
+             f"- **Encoding** ({big['names_per_second']:,} names/s on 2 cores, {per_core:,.0f} per core): "
+             f"{core_hours:,.1f} core-hours. `--engine ray` with one actor per core: "
+             + ", ".join(f"{n} machine{'s' if n > 1 else ''} of {cores} cores {core_hours / (n * cores) * 60:,.0f} min"
+                         for n in (1, 4, 16))
+             + ". This assumes actors scale per core across machines as they did on one (2 actors on 2 cores: "
+             "1.03x one process, above); across machines it was not measured, and the driver writes every chunk "
+             f"({target * dim * 4 / 1e9:,.0f} GB of float32 at {per_core * cores * 16 * dim * 4 / 1e6:,.0f} MB/s "
+             "from 16 machines, within one disk's bandwidth).",
+             f"- **After encoding, on the driver alone** (FAISS training and filling, the recall check, saving): "
+             f"{big['build_seconds'] - big['encode_seconds']:,.0f} s at {big['names'] / 1e6:.0f}M, so "
+             f"~{after_encoding / 60:,.0f} min on 2 cores whatever the number of machines; "
+             f"disk: {target * dim * 6 / 1e9:,.0f} GB of work files (float32 and float16) and the index, "
+             f"~{big['disk_mib'] * scale / 1024:,.0f} GB.",
+             f"- **IVF lists.** The build caps the lists at {4096:,}; at {target / 1e6:.0f}M each holds "
+             f"~{target / 4096:,.0f} names and a search scans {scale:.0f}x the codes it scans at "
+             f"{big['names'] / 1e6:.0f}M. Keep the scan by raising `DenseConfig(ivf_nlist=...)` to ~{int(4 * target ** 0.5):,} "
+             "(4 sqrt(n)); k-means over that many lists is hours on 2 cores (not measured): train on a GPU or a large "
+             "machine.",
+             f"- **Serving.** Re-scoring reads ~200 random rows per mention from the {target * dim * 2 / 1e9:,.0f} GB "
+             "vector file, at the measured speed only from the page cache: a serving machine needs that much free RAM "
+             f"beside the process's own ~{anon / 1024:,.0f} GB (anonymous memory: {small['rss_mib']['RssAnon']:,} MiB at "
+             f"{small['names']:,} names plus {grows * 1e6:,.0f} MiB per million names, as measured between the two "
+             f"builds). By the same figures a 24 GiB machine like this one holds ~{fits / 1e6:,.0f}M names; more needs a "
+             "larger machine, or the names split across machines and their top-k merged, which linker does not do "
+             "yet.", ""]
     return lines
 
 

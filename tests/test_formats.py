@@ -192,3 +192,30 @@ def test_mention_lists_and_codiesp_round_trip(tmp_path, texts):
     assert [r.text for r in read_id_list(tmp_path / "query", "query")] == texts
     assert [(r.text, r.ids) for r in read_biosyn(tmp_path / "biosyn")] == [(t, f"D{i}+D9") for i, t in enumerate(texts)]
     assert [(r.text, r.code, r.start) for r in read_codiesp(tmp_path / "codiesp")] == [(t, f"r{i}", i) for i, t in enumerate(texts)]
+
+
+@pytest.mark.parametrize("mappable", [True, False])
+def test_mapped_blocks_give_every_byte_once_and_sha256_file_hashes_them(tmp_path, monkeypatch, mappable):
+    """Blocks of any size from any offset to any end cover exactly those bytes, through a memory map or, where the
+    file cannot be mapped, through reads; an empty range gives no block."""
+    import hashlib
+    import mmap
+
+    from linker.dictionary import sha256_file
+    from linker.fileio import mapped_blocks
+
+    payload = bytes(range(256)) * 40 + b"tail"  # 10,244 bytes: not a whole number of pages or blocks
+    path = tmp_path / "blob.bin"
+    path.write_bytes(payload)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    if not mappable:
+        def refuse(*args, **kwargs):
+            raise OSError("no mmap here")
+        monkeypatch.setattr(mmap, "mmap", refuse)
+    for offset, end, block in ((0, None, 4096), (3, None, 1000), (100, 5000, 333), (0, 20_000, 1 << 20)):
+        parts = [bytes(part) for part in mapped_blocks(path, offset, end, block)]
+        assert b"".join(parts) == payload[offset:end]
+        assert all(len(part) == block for part in parts[:-1])
+    assert list(mapped_blocks(path, 10_244)) == [] and list(mapped_blocks(tmp_path / "empty.bin")) == []
+    assert sha256_file(path) == hashlib.sha256(payload).hexdigest()
+    assert sha256_file(tmp_path / "empty.bin") == hashlib.sha256(b"").hexdigest()

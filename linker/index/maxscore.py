@@ -280,27 +280,32 @@ class MaxScoreSearcher:
         # query cannot score high against a block of long names, and stops there after few lists.
         self.original = np.argsort(np.diff(matrix.indptr), kind="stable").astype(np.int64)
         by_length = matrix[self.original]
-        self.postings = by_length.T.tocsr()  # (features, names by length), ascending within an n-gram
-        self.postings.sort_indices()
+        self.idf = idf.astype(np.float32)
+        # A name's weight for any n-gram t is at most idf_t * name_scale (= its largest tf / raw norm); computed a
+        # block of names at a time: whole-matrix temporaries took 2 GB of a 5M-name index's load.
+        self.name_scale = np.zeros(matrix.shape[0], dtype=np.float32)
+        for first in range(0, matrix.shape[0], 1 << 18):
+            block = by_length[first : first + (1 << 18)]
+            filled = np.diff(block.indptr) > 0
+            self.name_scale[first : first + block.shape[0]][filled] = np.maximum.reduceat(
+                block.data / self.idf[block.indices], block.indptr[:-1][filled])
         # block_ptr[t, b]: where n-gram t's postings of names >= b * block_size begin
         self.block_size = max(1, min(block_size, matrix.shape[0]))
         starts = range(0, matrix.shape[0], self.block_size)
         self.block_ptr = np.empty((matrix.shape[1], len(starts) + 1), dtype=np.int64)
-        self.block_ptr[:, 0] = self.postings.indptr[:-1]
         for b, first in enumerate(starts):
             block = by_length.indices[by_length.indptr[first] : by_length.indptr[min(first + self.block_size,
                                                                                       matrix.shape[0])]]
-            self.block_ptr[:, b + 1] = self.block_ptr[:, b] + np.bincount(block, minlength=matrix.shape[1])
+            self.block_ptr[:, b + 1] = np.bincount(block, minlength=matrix.shape[1])
+        self.postings = by_length.T.tocsr()  # (features, names by length), ascending within an n-gram
+        by_length = block = None  # before the rest: the copy by length is as large as the postings
+        self.postings.sort_indices()
+        self.block_ptr[:, 0] = self.postings.indptr[:-1]
+        np.cumsum(self.block_ptr, axis=1, out=self.block_ptr)
         # max_weight[t, b]: n-gram t's largest weight in block b
         self.max_weight = np.zeros(self.block_ptr[:, :-1].shape, dtype=np.float32)
         filled = self.block_ptr[:, 1:] > self.block_ptr[:, :-1]
         self.max_weight[filled] = np.maximum.reduceat(self.postings.data, self.block_ptr[:, :-1][filled])
-        self.idf = idf.astype(np.float32)
-        # A name's weight for any n-gram t is at most idf_t * name_scale (= its largest tf / raw norm)
-        self.name_scale = np.zeros(matrix.shape[0], dtype=np.float32)
-        filled = np.diff(by_length.indptr) > 0
-        self.name_scale[filled] = np.maximum.reduceat(by_length.data / self.idf[by_length.indices],
-                                                      by_length.indptr[:-1][filled])
         self.row_cost = float(np.diff(matrix.indptr).mean()) if matrix.shape[0] else 1.0
         self._scratch: queue.SimpleQueue = queue.SimpleQueue()  # (acc, touched, query_dense), reused
 

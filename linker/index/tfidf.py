@@ -179,6 +179,7 @@ def _fit_transform(names: Sequence[str], analyze, config: TfidfConfig
     data = np.empty(capacity, dtype=np.float32)
     row_nnz = np.zeros(len(names), dtype=np.int64)
     vocabulary: dict[str, int] = {}
+    lookup = vocabulary.get
     df = np.zeros(0, dtype=np.int64)  # names per n-gram
     position = 0
     # Counting n-grams is most of the build's time: its progress is the build's.
@@ -190,7 +191,12 @@ def _fit_transform(names: Sequence[str], analyze, config: TfidfConfig
         for i, text in enumerate(texts):
             grams = analyze(text)
             lengths[i] = len(grams)
-            columns.extend([vocabulary.setdefault(gram, len(vocabulary)) for gram in grams])
+            # Looked up in C first (map): after the first chunks almost every n-gram is known, and the per-n-gram
+            # setdefault below was a third of a build (5M names: 121 s).
+            ids = list(map(lookup, grams))
+            if None in ids:
+                ids = [vocabulary.setdefault(gram, len(vocabulary)) for gram in grams]
+            columns.extend(ids)
         rows = np.repeat(np.arange(len(texts), dtype=np.int32), lengths)
         counts = sp.csr_matrix((np.ones(len(columns), dtype=np.float32), (rows, np.frombuffer(columns, dtype=np.int32))),
                                shape=(len(texts), len(vocabulary)))  # sums repeated n-grams of a name
