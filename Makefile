@@ -72,7 +72,7 @@ bench-link: setup
 bench-scale: setup
 	$(PY) -m bench.scale tables
 	$(PY) -m bench.scale run --sizes union,1m,2m,5m --kinds tfidf,dense,hybrid
-	$(PY) -m bench.scale ray --size union --workers 1,2
+	$(PY) -m bench.scale ray --size 100k --workers 1,2
 
 bench-dict: setup
 	$(PY) -m bench.dict_build

@@ -185,19 +185,25 @@ def child_serve(index: Path, recall: bool) -> None:
 
 
 def concept_recall(linker, texts: list[str], k: int = 5, exact_names: int = 1000) -> dict:
-    """What linking returns: the top-k concepts of each query (`linker.retrieve.top_concepts`, widening included)
-    against the top-k concepts of exact search over the same stored vectors (its best `exact_names` names, collapsed);
-    ties count as hits, as in `recall_against_exact`."""
-    from linker.index.dense import _exact_topk, exact_scores
-    from linker.retrieve import collapse, top_concepts
+    """What linking returns (`Linker.link`: the top-k concepts, each by its best name, widening included) against the
+    top-k concepts of exact search over the same stored vectors (its best `exact_names` names, each concept scored by
+    its best); ties count as hits, as in `recall_against_exact`."""
+    from linker.index.dense import exact_scores, exact_topk
 
-    dense, codes = linker.index.names, linker._concepts.codes
+    dense = linker.index.names
     vectors = np.ascontiguousarray(dense.encode_queries(texts), dtype=np.float32)
-    _, rows = _exact_topk(vectors, dense.embeddings, exact_names)
-    truth = [collapse(s, r, codes, None) for s, r in zip(exact_scores(vectors, dense.embeddings, rows), rows)]
-    found = top_concepts(dense, linker._concepts, texts, k)
-    return {f"recall_at_{c}": round(float(np.mean([min(int(np.sum(f.scores[:c] >= t.scores[min(c, len(t.scores)) - 1] - 1e-5)), c) / c
-                                                   for f, t in zip(found, truth)])), 4) for c in (1, k)}
+    _, rows = exact_topk(vectors, dense.embeddings, exact_names)
+    concept_ids = linker.concepts.table.column("concept_id")
+    hits: dict[int, list[float]] = {1: [], k: []}
+    for result, scores, names in zip(linker.link(texts, k=k), exact_scores(vectors, dense.embeddings, rows), rows):
+        best: dict[str, float] = {}
+        for score, concept in zip(scores.tolist(), concept_ids.take(pa.array(names)).to_pylist()):
+            best[concept] = max(score, best.get(concept, -np.inf))
+        truth = sorted(best.values(), reverse=True)
+        found = np.array([c.score for c in result.candidates])
+        for c in hits:
+            hits[c].append(min(int(np.sum(found[:c] >= truth[min(c, len(truth)) - 1] - 1e-5)), c) / c)
+    return {f"recall_at_{c}": round(float(np.mean(h)), 4) for c, h in hits.items()}
 
 
 def spawn(args: list[str], program: list[str] | None = None, kill: tuple[float, str] | None = None

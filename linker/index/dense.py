@@ -316,7 +316,7 @@ def release(array: np.ndarray) -> None:
         handle.madvise(mmap.MADV_DONTNEED)
 
 
-def _exact_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+def exact_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-k over a (memmapped) matrix, block by block: bounded memory."""
     faiss = require("faiss", extra="dense", what="a dense index")
 
@@ -746,7 +746,7 @@ def recall_against_exact(index: DenseNameIndex, queries: np.ndarray, ks: tuple[i
     started = time.perf_counter()
     _, approx = index.search_vectors(queries, k)
     approx_seconds = time.perf_counter() - started
-    exact_scores, _ = _exact_topk(queries, index.embeddings, k)
+    exact_scores, _ = exact_topk(queries, index.embeddings, k)
     result = {"sample": int(len(queries))}
     for cutoff in ks:
         c = min(cutoff, k)
