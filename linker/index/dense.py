@@ -708,7 +708,6 @@ class DenseNameIndex:
 
 
 REBUILD = "rebuild it with `linker index build`"
-ENCODER_MODULES = ("faiss", "torch", "sentence_transformers")  # what loading an encoder and a FAISS index imports
 
 
 def listed_params(folder: Path, manifest: dict) -> dict:
@@ -866,4 +865,4 @@ def dense_kind():
     def load(folder: Path, config: DenseConfig, manifest: dict, precision: str | None = None):
         return DenseNameIndex.load(folder, listed_params(folder, manifest), precision=precision)
 
-    return IndexKind("dense", DenseConfig, build_dense, load, DenseConfig.from_dict, preload=ENCODER_MODULES)
+    return IndexKind("dense", DenseConfig, build_dense, load, DenseConfig.from_dict, preload=DENSE_MODULES)

@@ -387,7 +387,7 @@ def _flat_blocks(array: np.ndarray, block: int):
     """`array`'s values in flat blocks. A whole memory-mapped file is read through a map of its own, whose pages are
     dropped block by block (`mapped_blocks`), not through the array's: pages read through that mapping would stay
     in this process's resident memory, and a check of a 4 GB index would leave the server holding all of it (its
-    queries touch a few pages each). A block is valid only until the next one."""
+    queries touch a few pages each)."""
     if isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.flags.c_contiguous:
         for part in mapped_blocks(array.filename, array.offset, array.offset + array.nbytes,
                                   block * array.dtype.itemsize):
