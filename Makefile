@@ -6,7 +6,7 @@ DEFAULT_KIND ?= dense
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-typer-floor docs models
+.PHONY: setup demo test test-isa test-typer-floor docs models
 
 setup: $(VENV)/.installed
 
@@ -30,8 +30,11 @@ indexes/default.parquet: | setup
 # index built with older defaults. Dense with the shipped linker-en (chosen on the lay development slice over the
 # hybrid with tf-idf: Acc@1 60.1 against 26.3), then the default calibration, fitted on the development slice's lay
 # synonyms with their own names masked out of the index: confidences from the first command.
+# Encoded in fp32 on every processor: `auto` would pick bf16 where the CPU multiplies it natively (AVX512-BF16, AMX),
+# and the figures the README shows (scores, confidences, ECE) would move in the third decimal from one machine to
+# the next. Your own indexes keep `--precision auto`.
 indexes/default: indexes/default.parquet linker/index/tfidf.py linker/index/dense.py linker/text.py linker/models/linker-en/manifest.json
-	$(LINKER) index build --dict $< --kind $(DEFAULT_KIND) --encoder linker-en --out $@ --overwrite
+	$(LINKER) index build --dict $< --kind $(DEFAULT_KIND) --encoder linker-en --precision fp32 --out $@ --overwrite
 	$(LINKER) calibrate --index $@ --dataset lay:$(LAY)/lay_dev.tsv --exclude-names $(LAY)/dev_names.tsv --origin default
 
 demo: indexes/default
@@ -45,6 +48,15 @@ models: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The numerics-sensitive tests again with every kernel family forced to its generic level (torch's ATen, FAISS's
+# SIMD dispatch, OpenBLAS's core type): ties and printed figures must not hang on the last bit of a kernel, and the
+# machines CI runs on change (AVX2, AVX-512, ARM). Ties are broken by exact rules; this target shows they hold.
+ISA_GENERIC = ATEN_CPU_CAPABILITY=default FAISS_SIMD_LEVEL=NONE FAISS_OPT_LEVEL=generic OPENBLAS_CORETYPE=Prescott
+ISA_TESTS = tests/test_dense.py tests/test_index_tfidf.py tests/test_index_hybrid.py tests/test_link.py \
+	tests/test_confidence.py tests/test_rerank.py tests/test_encoders.py tests/test_precision.py tests/test_eval_metrics.py
+test-isa: setup
+	env $(ISA_GENERIC) $(PY) -m pytest -q -p no:cacheprovider $(ISA_TESTS)
 
 # The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link, anchor or report fails it, and so
 # does a CLI reference (docs/cli.md) that no longer matches the commands' --help (regenerate: python docs/gen_cli.py).

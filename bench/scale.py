@@ -256,24 +256,25 @@ def disk_mib(folder: Path) -> float:
     return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
 
 
-def run(sizes: list[str], kinds: list[str], recall: bool, serve_only: bool = False) -> list[dict]:
+def run(sizes: list[str], kinds: list[str], recall: bool, serve_only: bool = False, label: str = "") -> list[dict]:
     """Build and serve each (size, kind); with `serve_only`, serve the index an earlier run built and keep that
-    run's build figures (marked ``"served_again"``)."""
+    run's build figures (marked ``"served_again"``). `label` names a variant ("before", "after"): its rows sit beside
+    the unlabelled ones, and its indexes in folders of their own."""
     saved = json.loads((OUT / "report.json").read_text()).get("rows", []) if (OUT / "report.json").is_file() else []
     rows = []
     for size in sizes:
         for kind in kinds:
-            out = WORK / f"index-{size}-{kind}"
+            out = WORK / f"index-{size}-{kind}{'-' + label if label else ''}"
             before = load()
             if serve_only:
-                old = next(r for r in saved if (r["size"], r["kind"]) == (size, kind))
+                old = next(r for r in saved if (r["size"], r["kind"], r.get("label", "")) == (size, kind, label))
                 built = {key: old[key] for key in ("build_seconds", "peak_rss_mib", "faiss_kind", "storage",
                                                    "encode_seconds", "recall_at_build", "names_per_second")
                          if key in old} | {"served_again": True}
             else:
                 built, _, _ = spawn(["_build", size, kind, str(out)])
             served, first, _ = spawn(["_serve", str(out), *(["--recall"] if recall else [])])
-            rows.append({"size": size, "kind": kind, "names": json.loads((out / "manifest.json").read_text())
+            rows.append({"size": size, "kind": kind, **({"label": label} if label else {}), "names": json.loads((out / "manifest.json").read_text())
                          ["counts"]["names"], **built, "disk_mib": disk_mib(out), "first_answer_seconds":
                          round(first, 2), **served, "load_before": before, "load_after": load()})
             print(json.dumps(rows[-1]), file=sys.stderr)
@@ -348,9 +349,9 @@ def write(report: Report, part: str, value) -> None:
     path = OUT / "report.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
     if part == "rows":
-        keep = {(r["size"], r["kind"]) for r in value}
-        value = [r for r in saved.get("rows", []) if (r["size"], r["kind"]) not in keep] + value
-        value.sort(key=lambda r: (list(SIZES).index(r["size"]), r["kind"]))
+        keep = {(r["size"], r["kind"], r.get("label", "")) for r in value}
+        value = [r for r in saved.get("rows", []) if (r["size"], r["kind"], r.get("label", "")) not in keep] + value
+        value.sort(key=lambda r: (list(SIZES).index(r["size"]), r["kind"], r.get("label", "")))
     saved = {k: v for k, v in saved.items() if k not in ("command", "date", "cpus", "load_before", "load_after", "commit")}
     saved[part] = value
     report.write(saved, render(saved))
@@ -366,7 +367,8 @@ def render(saved: dict) -> list[str]:
         lines += table(["names", "kind", "FAISS / storage", "build s", "build peak RSS MiB", "disk MiB",
                         "first answer s", "serving RSS MiB (anon + file)", "mentions/s, k=5", "recall@1 / @5 (names)",
                         "recall@1 / @5 (concepts linked)"],
-                       [[f"{r['names']:,}", r["kind"] + (" (served again)" if r.get("served_again") else ""),
+                       [[f"{r['names']:,}", r["kind"] + (f", {r['label']}" if r.get("label") else "")
+                         + (" (served again)" if r.get("served_again") else ""),
                          f"{r.get('faiss_kind') or '-'} / {r.get('storage') or '-'}",
                          r["build_seconds"], f"{r['peak_rss_mib']:,}", f"{r['disk_mib']:,}", r["first_answer_seconds"],
                          f"{r['rss_mib']['VmRSS']:,} ({r['rss_mib']['RssAnon']:,} + {r['rss_mib']['RssFile']:,})",
@@ -377,7 +379,8 @@ def render(saved: dict) -> list[str]:
                           if "concepts" in r.get("recall", {}) else "-")] for r in saved["rows"]],
                         align="r  rrrrrrrr")
         lines += ["", "Load average (1 min) before each build: " + ", ".join(
-            f"{r['size']} {r['kind']} {r['load_before'][0]}" for r in saved["rows"]) + "."]
+            f"{r['size']} {r['kind']}{' ' + r['label'] if r.get('label') else ''} {r['load_before'][0]}"
+            for r in saved["rows"]) + "."]
     if saved.get("ray"):
         lines += ["", "## Dense build on Ray (local Ray, one CPU per actor)", ""]
         runs = saved["ray"]["runs"]
@@ -461,6 +464,7 @@ def main() -> None:
     p.add_argument("--kinds", default="tfidf,dense,hybrid")
     p.add_argument("--no-recall", action="store_true")
     p.add_argument("--serve-only", action="store_true", help="serve the indexes an earlier run built")
+    p.add_argument("--label", default="", help="a variant's name (before, after): rows beside the unlabelled ones")
     p = sub.add_parser("ray")
     p.add_argument("--size", default="union")
     p.add_argument("--workers", default="1,2")
@@ -485,7 +489,8 @@ def main() -> None:
         saved = json.loads((OUT / "report.json").read_text()).get("tables", {}) if (OUT / "report.json").is_file() else {}
         write(report, "tables", {**saved, **make_tables(["union", *args.sizes.split(",")])})
     elif args.command == "run":
-        write(report, "rows", run(args.sizes.split(","), args.kinds.split(","), not args.no_recall, args.serve_only))
+        write(report, "rows", run(args.sizes.split(","), args.kinds.split(","), not args.no_recall, args.serve_only,
+                                  args.label))
     elif args.command == "ray":
         write(report, "ray", {"size": args.size, "names": pq.read_metadata(table_path(args.size)).num_rows,
                       "runs": ray_build(args.size, [int(w) for w in args.workers.split(",")])})

@@ -41,8 +41,11 @@ Generated from each command's `--help` by `python docs/gen_cli.py` (do not edit 
   killed run leaves the previous output intact; the next run removes such temporaries once their process is gone.
   Each hostile case, before and after, is in
   [eval/reliability/reliability.md](../eval/reliability/reliability.md).
-- **Errors** are one line on stderr naming the file and line (or field), what was expected and what was found,
-  with exit code 1.
+- **Errors** are one line on stderr, `error: ...`, never a traceback, and the exit code says which kind:
+  **1** for an error in the work (a bad input file, named with its line or field, what was expected and what was
+  found; a missing index or extra; an option out of range; a permission or a full disk), **2** for a usage error
+  found while parsing the command line (a misspelt command or option, a missing option, a value of the wrong type,
+  e.g. `error: linker link: no such option --kk; did you mean --k?`), **130** when interrupted (Ctrl-C).
 - **Global options** (before the command): `-v/--verbose` (also other libraries' messages), `-q/--quiet` (errors
   only, no progress), `--version`. Long steps show a progress bar with rate and ETA on a terminal, a log line every
   30 s otherwise.

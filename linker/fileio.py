@@ -16,13 +16,14 @@ import shutil
 import stat
 import sys
 import tempfile
+import unicodedata
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from linker.errors import ConfigError, InputFormatError, MissingInputError
+from linker.errors import ConfigError, InputFormatError, MissingInputError, shorten
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +280,8 @@ class Input:
 
 def model_inputs(name: str | Path | None, option: str) -> list[Input]:
     """A model option's value (--rerank, --encoder) as inputs: a local folder is one (with an ``#cls`` /
-    ``#mean`` pooling suffix dropped); an alias, a hub name or ``none`` names no local path."""
+    ``#mean`` pooling suffix dropped); an alias, a hub name or ``none`` names no local path (the folders that
+    aliases load, shipped releases and the model cache, are inputs of every command: `shipped_model_inputs`)."""
     if name is None or str(name) in ("", "none"):
         return []
     text = str(name)
@@ -288,6 +290,39 @@ def model_inputs(name: str | Path | None, option: str) -> list[Input]:
         if candidate and (path.exists() or path.is_symlink()):
             return [Input(path, option)]
     return []
+
+
+def shipped_model_inputs(*, release: str | Path | None = None) -> list[Input]:
+    """The package's model folders (``linker/models``) and the model cache (`linker.encoders.cache_root`): inputs of
+    every command, whether or not it reads them, since an output there would replace weights that later runs load.
+
+    `release`: the release folder a training command rewrites (`linker train extractor` / `release`, once
+    `linker.models.check_release_out` found it of the same kind or absent); when it is one folder of the package's
+    models, that folder alone is left out."""
+    from linker.encoders import cache_root  # lazily: encoders imports this module
+    from linker.models import MODELS_DIR
+
+    cache = Input(cache_root(), "the model cache")
+    own = Path(release).resolve() if release is not None else None
+    if own is not None and own.parent == MODELS_DIR.resolve():
+        return [*(Input(p, "a model shipped with linker") for p in sorted(MODELS_DIR.iterdir()) if p.resolve() != own),
+                cache]
+    return [Input(MODELS_DIR, "the models shipped with linker"), cache]
+
+
+def check_apart(output: str | Path, *, inputs: Iterable[str | Path | Input] = (), option: str = "--output",
+                release: str | Path | None = None) -> None:
+    """Refuse an output path that equals, contains or lies inside an input or a shipped model folder
+    (`shipped_model_inputs`), after resolving symlinks: `check_output`'s input rule alone, for a path written
+    in place (a work folder) whose existing content is the command's own."""
+    out = Path(output)
+    target, cache = out.resolve(), {}
+    for given in [*inputs, *shipped_model_inputs(release=release)]:
+        source = given if isinstance(given, Input) else Input(Path(given))
+        relation = _relation(target, Path(source.path).resolve(), cache)
+        if relation is not None:
+            raise ConfigError(f"{option} {out} {relation} {source}; choose an output outside every input "
+                              "so that no input is overwritten")
 
 
 def _identity(path: Path, cache: dict[Path, tuple[int, int, bool] | None]) -> tuple[int, int, bool] | None:
@@ -346,25 +381,21 @@ def check_output(
     overwrite: bool = False,
     folder: bool = False,
     option: str = "--output",
+    release: str | Path | None = None,
 ) -> None:
     """Refuse, before any work, an output that would destroy an input or something we did not write.
 
     The output may not equal, contain or lie inside any input (`Input`, or a plain path: "the input"),
-    after resolving symlinks (`input_relation`). An existing output file is replaced only with
-    `overwrite`; an existing non-empty output folder only with `overwrite` and only when it carries our
-    `MARKER`. Without `overwrite`, the later atomic_file / atomic_dir write will not replace anything that
-    appears there meanwhile either.
+    nor a shipped model folder or the model cache (`shipped_model_inputs`; `release`: the one release folder
+    a training command rewrites), after resolving symlinks (`check_apart`). An existing output file is
+    replaced only with `overwrite`; an existing non-empty output folder only with `overwrite` and only when
+    it carries our `MARKER`. Without `overwrite`, the later atomic_file / atomic_dir write will not replace
+    anything that appears there meanwhile either.
     """
     out = Path(output)
     _check_path_text(out, option)
+    check_apart(out, inputs=inputs, option=option, release=release)
     target = out.resolve()
-    cache: dict = {}
-    for given in inputs:
-        source = given if isinstance(given, Input) else Input(Path(given))
-        relation = _relation(target, Path(source.path).resolve(), cache)
-        if relation is not None:
-            raise ConfigError(f"{option} {out} {relation} {source}; choose an output outside every input "
-                              "so that no input is overwritten")
     for ancestor in target.parents:
         if ancestor.exists():
             if not ancestor.is_dir():
@@ -414,6 +445,102 @@ def check_inputs(*paths: str | Path, option: str = "input") -> None:
     """Input paths must be UTF-8 text too (see `_check_path_text`)."""
     for path in paths:
         _check_path_text(Path(path), option)
+
+
+# ----------------------------------------------------------------------------- file names made from data
+#
+# A name that data chooses (a JSONL "id", a TAC <Section id>, each part of a folder input's relative path)
+# becomes a file name only through `safe_stem`, and the files of one output folder are handed out by one
+# `FileNamer`. A name is used as it is or refused, never rewritten: the output of id X is X.<suffix>, and no
+# rewriting can make two ids one name. A "/" is refused, not made a folder: data does not choose where in
+# the output a file goes.
+
+# NAME_MAX is 255 bytes on ext4, XFS, btrfs and APFS (255 UTF-16 units on NTFS); 55 are left for what other
+# tools add to a name (editors' backup suffixes, a zip's folder).
+MAX_NAME_BYTES = 200
+# Windows device names: there `CON.txt` or `nul.ann` opens the device, whatever the suffix.
+_DEVICE_NAME = re.compile(r"(con|prn|aux|nul|(com|lpt)[0-9\u00b9\u00b2\u00b3])(\..*)?", re.IGNORECASE)
+# Characters no file name may hold: they end a C string (NUL), break a line of a listing or a log, or are not text.
+_NOT_IN_NAMES = {"Cc": "a control character", "Cs": "a lone surrogate (not text)", "Zl": "a line separator",
+                 "Zp": "a paragraph separator"}
+
+
+def _name_problem(name: str) -> str | None:
+    """What keeps `name` from being one file name in any folder (see `safe_stem`), or None."""
+    if not name:
+        return "is empty"
+    for char in name:
+        kind = _NOT_IN_NAMES.get(unicodedata.category(char))
+        if kind is not None:
+            return f"holds {kind} (U+{ord(char):04X})"
+    for separator in ("/", "\\"):
+        if separator in name:
+            return f"holds {separator!r}"  # a file name is one path component
+    if name.startswith("."):
+        return "starts with a dot"  # '..' climbs out; other such names are hidden, like our marker and temporaries
+    if name[-1] in ". ":
+        return "ends with a dot or space"  # Windows drops it: 'a.' and 'a' would be one file
+    if _DEVICE_NAME.fullmatch(name):
+        return "is a Windows device name"
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        return f"is {size:,} bytes of UTF-8, more than {MAX_NAME_BYTES}"
+    return None
+
+
+def safe_stem(name: str, where: str | Path, *, what: str = "a name", line: int | None = None,
+              fix: str | None = None) -> str:
+    """`name` itself when it can be one file name in any folder, else InputFormatError at where:line naming it.
+
+    Refused: an empty name; a control character (NUL included), a lone surrogate, a line or paragraph separator;
+    a ``/`` or ``\\``; a leading dot (``.``, ``..``, hidden files, and this folder's own marker and temporaries);
+    a trailing dot or space; a Windows device name (CON, NUL, COM1... with any suffix); more than
+    `MAX_NAME_BYTES` bytes of UTF-8. A name that passes is one path component: `folder / name` lies in `folder`."""
+    problem = _name_problem(name)
+    if problem is not None:
+        raise InputFormatError(where, f"{what} usable as a file name", f"{shorten(name)}, which {problem}", line=line,
+                               fix=fix)
+    return name
+
+
+def _caseless(name: str) -> str:
+    # Unicode's caseless match: names that a case-insensitive, normalising file system (APFS, NTFS) takes as one
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", name).casefold())
+
+
+class FileNamer:
+    """Hands out the file names of one output folder, so that no two documents share a file.
+
+    Every name passes `safe_stem`, so every path lies inside `folder` (an `atomic_dir` temporary until the commit)
+    whatever the data. A name another owner holds is refused, case and Unicode normalisation ignored (macOS and
+    Windows ignore them: ``A.txt`` and ``a.txt`` are one file there), and so is a file where another owner has a
+    folder (``a.txt`` beside the folder input's ``a.txt/b``); owners share folders. The refusal names both."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self._taken: dict[str, tuple[str, bool]] = {}  # folded relative path -> (owner (where), is a folder)
+
+    def files(self, parts: Sequence[str], suffixes: Sequence[str], *, owner: str, where: str | Path,
+              line: int | None = None, fix: str | None = None) -> list[Path]:
+        """`folder/parts[0]/.../parts[-1]<suffix>` for each suffix, claimed for `owner` (such as ``id 'a'``, found
+        at where:line); InputFormatError when a name is unsafe or taken."""
+        *folders, stem = parts
+        names = [stem + suffix for suffix in suffixes]
+        for name in [*folders, *names]:
+            safe_stem(name, where, line=line, fix=fix)
+        claims = [("/".join(folders[: i + 1]), True) for i in range(len(folders))]
+        claims += [("/".join([*folders, name]), False) for name in names]
+        keys = [_caseless(relative) for relative, _ in claims]
+        for key, (relative, is_folder) in zip(keys, claims, strict=True):
+            held = self._taken.get(key)
+            if held is not None and not (is_folder and held[1]):
+                raise InputFormatError(where, "distinct output file names (case ignored, as on macOS and Windows)",
+                                       f"{owner} and {held[0]} both named {relative}", line=line,
+                                       fix="rename one of them")
+        location = f"{where}:{line}" if line is not None else str(where)
+        for key, (_, is_folder) in zip(keys, claims, strict=True):
+            self._taken.setdefault(key, (f"{owner} ({location})", is_folder))
+        return [self.folder.joinpath(*folders, name) for name in names]
 
 
 # Write errors that only the writing sees; the exception names no file (or our temporary), so it is

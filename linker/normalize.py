@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from linker.errors import ConfigError
-from linker.fileio import Input, atomic_dir, atomic_file, check_inputs, check_output, model_inputs
+from linker.fileio import FileNamer, Input, atomic_dir, atomic_file, check_inputs, check_output, model_inputs
 from linker.formats import DEFAULT_LIMITS, ReadLimits, input_files
 from linker.formats.ade_xml import ADE_MENTION_TYPES, label_text, read_ade_xml, write_ade_xml, write_reactions
 from linker.formats.brat import brat_lines, read_brat, write_brat
@@ -253,6 +253,9 @@ def normalize_brat(
     txt = input_path.with_suffix(".txt")
     copy_txt = input_path.is_file() and txt.is_file()
     check_paths(input_path, output_path, fmt="brat", overwrite=overwrite, inputs=linker_inputs(linker))
+    extras = sorted([*input_path.rglob("*.txt"), *input_path.rglob("*.conf")]) if input_path.is_dir() else []
+    if input_path.is_dir():
+        _mirror(input_path, [*files, *extras], output_path)  # the names too are checked before any linking
     docs = [read_brat(p, limits=limits, lenient=lenient) for p in files]  # all validated before any linking
     linked = _link_documents(linker, [[e.text for e in d.entities] for d in docs], lang,
                              documents=[_brat_text(d) for d in docs] if expand else None)
@@ -269,16 +272,27 @@ def normalize_brat(
             write_brat(per_doc[0], tmp)
     else:
         with atomic_dir(output_path) as tmp:
-            for doc, lines in zip(docs, per_doc, strict=True):
-                write_brat(lines, tmp / doc.path.relative_to(input_path))
-            for extra in sorted([*input_path.rglob("*.txt"), *input_path.rglob("*.conf")]):
-                target = tmp / extra.relative_to(input_path)
+            targets = _mirror(input_path, [*files, *extras], tmp)
+            for lines, target in zip(per_doc, targets[: len(files)], strict=True):
+                write_brat(lines, target)
+            for extra, target in zip(extras, targets[len(files):], strict=True):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(extra, target)
     return _summary("brat", output_path, linked, tuple(m for d in docs for m in d.skipped))
 
 
 # --------------------------------------------------------------------------- ADE Eval / TAC 2017 XML
+
+
+def _mirror(input_path: Path, files: list[Path], folder: Path) -> list[Path]:
+    """Where each file below the folder `input_path` is written below `folder`: at the same path, every part of which
+    passes `linker.fileio.safe_stem`, and no two on one name, case ignored (`FileNamer`)."""
+    namer = FileNamer(folder)
+    out = []
+    for path in files:
+        relative = path.relative_to(input_path)
+        out += namer.files(relative.parts, [""], owner=f"file {relative.as_posix()!r}", where=path)
+    return out
 
 
 def _check_meddra(linker: Linker) -> None:
@@ -314,6 +328,8 @@ def normalize_ade_xml(
     input_path, output_path = Path(input_path), Path(output_path)
     files = input_files(input_path, ".xml")
     check_paths(input_path, output_path, fmt="ade-xml", overwrite=overwrite, inputs=linker_inputs(linker))
+    if input_path.is_dir():
+        _mirror(input_path, files, output_path)  # the names too are checked before any linking
     docs = [read_ade_xml(p, limits=limits) for p in files]
     linked = _link_documents(linker, [[m.text for m in d.mentions] for d in docs], lang,
                              documents=[label_text(d) for d in docs] if expand else None)
@@ -325,8 +341,8 @@ def normalize_ade_xml(
             write_ade_xml(docs[0], tmp)
     else:
         with atomic_dir(output_path) as tmp:
-            for doc in docs:
-                write_ade_xml(doc, tmp / doc.path.relative_to(input_path))
+            for doc, target in zip(docs, _mirror(input_path, files, tmp), strict=True):
+                write_ade_xml(doc, target)
     return _summary("ade-xml", output_path, linked)
 
 

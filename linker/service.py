@@ -17,12 +17,15 @@ body while it streams in (chunked or not), its JSON shape before it is parsed (`
 array, fields per object, nesting depth and tokens, so a 4 MiB body of 1.4M tiny items is refused
 after reading ~1,000 of them instead of becoming 1.4M Python objects and validation errors on the
 event loop), the mention length as sent and after NFKC normalisation (which expands some characters
-18-fold), the mentions and normalised characters per request, and the mentions waiting per index.
+18-fold), the mentions (or /annotate texts) and characters per request, the mentions waiting per index
+and the /annotate characters waiting for the tagger.
 
 Concurrency: linking is CPU-bound and runs on one worker thread per index (`MentionBatcher`), which
 links an equal share of every waiting request per call, so concurrent small requests share the work
-and a large request cannot hold the others up. `/link` awaits that worker without holding a thread;
-the event loop stays free for /health and for reading other requests.
+and a large request cannot hold the others up. /annotate tags on a worker thread of its own (`Tagger`),
+a slice of one request at a time, then links its adverse events through the same batcher as any
+/link request. Requests await those workers without holding a thread; the event loop stays free for
+/health and for reading other requests.
 """
 
 from __future__ import annotations
@@ -84,10 +87,18 @@ class ServiceLimits:
     # Mentions admitted but not yet linked, per index: beyond this a request is answered 429 at once
     # instead of queueing, which bounds the memory held by waiting requests. Default: 20 maximal requests.
     max_pending_mentions: int | None = None
+    # Documents per /annotate request; their characters count against max_request_chars: 100,000 are 11-25 s
+    # of tagging at the 4,000-9,000 characters/s the tagger was measured at on 2 shared cores.
+    max_texts: int = 100
+    # /annotate characters admitted but not yet tagged (one tagger for every index): beyond this, 429 at once.
+    # Default: 2 maximal requests, one tagged and one waiting, which bounds how long an admitted request waits.
+    max_pending_chars: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_pending_mentions is None:
             object.__setattr__(self, "max_pending_mentions", 20 * self.max_mentions)
+        if self.max_pending_chars is None:
+            object.__setattr__(self, "max_pending_chars", 2 * self.max_request_chars)
         for name, value in asdict(self).items():
             if value < 1:
                 raise ConfigError(f"service limit {name} must be >= 1, found {value}")
@@ -96,6 +107,9 @@ class ServiceLimits:
         if self.max_pending_mentions < self.max_mentions:
             raise ConfigError(f"max_pending_mentions {self.max_pending_mentions} is below max_mentions "
                               f"{self.max_mentions}: a maximal request could never be admitted")
+        if self.max_pending_chars < self.max_request_chars:
+            raise ConfigError(f"max_pending_chars {self.max_pending_chars} is below max_request_chars "
+                              f"{self.max_request_chars}: a maximal /annotate request could never be admitted")
 
 
 # ----------------------------------------------------------------------------- request / response
@@ -291,12 +305,13 @@ class BodyLimit:
 # reaches the schema and gets its precise message, while a body that is no request at all is refused
 # after a bounded amount of work.
 SCAN_MAX_DEPTH = 6
-SCAN_MAX_ITEMS = 32  # per array or object other than `mentions`
+SCAN_MAX_ITEMS = 32  # per array or object other than the request's list (`mentions` of /link, `texts` of /annotate)
 
 
-def scan_max_tokens(max_mentions: int) -> int:
-    """Tokens (strings, numbers, brackets, commas, colons) in a body: a maximal valid request has ~14 a mention."""
-    return 16 * max_mentions + 256
+def scan_max_tokens(max_items: int) -> int:
+    """Tokens (strings, numbers, brackets, commas, colons) in a body: a maximal valid request has ~14 an item
+    (a mention or a text: its text, lang and id)."""
+    return 16 * max_items + 256
 
 
 # One JSON token of a UTF-8 body, after the white space before it (group 1): a whole string, escapes included
@@ -336,13 +351,13 @@ def _key(raw: bytes) -> str:
         return _short(raw.decode("utf-8", "replace"))
 
 
-def scan_json(body: bytes, max_mentions: int) -> None:
+def scan_json(body: bytes, max_items: int, items: str = "mentions") -> None:
     """Refuse a request body whose JSON shape no request can have, before it is parsed (RequestFieldError).
 
     Parsing first would build every item of a 4 MiB body of 1.4 million `1`s or `{}`s as a Python object
     and pydantic would then make 1.4 million errors: 10-30 s of CPU on the event loop and gigabytes.
     This scan reads tokens with one regex (strings whole, in C) and stops at the first limit passed: more
-    than `max_mentions` items in `mentions` (413), more than SCAN_MAX_ITEMS in any other array or object,
+    than `max_items` in the request's list `items` (413), more than SCAN_MAX_ITEMS in any other array or object,
     nesting deeper than SCAN_MAX_DEPTH, or a top-level array (422); more than scan_max_tokens (413). Its
     work is therefore bounded by those limits, not by the body's size. It checks only what it counts:
     invalid JSON passes here and is refused by the parser, which then reads a body of bounded shape.
@@ -350,21 +365,21 @@ def scan_json(body: bytes, max_mentions: int) -> None:
     encoding = json.detect_encoding(body)
     if not encoding.startswith("utf-8"):  # a byte scan of UTF-16/32 cannot tell structure from text
         raise RequestFieldError("body", "JSON in UTF-8", f"{encoding.upper()} (judged by its first bytes)", 400)
-    max_tokens = scan_max_tokens(max_mentions)
+    max_tokens = scan_max_tokens(max_items)
     stack: list[_Frame] = []
     for count, token in enumerate(_TOKEN.finditer(body), 1):
         start, end = token.span(1)
         if start == end:  # the end of the body
             return
         if count > max_tokens:
-            raise RequestFieldError("body", f"at most {max_tokens} JSON tokens for {max_mentions} mentions",
+            raise RequestFieldError("body", f"at most {max_tokens} JSON tokens for {max_items} {items}",
                                     "more", 413)
         char = body[start]
         top = stack[-1] if stack else None
         if char == _LBRACE or char == _LBRACKET:
             if top is None:
                 if char == _LBRACKET:
-                    raise RequestFieldError("body", 'a JSON object such as {"mentions": [{"text": "hair loss"}]}',
+                    raise RequestFieldError("body", f'a JSON object such as {{"{items}": [{{"text": "hair loss"}}]}}',
                                             "an array")
                 stack.append(_Frame(True, "", SCAN_MAX_ITEMS))
                 continue
@@ -372,8 +387,8 @@ def scan_json(body: bytes, max_mentions: int) -> None:
             if len(stack) >= SCAN_MAX_DEPTH:
                 raise RequestFieldError(path, f"JSON nested at most {SCAN_MAX_DEPTH} levels deep",
                                         f"level {len(stack) + 1}")
-            mentions = char == _LBRACKET and path == "mentions"
-            stack.append(_Frame(char == _LBRACE, path, max_mentions if mentions else SCAN_MAX_ITEMS))
+            listed = char == _LBRACKET and path == items
+            stack.append(_Frame(char == _LBRACE, path, max_items if listed else SCAN_MAX_ITEMS))
         elif char == _RBRACE or char == _RBRACKET:
             if stack:  # a mismatched bracket is the parser's to refuse
                 stack.pop()
@@ -382,9 +397,8 @@ def scan_json(body: bytes, max_mentions: int) -> None:
                 top.commas += 1
                 top.expect_key = top.is_object
                 if top.commas >= top.cap:  # commas + 1 items: more than the cap
-                    if top.path == "mentions" and not top.is_object:
-                        raise RequestFieldError("mentions", f"at most {max_mentions} mentions",
-                                                f"more than {max_mentions}", 413)
+                    if top.path == items and not top.is_object:
+                        raise RequestFieldError(items, f"at most {max_items} {items}", f"more than {max_items}", 413)
                     what = "an object of at most {} fields" if top.is_object else "an array of at most {} items"
                     raise RequestFieldError(top.path or "body", what.format(top.cap), f"more than {top.cap}")
         elif char == _QUOTE:
@@ -409,7 +423,11 @@ class ScannedJSONRoute(APIRoute):
             # every application/* type: a superset of what FastAPI parses as JSON (no type, application/json,
             # application/*+json); other types reach the schema as bytes and get a 415
             if content_type is None or content_type.strip().lower().startswith("application/"):
-                scan_json(await request.body(), request.app.state.limits.max_mentions)
+                limits = request.app.state.limits
+                if self.path == "/annotate":
+                    scan_json(await request.body(), limits.max_texts, "texts")
+                else:
+                    scan_json(await request.body(), limits.max_mentions)
             return await handler(request)  # FastAPI reads the body cached by request.body()
 
         return scanned
@@ -433,7 +451,29 @@ class _Job:
 
 
 class BusyError(Exception):
-    """An index has more mentions waiting than `max_pending_mentions`."""
+    """A queue is full: an index's mentions waiting (`max_pending_mentions`) or the tagger's characters
+    (`max_pending_chars`)."""
+
+
+async def _completion(submit: Callable[[Callable[[Any], None]], object]) -> Any:
+    """The job that `submit(on_done)` queues on a worker thread, once the worker calls `on_done(job)`; awaited
+    without holding a thread (the threadpool stays free for the others). Raises job.error if it failed."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def resolve(job: Any) -> None:
+        if not future.done():
+            if job.error is not None:
+                future.set_exception(job.error)
+            else:
+                future.set_result(job)
+
+    def done(job: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+            loop.call_soon_threadsafe(resolve, job)
+
+    submit(done)
+    return await future
 
 
 class MentionBatcher:
@@ -479,22 +519,8 @@ class MentionBatcher:
 
     async def link(self, texts: list[str], langs: list[str | None], k: int) -> list:
         """The LinkResults of `texts`, awaited without holding a thread."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-
-        def resolve(job: _Job) -> None:
-            if not future.done():
-                if job.error is not None:
-                    future.set_exception(job.error)
-                else:
-                    future.set_result(job.results)
-
-        def done(job: _Job) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
-                loop.call_soon_threadsafe(resolve, job)
-
-        self.submit(texts, langs, k, done)
-        return await future
+        job = await _completion(lambda done: self.submit(texts, langs, k, done))
+        return job.results
 
     def _run(self) -> None:
         active: deque[_Job] = deque()
@@ -561,6 +587,103 @@ class MentionBatcher:
             job.on_done(job)
         except Exception:  # noqa: BLE001 - a broken callback must not stop the worker
             log.exception("linker batcher: a request's completion callback failed")
+
+
+@dataclass(eq=False)
+class _TagJob:
+    """One /annotate request's texts; the tagger's worker tags them a slice at a time, interleaved with others."""
+
+    texts: list[str]
+    threshold: float | None
+    style: str
+    on_done: Callable[[_TagJob], None]
+    results: list = field(default_factory=list)  # the spans of each text tagged so far
+    model: str = ""  # the tagger's revision
+    next: int = 0  # first text not yet tagged
+    error: BaseException | None = None
+
+
+def _load_tagger() -> Any:
+    from linker.extract import load_extractor  # torch: imported on the first /annotate, not at start-up
+
+    return load_extractor()
+
+
+class Tagger:
+    """Runs the /annotate tagger (linker-ae) on one worker thread of its own, behind a queue bounded in characters.
+
+    Its own thread, not the shared threadpool: the tagger is one torch model behind a lock, so from the threadpool
+    40 waiting /annotate requests held all 40 threads and /link waited for one (48 texts of 8,000 characters at
+    once: /link up to 7.5 s, the last /annotate 43.6 s, no 429). Here a waiting request is a queued job that holds
+    no thread, and one that would take the characters waiting past `max_pending` is refused at once (BusyError).
+    Each turn tags the next slice of one request (its next texts up to SLICE_CHARS, at least one) and sends it to
+    the back of the line, so a short document is not held behind a long one. The tagger loads on the worker at
+    the first request: a service never asked to annotate never imports torch.
+    """
+
+    SLICE_CHARS = 2_000  # ~0.2-0.5 s of tagging on 2 shared cores; a text is never cut (the tagger windows it)
+
+    def __init__(self, max_pending: int, load: Callable[[], Any] = _load_tagger) -> None:
+        self.max_pending = max_pending
+        self._load = load
+        self._pending = 0  # characters admitted and not yet finished
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_TagJob] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="linker-tagger", daemon=True).start()
+
+    def submit(self, texts: list[str], threshold: float | None, style: str,
+               on_done: Callable[[_TagJob], None]) -> _TagJob:
+        """Queue `texts`; `on_done(job)` runs on the worker thread with job.results or job.error set."""
+        chars = sum(map(len, texts))
+        with self._lock:
+            if self._pending + chars > self.max_pending:
+                raise BusyError(f"{self._pending} characters are waiting")
+            self._pending += chars
+        job = _TagJob(texts, threshold, style, on_done)
+        self._queue.put(job)
+        return job
+
+    async def extract(self, texts: list[str], *, threshold: float | None, style: str) -> _TagJob:
+        """The tagged job (spans of each text in job.results, the tagger's revision in job.model), awaited without
+        holding a thread."""
+        return await _completion(lambda done: self.submit(texts, threshold, style, done))
+
+    def _run(self) -> None:
+        active: deque[_TagJob] = deque()
+        while True:
+            if not active:
+                active.append(self._queue.get())
+            job = active.popleft()
+            try:
+                self._tag_slice(job)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, never lost
+                job.error = exc
+            while True:  # requests that came during this slice go before its next one
+                try:
+                    active.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if job.error is None and job.next < len(job.texts):
+                active.append(job)  # back of the line: the others get their slice first
+            else:
+                self._finish(job)
+
+    def _tag_slice(self, job: _TagJob) -> None:
+        extractor = self._load()
+        stop, size = job.next + 1, len(job.texts[job.next])
+        while stop < len(job.texts) and size + len(job.texts[stop]) <= self.SLICE_CHARS:
+            size += len(job.texts[stop])
+            stop += 1
+        job.results += extractor.extract(job.texts[job.next:stop], threshold=job.threshold, style=job.style)
+        job.model, job.next = extractor.revision, stop
+
+    def _finish(self, job: _TagJob) -> None:
+        with self._lock:
+            self._pending -= sum(map(len, job.texts))
+        try:
+            job.on_done(job)
+        except Exception:  # noqa: BLE001 - a broken callback must not stop the worker
+            log.exception("linker tagger: a request's completion callback failed")
 
 
 @dataclass
@@ -641,9 +764,6 @@ def _check_request(request: LinkRequest, indexes: dict[str, _Loaded], default: s
 
 # ----------------------------------------------------------------------------- POST /annotate
 
-ANNOTATE_MAX_TEXTS = 100  # documents per /annotate request; their characters count against max_request_chars
-
-
 class TextIn(_TextIn):
     """One document to annotate."""
 
@@ -709,8 +829,8 @@ def _check_annotate(request: AnnotateRequest, indexes: dict, default: str, limit
         raise RequestFieldError("style", "auto, terms or phrases", _short(request.style))
     if not request.texts:
         raise RequestFieldError("texts", "at least one text", "an empty list")
-    if len(request.texts) > ANNOTATE_MAX_TEXTS:
-        raise RequestFieldError("texts", f"at most {ANNOTATE_MAX_TEXTS} texts", f"{len(request.texts)}", 413)
+    if len(request.texts) > limits.max_texts:
+        raise RequestFieldError("texts", f"at most {limits.max_texts} texts", f"{len(request.texts)}", 413)
     work = 0
     for i, t in enumerate(request.texts):
         for name_, value in (("text", t.text), ("id", t.id), ("lang", t.lang)):
@@ -727,6 +847,26 @@ def _check_annotate(request: AnnotateRequest, indexes: dict, default: str, limit
                                     f"a language of index {name} ({', '.join(sorted(loaded.languages))})",
                                     _short(t.lang))
     return loaded, k, threshold, review_below
+
+
+def _busy(field_: str, queue_: str, exc: BusyError) -> RequestFieldError:
+    """The 429 of a full queue; a client may retry after a second."""
+    return RequestFieldError(field_, f"room in {queue_} (retry shortly)", str(exc), 429, headers={"Retry-After": "1"})
+
+
+def _render_annotation(loaded: _Loaded, k: int, request: AnnotateRequest, tagged: _TagJob, wanted: list,
+                       results: list, review_below: float) -> bytes:
+    """The AnnotateResponse as JSON bytes: each span with its code and decision."""
+    from linker.extract import decide
+
+    rows = decide(tagged.results, dict(zip(wanted, results, strict=True)), review_below=review_below)
+    out = []
+    for t, doc_rows in zip(request.texts, rows, strict=True):
+        item: dict[str, Any] = {"id": t.id} if t.id is not None else {}
+        item["spans"] = [{key: value for key, value in row.items() if not key.startswith("_")} for row in doc_rows]
+        out.append(item)
+    body = {"index": loaded.name, "version": loaded.linker.version, "model": tagged.model, "k": k, "results": out}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _render(loaded: _Loaded, k: int, mentions: list[MentionIn], results: list) -> bytes:
@@ -798,6 +938,7 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
     _add_docs(app)
     app.state.indexes = indexes
     app.state.limits = limits
+    app.state.tagger = tagger = Tagger(limits.max_pending_chars)  # /annotate's, shared by every index
     app.state.internal_errors = 0  # requests answered by the catch-all below; tests assert it stays 0
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.router.route_class = ScannedJSONRoute  # every route below that takes a body is scanned before parsing
@@ -890,8 +1031,7 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
         try:
             results = await loaded.batcher.link([m.text for m in mentions], [m.lang for m in mentions], k)
         except BusyError as exc:
-            raise RequestFieldError("mentions", f"room in the queue of index {loaded.name} (retry shortly)",
-                                    str(exc), 429, headers={"Retry-After": "1"}) from None
+            raise _busy("mentions", f"the queue of index {loaded.name}", exc) from None
         body = await run_in_threadpool(_render, loaded, k, mentions, results)
         return Response(body, media_type="application/json")
 
@@ -904,28 +1044,22 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
     async def annotate(request: AnnotateRequest) -> Response:
         """Extract adverse events, drugs and effects from texts (linker-ae) and code each positive adverse event with
         the index: code, confidence, and the decision (coded, review, no link, not coded)."""
-        from linker.extract import decide, events_to_link, link_text, load_extractor
+        from linker.extract import events_to_link, link_text
 
         loaded, k, threshold, review_below = _check_annotate(request, indexes, default, limits)
-        extractor = await run_in_threadpool(load_extractor)
-        texts = [t.text for t in request.texts]
-        spans = await run_in_threadpool(extractor.extract, texts, threshold=threshold, style=request.style or "auto")
-        wanted = events_to_link(spans)
         try:
+            tagged = await tagger.extract([t.text for t in request.texts], threshold=threshold,
+                                          style=request.style or "auto")
+        except BusyError as exc:
+            raise _busy("texts", "the tagger's queue", exc) from None
+        spans = tagged.results
+        wanted = events_to_link(spans)
+        try:  # the index's batcher, where this request gets the same share as any /link request
             results = await loaded.batcher.link([link_text(spans[t][i]) for t, i in wanted],
                                                 [request.texts[t].lang for t, _ in wanted], k) if wanted else []
         except BusyError as exc:
-            raise RequestFieldError("texts", f"room in the queue of index {loaded.name} (retry shortly)",
-                                    str(exc), 429, headers={"Retry-After": "1"}) from None
-        rows = decide(spans, dict(zip(wanted, results, strict=True)), review_below=review_below)
-        out = []
-        for t, doc_rows in zip(request.texts, rows, strict=True):
-            item: dict[str, Any] = {"id": t.id} if t.id is not None else {}
-            item["spans"] = [{key: value for key, value in row.items() if not key.startswith("_")} for row in doc_rows]
-            out.append(item)
-        body = {"index": loaded.name, "version": loaded.linker.version, "model": extractor.revision, "k": k,
-                "results": out}
-        return Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
-                        media_type="application/json")
+            raise _busy("texts", f"the queue of index {loaded.name}", exc) from None
+        body = await run_in_threadpool(_render_annotation, loaded, k, request, tagged, wanted, results, review_below)
+        return Response(body, media_type="application/json")
 
     return app

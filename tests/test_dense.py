@@ -170,6 +170,74 @@ def test_interrupted_encoding_resumes_where_it_stopped(encoder, flat, tmp_path):
     assert np.array_equal(resumed.search(NAMES, 3)[1], flat.search(NAMES, 3)[1])
 
 
+def _killed_after_one_chunk(encoder, work) -> dict:
+    with pytest.raises(KeyboardInterrupt):
+        DenseNameIndex.build(NAMES, FlakyEncoder(encoder, fail_after=1), config(), work_dir=work)
+    return json.loads((work / PROGRESS).read_text())
+
+
+@pytest.mark.parametrize("tamper, trusted", [
+    # the probe's edit: every chunk listed done, as the old list without sha256
+    (lambda saved, vectors: {**saved, "done": [0, 1, 2, 3, 4]}, 0),
+    # every chunk listed with the one real digest: only the chunk that holds those vectors is trusted
+    (lambda saved, vectors: {**saved, "done": {str(c): saved["done"]["0"] for c in range(5)}}, 8),
+    # the finished chunk's vectors overwritten (zeros), its digest left as it was
+    (lambda saved, vectors: vectors.__setitem__(slice(None), 0) or saved, 0),
+])
+def test_a_tampered_work_folder_is_encoded_again_not_trusted(encoder, flat, tmp_path, caplog, tamper, trusted):
+    work = tmp_path / "work"
+    saved = _killed_after_one_chunk(encoder, work)
+    assert list(saved["done"]) == ["0"] and len(saved["done"]["0"]) == 64  # chunk 0 with the sha256 of its vectors
+    vectors = np.load(work / "embeddings.npy", mmap_mode="r+")
+    saved = tamper(saved, vectors)
+    vectors.flush()
+    del vectors
+    (work / PROGRESS).write_text(json.dumps(saved))
+    counting = FlakyEncoder(encoder)
+    resumed = DenseNameIndex.build(NAMES, counting, config(), work_dir=work)
+    assert counting.texts == 35 - trusted
+    assert "do not match the sha256 recorded when they were written" in caplog.text
+    assert np.all(np.linalg.norm(resumed.embeddings, axis=1) > 0.5)  # no zero vector
+    np.testing.assert_allclose(resumed.embeddings, flat.embeddings, atol=1e-6)
+
+
+def test_cli_dense_build_resumed_from_a_tampered_work_folder_has_no_zero_vectors(tiny_encoder_dir, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """`linker index build --kind dense` killed after its first chunk, every chunk then marked done in progress.json:
+    the rerun encodes them again instead of shipping their zero vectors."""
+    from conftest import cli
+
+    from linker.dictionary import SourceSpec, build_dictionary
+    from linker.index import dense, load_index
+
+    tsv = tmp_path / "names.tsv"
+    tsv.write_text("concept_id\tname\n" + "".join(f"C{i:03d}\t{n}\n" for i, n in enumerate(NAMES)), encoding="utf-8")
+    build_dictionary([SourceSpec("tsv", (tsv,))], tmp_path / "dict.parquet")
+    chunked = dense.length_chunks
+    monkeypatch.setattr(dense, "length_chunks", lambda names, rows: chunked(names, 8))  # 5 chunks of the 35 names
+    run = dense.LocalEncoding.run
+
+    def killed(self, jobs, advance):
+        for item in run(self, jobs, advance):
+            yield item
+            raise KeyboardInterrupt  # as a kill after the first chunk was written
+
+    monkeypatch.setattr(dense.LocalEncoding, "run", killed)
+    args = ["index", "build", "--dict", tmp_path / "dict.parquet", "--kind", "dense", "--encoder", tiny_encoder_dir,
+            "--precision", "fp32", "--out", tmp_path / "ix"]
+    assert cli(args, capsys)[0] == 130
+    progress = next(tmp_path.glob(".dense-partial-*")) / PROGRESS
+    saved = json.loads(progress.read_text())
+    progress.write_text(json.dumps({**saved, "done": {str(c): saved["done"]["0"] for c in range(5)}}))
+    monkeypatch.setattr(dense.LocalEncoding, "run", run)
+    code, err = cli(args, capsys)
+    assert code == 0, err
+    index = load_index(tmp_path / "ix")
+    vectors = np.asarray(index.names.embeddings, dtype=np.float32)
+    assert vectors.shape == (35, 32) and np.all(np.linalg.norm(vectors, axis=1) > 0.5)
+    assert index.manifest["dense"]["encoding"]["resumed_at"] == 8  # chunk 0 alone was trusted
+
+
 def test_other_names_do_not_resume_a_stale_work_folder(encoder, tmp_path):
     work = tmp_path / "work"
     with pytest.raises(KeyboardInterrupt):

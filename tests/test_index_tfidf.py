@@ -382,3 +382,146 @@ def test_search_method_is_chosen_by_size_and_recorded(tmp_path):
     got = [[c.concept_id for c in r.candidates] for r in Linker.load(tmp_path / "a").link(mentions, k=3)]
     want = [[c.concept_id for c in r.candidates] for r in Linker.load(exact_dir).link(mentions, k=3)]
     assert got == want
+
+
+# ----------------------------------------------------------------------------- maxscore postings stored at build time
+
+def _postings_by_transpose(matrix, idf, block_size):
+    """The postings as the searcher computed them at every load before they were stored: a copy of the rows by
+    length, transposed (the reference that `build_postings`' one pass must equal, array for array)."""
+    from linker.index.maxscore import Postings
+
+    n = matrix.shape[0]
+    original = np.argsort(np.diff(matrix.indptr), kind="stable").astype(np.int64)
+    by_length = matrix[original]
+    idf = idf.astype(np.float32)
+    name_scale = np.zeros(n, dtype=np.float32)
+    filled = np.diff(by_length.indptr) > 0
+    name_scale[filled] = np.maximum.reduceat(by_length.data / idf[by_length.indices], by_length.indptr[:-1][filled])
+    block_size = max(1, min(block_size, n))
+    starts = range(0, n, block_size)
+    block_ptr = np.empty((matrix.shape[1], len(starts) + 1), dtype=np.int64)
+    for b, first in enumerate(starts):
+        part = by_length.indices[by_length.indptr[first] : by_length.indptr[min(first + block_size, n)]]
+        block_ptr[:, b + 1] = np.bincount(part, minlength=matrix.shape[1])
+    postings = by_length.T.tocsr()
+    postings.sort_indices()
+    block_ptr[:, 0] = postings.indptr[:-1]
+    np.cumsum(block_ptr, axis=1, out=block_ptr)
+    max_weight = np.zeros(block_ptr[:, :-1].shape, dtype=np.float32)
+    filled = block_ptr[:, 1:] > block_ptr[:, :-1]
+    max_weight[filled] = np.maximum.reduceat(postings.data, block_ptr[:, :-1][filled])
+    return Postings(original, postings.indices, postings.data, block_ptr, max_weight, name_scale, block_size)
+
+
+@pytest.mark.parametrize("block_size", [1, 700, 4_096])
+def test_postings_of_one_pass_equal_the_transposed_copy_and_search_alike(block_size):
+    """`build_postings` (what a build stores) gives the arrays the searcher built at load before, so the old and
+    the new searcher return the same rows, scores and work, bit for bit."""
+    from linker.index.maxscore import ARRAYS, MaxScoreSearcher, build_postings
+
+    rng = np.random.default_rng(3)
+    names = _random_names(rng, 3_000) + ["", "ЖЖЖ"]  # an all-zero row: no postings, a bound of 0
+    index = TfidfNameIndex.build(names, TfidfConfig(search="exact"))
+    want = _postings_by_transpose(index.matrix, index.vectorizer.idf_, block_size)
+    got = build_postings(index.matrix, index.vectorizer.idf_.astype(np.float32), block_size)
+    assert got.block_size == want.block_size
+    for field in ARRAYS:
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+        assert getattr(got, field).dtype == getattr(want, field).dtype, field
+    queries = [names[i] for i in rng.integers(0, len(names), 60)] + ["ЖЖЖ", "ca", "x", ""]
+    vectors = index.vectors(queries)
+    codes = np.arange(len(names), dtype=np.int64) // 3  # three names a concept
+    old = MaxScoreSearcher(index.matrix, index.vectorizer.idf_, postings=want)
+    new = MaxScoreSearcher(index.matrix, index.vectorizer.idf_, block_size)
+    for k, by_concept in ((1, None), (10, None), (5, codes)):
+        for a, b in zip(old.search_counted(vectors, k, 2, by_concept), new.search_counted(vectors, k, 2, by_concept)):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture()
+def maxscore_dir(tmp_path):
+    """A tf-idf index that searches with maxscore (the fixture table is above `exact_max_names`)."""
+    build_index(write_concepts(tmp_path / "concepts.parquet"), kind="tfidf", out=tmp_path / "ms",
+                config=TfidfConfig(exact_max_names=3))
+    return tmp_path / "ms"
+
+
+def test_postings_are_stored_listed_and_mapped_at_load(maxscore_dir, index_dir):
+    from linker.index.maxscore import ARRAYS
+    from linker.index.tfidf import POSTINGS, POSTINGS_PARAMS
+
+    manifest = json.loads((maxscore_dir / "manifest.json").read_text())
+    stored = {f"{POSTINGS}/{field}.npy" for field in ARRAYS} | {POSTINGS_PARAMS}
+    assert stored <= set(manifest["files"])  # sizes and checksums verified at load like every file
+    assert not (index_dir / POSTINGS).exists()  # an exact index (below exact_max_names) stores none
+    loaded = load_index(maxscore_dir).names
+    postings = loaded.maxscore_searcher.postings
+    assert all(isinstance(getattr(postings, field), np.memmap) for field in ARRAYS)
+    assert not postings.names.flags.writeable
+    built = TfidfNameIndex.build(load_index(maxscore_dir).concepts.table.column("name").to_pylist(),
+                                 TfidfConfig(exact_max_names=3))  # postings computed in memory
+    queries = ["thoracic pains", "vomito", "cefalea tensional", "ЖЖЖ"]
+    for a, b in zip(loaded.search(queries, 4), built.search(queries, 4)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_index_built_before_the_postings_were_stored_still_loads(maxscore_dir, caplog):
+    from linker.index.manifest import MANIFEST, write_manifest
+    from linker.index.tfidf import POSTINGS
+
+    queries = ["thoracic pains", "vomito", "cefalea tensional"]
+    want = load_index(maxscore_dir).names.search(queries, 4)
+    shutil.rmtree(maxscore_dir / POSTINGS)
+    manifest = json.loads((maxscore_dir / MANIFEST).read_text())
+    write_manifest(maxscore_dir, {k: v for k, v in manifest.items() if k != "files"})
+    with caplog.at_level("INFO", logger="linker.index.tfidf"):
+        names = load_index(maxscore_dir).names
+    assert "rebuild the index to start faster" in caplog.text
+    assert not isinstance(names.maxscore_searcher.postings.names, np.memmap)  # computed at load, as before
+    for a, b in zip(names.search(queries, 4), want):
+        np.testing.assert_array_equal(a, b)
+
+
+def _edit_npy(path, change):
+    array = np.load(path)
+    array = change(array)
+    np.save(path, array, allow_pickle=False)
+
+
+@pytest.mark.parametrize(("file", "change", "message"), [
+    ("names", lambda a: np.where(np.arange(len(a)) == 5, 10**6, a).astype(a.dtype), "name numbers in 0..14"),
+    ("names", lambda a: np.where(np.arange(len(a)) == 2, -1, a).astype(a.dtype), "-1 at position 2"),
+    ("weights", lambda a: np.where(np.arange(len(a)) == 3, np.nan, a).astype(a.dtype), "weights in (0, 1]"),
+    ("weights", lambda a: np.where(np.arange(len(a)) == 3, 0, a).astype(a.dtype), "weights in (0, 1]"),
+    ("block_ptr", lambda a: a[::-1].copy(), "pointers that never decrease"),
+    ("block_ptr", lambda a: a + 1, "pointers that never decrease"),
+    ("order", lambda a: np.zeros_like(a), "each row 0..14 once"),
+    ("order", lambda a: a[:-1], "of shape (15,)"),
+    ("name_scale", lambda a: np.full_like(a, np.inf), "finite bounds"),
+    ("max_weight", lambda a: a.astype(">f4"), "dtype"),
+    ("names", lambda a: a.astype(np.float32), "dtype kind i/u"),
+])
+def test_damaged_or_hostile_postings_are_refused_in_one_line(maxscore_dir, file, change, message):
+    """The stored postings are checked at load in one pass, so that no search reads outside its arrays: a bad
+    array is refused naming its file (the manifest's checksums would refuse it first; here they are bypassed)."""
+    from linker.errors import InputFormatError
+    from linker.index.tfidf import POSTINGS
+
+    config = load_index(maxscore_dir).names.config
+    _edit_npy(maxscore_dir / POSTINGS / f"{file}.npy", change)
+    with pytest.raises(InputFormatError) as error:
+        TfidfNameIndex.load(maxscore_dir, config)
+    text = str(error.value)
+    assert f"{POSTINGS}/{file}.npy" in text and message in text and "\n" not in text
+
+
+@pytest.mark.parametrize("params", ['{"block_size": 0}', '{"block_size": true}', '{"block_size": 5}', "[]"])
+def test_a_bad_block_size_is_refused(maxscore_dir, params):
+    from linker.errors import InputFormatError
+    from linker.index.tfidf import POSTINGS_PARAMS
+
+    config = load_index(maxscore_dir).names.config
+    (maxscore_dir / POSTINGS_PARAMS).write_text(params)
+    with pytest.raises(InputFormatError, match="maxscore"):
+        TfidfNameIndex.load(maxscore_dir, config)

@@ -141,7 +141,7 @@ def test_shards_mirror_inputs_and_refuse_collisions(tmp_path):
     _, globbed = list_shards(str(tmp_path / "in" / "*.jsonl"), tmp_path / "out")
     assert [s.name for s in globbed] == ["a.jsonl"]
     (tmp_path / "in" / "a.parquet").write_text("")
-    with pytest.raises(ConfigError, match="would both be written"):
+    with pytest.raises(InputFormatError, match="shard 'a.parquet' and shard 'a.jsonl' .* both named a.parquet"):
         list_shards(str(tmp_path / "in"), tmp_path / "out")
     with pytest.raises(InputFormatError, match="notes.txt"):
         list_shards(str(tmp_path / "in" / "*"), tmp_path / "out")

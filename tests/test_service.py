@@ -459,3 +459,154 @@ def test_importing_linker_sets_passive_openmp_threads_unless_told(given, seen):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, **given}, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == str(seen)
+
+
+# ---- POST /annotate: one limit per field, its own tagger queue (a stand-in tagger: no torch needed) ----
+
+class _FakeExtractor:
+    """Stands in for linker-ae: one positive AdverseEvent span on each 'nausea'; waits for `release`; fails on
+    the text 'boom'."""
+
+    revision = "fake-ae==1"
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def extract(self, texts, *, threshold, style):
+        from linker.extract.model import ExtractedSpan
+
+        self.release.wait(5)
+        self.calls.append(list(texts))
+        if "boom" in texts:
+            raise ValueError("boom")
+        return [[ExtractedSpan(at, at + 6, "nausea", "AdverseEvent", "positive", 0.9)
+                 for at in (m.start() for m in re.finditer("nausea", t))] for t in texts]
+
+
+def _annotating_app(indexes, limits=ServiceLimits()):
+    app = create_app([indexes["meddra"]], limits)
+    app.state.tagger._load = lambda fake=_FakeExtractor(): fake
+    return app
+
+
+def test_annotate_codes_each_text_through_the_tagger_queue_and_the_batcher(indexes):
+    with TestClient(_annotating_app(indexes)) as c:
+        response = c.post("/annotate", json={"texts": [{"text": "severe nausea", "id": 1}, {"text": "none"}]})
+        assert c.app.state.internal_errors == 0
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["model"], [r.get("id") for r in body["results"]]) == ("fake-ae==1", [1, None])
+    [span] = body["results"][0]["spans"]
+    assert (span["start"], span["code"], span["decision"]) == (7, "10028813", "coded")
+    assert body["results"][1]["spans"] == []
+    assert c.app.state.tagger._pending == 0
+
+
+@pytest.mark.parametrize(("limits", "texts", "status", "message"), [
+    # the scan before parsing counts `texts` against max_texts (it capped them at its generic 32 before: 422)
+    (ServiceLimits(), 33, 200, ""),
+    (ServiceLimits(), 100, 200, ""),
+    (ServiceLimits(), 101, 413, "texts: expected at most 100 texts, found more than 100"),
+    (ServiceLimits(max_texts=3), 4, 413, "texts: expected at most 3 texts, found more than 3"),
+    (ServiceLimits(max_request_chars=20), 3, 413,
+     "texts: expected at most 20 characters in all, found more (21 up to texts[2])"),
+])
+def test_annotate_has_one_reachable_limit_per_field(indexes, limits, texts, status, message):
+    with TestClient(_annotating_app(indexes, limits)) as c:
+        response = c.post("/annotate", json={"texts": [{"text": "nausea.", "id": i} for i in range(texts)]})
+        assert c.app.state.internal_errors == 0
+    assert response.status_code == status, response.text
+    if status == 200:
+        assert len(response.json()["results"]) == texts
+    else:
+        assert response.json() == {"error": message, "field": "texts"}
+
+
+def test_annotate_answers_429_when_the_tagger_queue_is_full(indexes):
+    app = _annotating_app(indexes)
+    app.state.tagger.max_pending = 5
+    with TestClient(app) as c:
+        response = c.post("/annotate", json={"texts": [{"text": "nausea"}]})
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert response.json() == {"error": "texts: expected room in the tagger's queue (retry shortly), found 0 "
+                                        "characters are waiting", "field": "texts"}
+
+
+def test_annotate_answers_429_when_its_index_queue_is_full(indexes):
+    app = _annotating_app(indexes)
+    app.state.indexes["meddra"].batcher.max_pending = 0
+    with TestClient(app) as c:
+        response = c.post("/annotate", json={"texts": [{"text": "nausea"}]})
+        assert c.post("/annotate", json={"texts": [{"text": "no event"}]}).status_code == 200  # nothing to link
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert response.json()["field"] == "texts" and "queue of index meddra" in response.json()["error"]
+
+
+def _tag(tagger, texts):
+    """Queue texts on a Tagger; an Event set when done and a dict that then holds the job."""
+    done, box = threading.Event(), {}
+
+    def on_done(job):
+        box["job"] = job
+        done.set()
+
+    tagger.submit(texts, None, "auto", on_done)
+    return done, box
+
+
+def test_tagger_tags_a_short_request_between_the_slices_of_a_long_one_and_isolates_failures():
+    from linker.service import Tagger
+
+    fake = _FakeExtractor()
+    fake.release.clear()
+    tagger = Tagger(10**6, load=lambda: fake)
+    long = [f"{i} nausea " + "x" * 1500 for i in range(6)]  # 1,500+ characters: one text a slice
+    long_done, long_box = _tag(tagger, long)
+    time.sleep(0.2)  # the worker is now inside the long request's first slice
+    short_done, short_box = _tag(tagger, ["nausea", "ok"])  # 8 characters: one slice
+    boom_done, boom_box = _tag(tagger, ["boom"])
+    fake.release.set()
+    assert long_done.wait(10) and short_done.wait(10) and boom_done.wait(10)
+    assert fake.calls[1] == ["nausea", "ok"] and fake.calls[2] == ["boom"]  # not behind the long request's 6 slices
+    assert [len(spans) for spans in long_box["job"].results] == [1] * 6
+    assert [s.start for spans in long_box["job"].results for s in spans] == [2] * 6  # every slice in its place
+    assert short_box["job"].model == "fake-ae==1" and short_box["job"].error is None
+    assert str(boom_box["job"].error) == "boom" and long_box["job"].error is None
+    assert tagger._pending == 0
+
+
+def test_tagger_refuses_characters_beyond_its_queue():
+    from linker.service import BusyError, Tagger
+
+    fake = _FakeExtractor()
+    fake.release.clear()
+    tagger = Tagger(10, load=lambda: fake)
+    first, _ = _tag(tagger, ["nausea", "ab"])  # 8 characters
+    with pytest.raises(BusyError, match="8 characters are waiting"):
+        _tag(tagger, ["abc"])
+    fake.release.set()
+    assert first.wait(10)
+    again, _ = _tag(tagger, ["abc"])  # admitted once the queue drained
+    assert again.wait(10)
+
+
+def test_a_tagger_queue_smaller_than_one_request_is_refused_at_start_up():
+    with pytest.raises(ConfigError, match="max_pending_chars 10 is below max_request_chars 100"):
+        ServiceLimits(max_request_chars=100, max_pending_chars=10)
+    assert ServiceLimits(max_request_chars=100).max_pending_chars == 200
+
+
+def test_the_docs_list_every_endpoint_and_every_limit(client):
+    import dataclasses
+
+    page = (ROOT / "docs" / "service.md").read_text(encoding="utf-8")
+    routes = {f"{method} {route.path}" for route in client.app.routes if route.path in client.app.openapi()["paths"]
+              for method in route.methods}
+    assert routes == {"POST /link", "POST /annotate", "GET /health", "GET /indexes"}
+    intro = page.split("\n\n")[1]
+    assert all(f"`{route}`" in intro for route in routes), intro
+    limits = page.split("## Limits")[1].split("\n## ")[0]
+    names = {f.name for f in dataclasses.fields(ServiceLimits)} - {"default_k"}
+    assert [name for name in sorted(names) if f"`{name}`" not in limits] == []

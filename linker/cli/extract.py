@@ -41,6 +41,8 @@ _FORMAT_HELP = "Output: jsonl (a file, one span a line), brat (a folder of .txt/
 _MODEL_HELP = "Tagger: the shipped linker-ae, or a release folder from `linker train extractor`."
 _THRESHOLD_HELP = "In-span probability a word piece needs (default: the tagger's, chosen on dev data)."
 _OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml")
+# Names that say "a file": a folder format given one would write a folder called c.jsonl.
+_FILE_SUFFIXES = (".jsonl", ".json", ".txt", ".ann", ".xml", ".csv", ".tsv", ".gz", ".zip", ".parquet")
 _STYLE_HELP = ("AdverseEvent spans as terms (TAC 2017's convention, 'nausea', 'rash': learnt from drug labels), "
                "phrases (PHEE's, 'severe rash and nausea': from case reports) or auto (terms, and phrases where no "
                "term was found).")
@@ -87,6 +89,9 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
 
     if fmt not in _OUTPUT_FORMATS:
         raise ConfigError(f"--format: expected one of {', '.join(_OUTPUT_FORMATS)}, found {fmt!r}")
+    if fmt != "jsonl" and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
+        raise ConfigError(f"--output {output}: --format {fmt} writes a folder, found a file name ending in "
+                          f"{output.suffix}; name a folder (such as {output.with_suffix('')}), or pass --format jsonl")
     folder = _check_tagger(style, assertion, threshold, model)
     check_file(input_path, "--input")
     check_inputs(input_path, option="--input")
@@ -94,10 +99,10 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
     check_output(output, inputs=inputs, overwrite=overwrite, folder=fmt != "jsonl")
 
 
-def _read(input_path: Path, max_line_bytes, max_document_bytes):
+def _read(input_path: Path, fmt: str, max_line_bytes, max_document_bytes):
     from linker.extract.io import read_inputs
 
-    return read_inputs(input_path, read_limits(max_line_bytes, max_document_bytes))
+    return read_inputs(input_path, read_limits(max_line_bytes, max_document_bytes), fmt=fmt)
 
 
 @app.command("extract")
@@ -118,7 +123,7 @@ def extract_cli(
     from linker.extract.io import write_output
 
     _check_common(input_path, output, fmt, overwrite, threshold, model, [], style, assertion)
-    docs = _read(input_path, max_line_bytes, max_document_bytes)  # every input checked before the model loads
+    docs = _read(input_path, fmt, max_line_bytes, max_document_bytes)  # inputs and file names checked before the model
     started = time.perf_counter()
     from linker.extract import load_extractor
 
@@ -165,7 +170,7 @@ def annotate_cli(
     check_coded_output(fmt, k, db)
     _check_common(input_path, output, fmt, overwrite, threshold, model, option_inputs(index, rerank), style, assertion)
     check_index(index, rerank)
-    docs = _read(input_path, max_line_bytes, max_document_bytes)
+    docs = _read(input_path, fmt, max_line_bytes, max_document_bytes)
     started = time.perf_counter()
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
     if fmt == "ade-xml":

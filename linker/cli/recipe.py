@@ -49,9 +49,11 @@ def plan_cli(
 ) -> None:
     """Print the stages, their cache keys and which are cached, stale or new in OUT; runs nothing."""
     from linker.recipe import Digests, Ledger, default_out, load_recipe, plan_recipe
+    from linker.recipe.runner import check_out_inputs
 
     loaded = load_recipe(recipe)
     folder = out or default_out(loaded)
+    check_out_inputs(folder, loaded)  # refused here already, not only when run
     memo = folder / ".digests.json"
     plan = plan_recipe(loaded, folder, digests=Digests(memo if memo.is_file() else None))
     for line in plan.lines(Ledger(folder / "test_ledger.json")):

@@ -58,7 +58,7 @@ def serve_cli(
     min_confidence: float = min_confidence_option(),
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
 ) -> None:
-    """Serve POST /link, GET /health, GET /indexes and the OpenAPI docs at /docs."""
+    """Serve POST /link, POST /annotate, GET /health, GET /indexes and the OpenAPI docs at /docs."""
     from linker.extras import check
 
     check(("fastapi", "uvicorn"), extra="service", what="linker serve")  # one line, before any work

@@ -196,12 +196,19 @@ def extractor_cli(
     import shlex
 
     from linker.errors import ConfigError
+    from linker.extract.extractor import KIND
     from linker.extract.train import ExtractorTrainConfig, train_extractor
     from linker.fileio import Input, check_output
+    from linker.models import check_release_out
 
     for value, option in ((phee_train, "--phee-train"), (phee_dev, "--phee-dev"), (tac, "--tac")):
         if not value.exists():
             raise ConfigError(f"{value}: no such file or folder ({option})")
+    # The release's files are replaced one by one (manifest last): checked as files, none inside an input nor inside
+    # a shipped model folder other than --out itself, which must hold a tagger if it holds a release.
+    inputs = [Input(phee_train, "--phee-train"), Input(phee_dev, "--phee-dev"), Input(tac, "--tac")]
+    check_output(out / "manifest.json", inputs=inputs, overwrite=True, option="--out", release=out)
+    check_release_out(out, KIND)
     if tune_only:
         from linker.extract.train import tune_release
 
@@ -217,9 +224,6 @@ def extractor_cli(
         raise ConfigError(f"{out}: a folder that is not a release (no manifest.json); choose another --out")
     if out.exists() and (out / "manifest.json").is_file() and not overwrite:
         raise ConfigError(f"{out}: a release is there; pass --overwrite to replace it")
-    # the release's files are replaced one by one (manifest last): checked as files, none inside an input
-    check_output(out / "manifest.json", inputs=[Input(phee_train, "--phee-train"), Input(phee_dev, "--phee-dev"),
-                                                Input(tac, "--tac")], overwrite=True, option="--out")
     if not 0.0 <= tac_negative_share <= 1.0:
         raise ConfigError(f"--tac-negative-share: expected a share from 0 to 1, found {tac_negative_share}")
     config = ExtractorTrainConfig(epochs=epochs, lr=lr, head_lr=10 * lr, batch_size=batch_size, max_length=max_length,

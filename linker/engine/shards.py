@@ -44,8 +44,8 @@ import pyarrow.parquet as pq
 from linker.dictionary import sha256_file
 from linker.engine.arrow import OUTPUT_SCHEMA, link_arrow, nil_count
 from linker.errors import ConfigError, InputFormatError, MissingInputError, shorten
-from linker.fileio import MARKER, READ_ERRORS, Input, atomic_file, check_inputs, check_output, is_temporary, \
-    model_inputs, native_read, read_failure, remove_stale_temporaries
+from linker.fileio import MARKER, READ_ERRORS, FileNamer, Input, atomic_file, check_inputs, check_output, \
+    is_temporary, model_inputs, native_read, read_failure, remove_stale_temporaries
 from linker.formats import DEFAULT_LIMITS, ReadLimits
 from linker.formats.jsonl import jsonl_source, read_jsonl
 from linker.index.manifest import MANIFEST, read_manifest
@@ -92,7 +92,8 @@ def list_shards(input_spec: str, output: str | Path) -> tuple[Path, list[Shard]]
     wildcard, or, when a ``..`` after a wildcard leads out of it, the deepest folder holding every
     match), with the suffix ``.parquet``. A name therefore never holds ``..`` nor an absolute part,
     and every output is checked to resolve inside `output` and to be none of the inputs. A file
-    matched twice (``in/*/../x.jsonl``) is one shard; two inputs that would share an output are refused.
+    matched twice (``in/*/../x.jsonl``) is one shard; two inputs that would share an output (case ignored, as on
+    macOS and Windows) are refused, as is a name that `linker.fileio.safe_stem` refuses.
     """
     check_inputs(input_spec, option="--input")
     given = Path(input_spec)
@@ -128,15 +129,11 @@ def list_shards(input_spec: str, output: str | Path) -> tuple[Path, list[Shard]]
     if not all(root in p.parents for p in absolute.values()):
         root = base = Path(os.path.commonpath([p.parent for p in absolute.values()]))
     out = Path(output)
-    shards, seen = [], {}
+    shards, namer = [], FileNamer(out)  # each name passes safe_stem; two on one file (case ignored) are refused
     for path in files:
         name = absolute[path].relative_to(root).as_posix()
         target = name[: -len(_suffix(path))] + ".parquet"
-        if target in seen:
-            raise ConfigError(f"--input: {seen[target]} and {name} would both be written to {out / target}; "
-                              "rename one of them")
-        seen[target] = name
-        shards.append(Shard(path, name, out / target))
+        shards.append(Shard(path, name, namer.files(target.split("/"), [""], owner=f"shard {name!r}", where=path)[0]))
     confine_outputs(out, shards)
     return base, shards
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from linker.errors import ConfigError
+from linker.errors import ConfigError, InputFormatError
 from linker.extract.assertion import assert_spans
 from linker.extract.data import AE, AR, BENEFIT
 from linker.extract.model import (
@@ -19,7 +20,7 @@ from linker.extract.model import (
     build_head,
     decode,
     split_logits,
-    tokenize,
+    tokenize_arrays,
     top,
     windows,
 )
@@ -38,6 +39,11 @@ STYLES = ("auto", "terms", "phrases")
 # `linker.extract.assertion` for the spans it calls positive) or "model" (the status head alone).
 ASSERTIONS = ("rules", "model")
 BATCH = 32  # windows per forward pass
+# Ranges of a release's decoding fields: a window holds at least one word piece besides [CLS] and [SEP] and at most
+# BERT's 512 positions; label names and counts far above the 4 heads that ship.
+MAX_LENGTH = 512
+MAX_LABELS = 64
+MAX_FROZEN = 64
 
 
 class Extractor:
@@ -53,14 +59,21 @@ class Extractor:
         averaged over the windows that hold each token."""
         return self.probabilities_many([text])[0]
 
-    def probabilities_many(self, texts: list[str]):
+    def probabilities_many(self, texts: list[str]) -> list[tuple[list[tuple[int, int]], np.ndarray, np.ndarray]]:
+        """`probabilities` of each text."""
+        return [([(int(s), int(e)) for s, e in offsets.tolist()], probs, marks)
+                for offsets, probs, marks in self._probabilities(texts)]
+
+    def _probabilities(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """`probabilities` of each text, its offsets an array (tokens, 2): ~76 bytes a token in all where lists of
+        tuples take ~150 more, so a 5 MB text (~1.2M tokens) holds ~90 MB while it is tagged."""
         import torch
 
         cfg, n_labels = self.config, len(self.config.labels)
         cls, sep, pad = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id or 0
-        tokenized = [tokenize(self.tokenizer, text) for text in texts]
+        tokenized = [tokenize_arrays(self.tokenizer, text) for text in texts]
         jobs = [(t, a, b) for t, (ids, _) in enumerate(tokenized)
-                for a, b in (windows(len(ids), cfg.max_length, cfg.stride) if ids else [])]
+                for a, b in (windows(len(ids), cfg.max_length, cfg.stride) if len(ids) else [])]
         sums = [np.zeros((len(ids), n_labels, 3), np.float32) for ids, _ in tokenized]
         status = [np.zeros((len(ids), 3), np.float32) for ids, _ in tokenized]
         counts = [np.zeros(len(ids), np.float32) for ids, _ in tokenized]
@@ -73,9 +86,9 @@ class Extractor:
                 ids = torch.full((len(batch), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(batch), width), dtype=torch.long)
                 for row, (t, a, b) in enumerate(batch):
-                    piece = [cls, *tokenized[t][0][a:b], sep]
-                    ids[row, : len(piece)] = torch.tensor(piece)
-                    mask[row, : len(piece)] = 1
+                    ids[row, 0], ids[row, 1 + b - a] = cls, sep
+                    ids[row, 1: 1 + b - a] = torch.from_numpy(tokenized[t][0][a:b].astype(np.int64))
+                    mask[row, : 2 + b - a] = 1
                 hidden = bottom(self.bert, ids, mask, cfg.frozen_layers)
                 tags, marks = split_logits(top(self.bert, self.head, hidden, mask, cfg.frozen_layers), n_labels)
                 tags, marks = tags.softmax(-1).float().numpy(), marks.softmax(-1).float().numpy()
@@ -104,9 +117,9 @@ class Extractor:
             raise ConfigError(f"assertion: expected one of {', '.join(ASSERTIONS)}, found {assertion!r}")
         cuts = self.thresholds(threshold)
         result = []
-        for text, (offsets, probs, marks) in zip(texts, self.probabilities_many(list(texts)), strict=True):
+        for text, (offsets, probs, marks) in zip(texts, self._probabilities(list(texts)), strict=True):
             spans = decode(text, offsets, probs, marks, self.config.labels, cuts,
-                           **self.config.decoding()) if offsets else []
+                           **self.config.decoding()) if len(offsets) else []
             spans = select_style(spans, style)
             if assertion == "rules":
                 spans = assert_spans(text, spans, (AE, BENEFIT))
@@ -149,17 +162,80 @@ def load_extractor(name_or_folder: str | Path = NAME, *, threads: int | None = N
         return _CACHE[key]
 
 
-def _load(folder: Path, threads: int | None) -> Extractor:
+def _probability(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and 0.0 <= value <= 1.0
+
+
+def tagger_config(folder: Path, manifest: dict, *, digest: bool = True) -> TaggerConfig:
+    """The decoding fields of a tagger release's manifest (`linker.models.DECODING_FIELDS`) as a TaggerConfig.
+
+    Each field is checked, one line naming it, what was expected and what was found (a NaN threshold would
+    silently find nothing; a stride of 0 or a max_length of 2 would fail inside the first text), then, with
+    `digest`, the fields and the weights' sha256 against the manifest's ``decoding_sha256``, so that a field edited
+    after the release was written is refused even when its value is in range."""
+    from linker.models import DECODING_DIGEST, MANIFEST, MISSING, decoding_digest, shown
+
+    path = folder / MANIFEST
+    fix = "reinstall linker or `git checkout -- linker/models` to restore it, or retrain it with `linker train extractor`"
+
+    def refuse(field: str, expected: str, value: object):
+        raise InputFormatError(f"{path}: field {field!r}", expected, shown(value), fix=fix)
+
+    def integer(field: str, low: int, high: int) -> int:
+        value = manifest.get(field, MISSING)
+        if type(value) is not int or not low <= value <= high:
+            refuse(field, f"an integer from {low} to {high}", value)
+        return value
+
+    labels = manifest.get("labels", MISSING)
+    if (not isinstance(labels, list) or not 1 <= len(labels) <= MAX_LABELS or len(set(map(str, labels))) != len(labels)
+            or not all(isinstance(label, str) and 0 < len(label) <= 64 for label in labels)):
+        refuse("labels", f"a list of 1 to {MAX_LABELS} distinct label names", labels)
+    max_length = integer("max_length", 3, MAX_LENGTH)
+    stride = integer("stride", 1, max_length - 2)
+    frozen = integer("frozen_layers", 0, MAX_FROZEN)
+
+    def per_label(field: str, valid, expected: str, *, required: bool) -> tuple:
+        value = manifest.get(field, MISSING)
+        if value is MISSING and not required:
+            return ()
+        if not isinstance(value, dict):
+            refuse(field, f"an object of {expected} per label", value)
+        for label, item in value.items():
+            if label not in labels:
+                refuse(field, "keys among the manifest's labels", label)
+            if not valid(item):
+                refuse(f"{field}.{label}", expected, item)
+        return tuple(sorted(value.items()))
+
+    thresholds = per_label("threshold", _probability, "a finite number from 0 to 1", required=True)
+    extend = per_label("extend", _probability, "a finite number from 0 to 1", required=False)
+    split = per_label("split", lambda item: type(item) is bool, "true or false", required=False)
+    recorded = manifest.get(DECODING_DIGEST, MISSING)
+    if digest and recorded != decoding_digest(manifest):
+        found = f"{recorded[:16]}…: the decoding fields or the weights changed after the release was written" \
+            if isinstance(recorded, str) else shown(recorded)
+        raise InputFormatError(f"{path}: field {DECODING_DIGEST!r}", "the sha256 of the decoding fields and the "
+                               "weights' sha256", found, fix=fix)
+    return TaggerConfig(labels=tuple(labels), max_length=max_length, stride=stride, frozen_layers=frozen,
+                        threshold=0.5, thresholds=tuple((k, float(v)) for k, v in thresholds), extend=tuple(
+                            (k, float(v)) for k, v in extend), split=split)
+
+
+def _load(folder: Path, threads: int | None, *, digest: bool = True) -> Extractor:
+    """The tagger of `folder`; `digest=False` for `--tune-only` alone, which chooses the decoding again (a release
+    written before ``decoding_sha256`` existed gets one that way)."""
     import torch
 
     from linker.encoders import load_encoder, resolve_encoder, transformer_module
-    from linker.models import load_tensors, read_release
+    from linker.models import MANIFEST, WEIGHTS, load_tensors, read_release, shown
 
     started = time.perf_counter()
     release = read_release(folder)  # sha256 of every file, before anything loads
     manifest = release.manifest
     if manifest.get("kind") != KIND:
         raise ConfigError(f"{folder}: a release of kind {manifest.get('kind')!r}, not a tagger ({KIND!r})")
+    config = tagger_config(folder, manifest, digest=digest)
     spec = resolve_encoder(release.base)
     if manifest.get("base_revision") and spec.revision != manifest["base_revision"]:
         raise ConfigError(f"{folder}: trained on {release.base} {manifest['base_revision']}, but this machine has "
@@ -167,19 +243,21 @@ def _load(folder: Path, threads: int | None) -> Extractor:
     encoder = load_encoder(spec, threads=threads, device="cpu")
     bert = transformer_module(encoder.model)
     tokenizer = encoder.model.tokenizer
-    thresholds = manifest["threshold"]
-    config = TaggerConfig(labels=tuple(manifest["labels"]), max_length=int(manifest["max_length"]),
-                          stride=int(manifest["stride"]), frozen_layers=int(manifest["frozen_layers"]),
-                          threshold=0.5, thresholds=tuple(sorted((str(k), float(v)) for k, v in thresholds.items())),
-                          extend=tuple(sorted((str(k), float(v)) for k, v in manifest.get("extend", {}).items())),
-                          split=tuple(sorted((str(k), bool(v)) for k, v in manifest.get("split", {}).items())))
+    layers, positions = bert.config.num_hidden_layers, bert.config.max_position_embeddings
+    for field, value, high in (("frozen_layers", config.frozen_layers, layers - 1),
+                               ("max_length", config.max_length, positions)):
+        if value > high:
+            raise InputFormatError(f"{folder / MANIFEST}: field {field!r}", f"at most {high} for base {release.base!r}",
+                                   shown(value))
     tensors = load_tensors(release)
     head = build_head(bert.config.hidden_size, config)
     head_state = {k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")}
     body = {k: v for k, v in tensors.items() if not k.startswith("head.")}
     state = bert.state_dict()
-    from linker.errors import InputFormatError
-    from linker.models import WEIGHTS
+    wanted = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    if {k: tuple(v.shape) for k, v in head_state.items()} != wanted:
+        raise InputFormatError(folder / WEIGHTS, f"head tensors {wanted} for {len(config.labels)} labels (its manifest)",
+                               str({k: tuple(v.shape) for k, v in head_state.items()})[:120])
 
     for k, v in body.items():
         if k not in state or tuple(state[k].shape) != tuple(v.shape):

@@ -18,16 +18,22 @@ Outputs (`write_output`):
   ``<Mention>`` per positive adverse-event span (negated and hypothetical ones are no reaction of the drug and
   are left out, as TAC's scoring rule does); with `annotate`, ``<Reactions>`` with one MedDRA ``Normalization``
   per distinct string (`linker.formats.ade_xml.write_reactions`). A TAC input keeps its root element.
+
+File names (`output_files`): a document's id (a folder input's path, folder by folder) is used as it is, or refused
+before the model loads: one that cannot be a file name (`linker.fileio.safe_stem`: a ``/`` or ``\\``, a control
+character, a leading dot...), or two documents or sections on one file, case ignored. A span across a line break is
+written to brat as a discontinuous span, one fragment per line.
 """
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from linker.errors import ConfigError, InputFormatError, MissingInputError
-from linker.fileio import atomic_dir, atomic_file, decode_line
+from linker.errors import ConfigError, InputFormatError, MissingInputError, shorten
+from linker.fileio import FileNamer, atomic_dir, atomic_file, decode_line, safe_stem
 from linker.formats import DEFAULT_LIMITS, ReadLimits, read_document
 
 OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml")
@@ -44,6 +50,11 @@ class InputDoc:
     root: ET.Element | None = None  # xml: the parsed label
     path: Path | None = None
     spans: list[list] = field(default_factory=list)  # per section: spans (ExtractedSpan or annotated dicts)
+    line: int | None = None  # jsonl: the document's line
+
+    def name_parts(self) -> list[str]:
+        """The parts of the name its output files take: a JSONL id is one, a folder input's path one per folder."""
+        return [self.name] if self.kind == "jsonl" else self.name.split("/")
 
 
 def _read_txt(path: Path, name: str, limits: ReadLimits) -> InputDoc:
@@ -75,15 +86,22 @@ def _read_jsonl(path: Path, limits: ReadLimits) -> list[InputDoc]:
         if name in seen:
             raise InputFormatError(where, "unique document ids", f"id {name!r} a second time", line=span.line)
         seen.add(name)
-        docs.append(InputDoc(name, "jsonl", [("", span.text)], path=path))
+        docs.append(InputDoc(name, "jsonl", [("", span.text)], path=path, line=span.line))
     if not docs:
         raise InputFormatError(where, 'JSONL documents {"text": ...}', "no document", line=1)
     return docs
 
 
-def read_inputs(input_path: str | Path, limits: ReadLimits = DEFAULT_LIMITS) -> list[InputDoc]:
-    """Every document of a file or folder (module docstring), all checked before any work."""
-    path = Path(input_path)
+def read_inputs(input_path: str | Path, limits: ReadLimits = DEFAULT_LIMITS, *, fmt: str = "jsonl") -> list[InputDoc]:
+    """Every document of a file or folder (module docstring), all checked before any work; for a folder format
+    `fmt`, the names of the files each will be written to as well (`output_files`)."""
+    docs = _read_inputs(Path(input_path), limits)
+    if fmt != "jsonl":
+        output_files(docs, fmt, Path("."))
+    return docs
+
+
+def _read_inputs(path: Path, limits: ReadLimits) -> list[InputDoc]:
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
@@ -97,10 +115,10 @@ def read_inputs(input_path: str | Path, limits: ReadLimits = DEFAULT_LIMITS) -> 
     if path.is_dir():
         texts = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if texts:
-            return [_read_txt(p, str(p.relative_to(path).with_suffix("")), limits) for p in texts]
+            return [_read_txt(p, p.relative_to(path).with_suffix("").as_posix(), limits) for p in texts]
         labels = sorted(p for p in path.rglob("*.xml") if p.is_file())
         if labels:
-            return [_read_xml(p, str(p.relative_to(path).with_suffix("")), limits) for p in labels]
+            return [_read_xml(p, p.relative_to(path).with_suffix("").as_posix(), limits) for p in labels]
         raise MissingInputError(f"{path}: no .txt or .xml files in this folder")
     raise MissingInputError(f"{path}: no such file or folder (--input)")
 
@@ -108,6 +126,36 @@ def read_inputs(input_path: str | Path, limits: ReadLimits = DEFAULT_LIMITS) -> 
 def check_format(fmt: str) -> None:
     if fmt not in OUTPUT_FORMATS:
         raise ConfigError(f"--format: expected one of {', '.join(OUTPUT_FORMATS)}, found {fmt!r}")
+
+
+_NAME_FIX = "brat and ade-xml name each document's files after its id; change the id, or write --format jsonl"
+
+
+def output_files(docs: list[InputDoc], fmt: str, folder: Path) -> list[list[list[Path]]]:
+    """Per document, the files it is written to in `folder`: brat ``[<stem>.txt, <stem>.ann]`` per section (the stem
+    ``<doc>`` or, for a TAC section, ``<doc>_<section id>``), ade-xml ``[<doc>.xml]``.
+
+    Names go through `linker.fileio.safe_stem` and one `FileNamer`: an id that cannot be a file name, or two
+    documents (or sections) on one file (``a_b`` and ``a`` section ``b``; ``A`` and ``a``), is an InputFormatError
+    naming the id, so every file lies inside `folder` and none is written twice."""
+    namer = FileNamer(folder)
+    out = []
+    for doc in docs:
+        where, line = doc.path or doc.name, doc.line
+        what = "a document id" if doc.kind == "jsonl" else "a document name (its path in the input folder)"
+        *folders, stem = [safe_stem(part, where, what=what, line=line, fix=_NAME_FIX) for part in doc.name_parts()]
+        owner = f"document {shorten(doc.name)}"
+        if fmt == "ade-xml":
+            out.append([namer.files([*folders, stem], [".xml"], owner=owner, where=where, line=line)])
+            continue
+        files = []
+        for sid, _ in doc.sections:
+            if sid:
+                safe_stem(sid, where, what="a <Section id>", fix=_NAME_FIX)
+            files.append(namer.files([*folders, f"{stem}_{sid}" if sid else stem], [".txt", ".ann"],
+                                     owner=owner + (f" section {shorten(sid)}" if sid else ""), where=where, line=line))
+        out.append(files)
+    return out
 
 
 # ----------------------------------------------------------------------------- writers
@@ -129,14 +177,25 @@ def span_records(doc: InputDoc) -> list[dict]:
     return out
 
 
-def _brat_document(doc: InputDoc, sid: str, text: str, spans: list, db: str) -> list[str]:
+# Where a line of an .ann file ends for some reader: ours splits bytes at CR and LF, Python's str.splitlines at these.
+_NO_LINE_BREAK = re.compile("[^\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")
+
+
+def _brat_fragments(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """A span's pieces between line breaks: a brat line holds none, so a span across one is written as a
+    discontinuous ``START END;START END`` whose text is the pieces joined by a space, as brat itself writes it."""
+    return [(m.start(), m.end()) for m in _NO_LINE_BREAK.finditer(text, start, end)] or [(start, end)]
+
+
+def _brat_document(doc: InputDoc, sid: str, text: str, spans: list, db: str, where: Path) -> list[str]:
     """The .ann lines of one text's spans, checked by the brat reader, plus normalisation lines."""
     from linker.formats.brat import brat_lines, parse_brat
 
     lines, notes, attributes = [], [], []
     for number, span in enumerate(spans, start=1):
-        start, end = _field(span, "start"), _field(span, "end")
-        lines.append(f"T{number}\t{_field(span, 'label')} {start} {end}\t{text[start:end]}")
+        pieces = _brat_fragments(text, _field(span, "start"), _field(span, "end"))
+        offsets = ";".join(f"{s} {e}" for s, e in pieces)
+        lines.append(f"T{number}\t{_field(span, 'label')} {offsets}\t{' '.join(text[s:e] for s, e in pieces)}")
         status = _field(span, "status", "positive")
         if status != "positive":
             attributes.append(f"A{len(attributes) + 1}\t{status.capitalize()} T{number}")
@@ -147,8 +206,10 @@ def _brat_document(doc: InputDoc, sid: str, text: str, spans: list, db: str) -> 
                 note += f" link_confidence={_field(span, 'link_confidence'):.3f}"
         notes.append(f"#{number}\tAnnotatorNotes T{number}\t{note}")
     raw = "\n".join([*lines, *attributes, *notes]).encode("utf-8")
-    where = f"{doc.name}{'#' + sid if sid else ''}.ann"
-    parsed = parse_brat(where, raw, text)  # what we write reads back through the reader
+    try:
+        parsed = parse_brat(where, raw, text)  # what we write reads back through the reader
+    except InputFormatError as exc:  # the reader's fix (--lenient) is for input files, not for this output
+        raise InputFormatError(where, exc.expected, exc.found, line=exc.line) from None
     norms = [(db, _field(s, "code"), _field(s, "name") or "") if _field(s, "code") else None for s in spans]
     return brat_lines(parsed, norms)
 
@@ -191,6 +252,7 @@ def write_output(docs: list[InputDoc], output: Path, fmt: str, *, db: str = "Med
 
     check_format(fmt)
     written = 0
+    output = Path(output)
     if fmt == "jsonl":
         from linker.formats.jsonl import write_jsonl
 
@@ -201,16 +263,15 @@ def write_output(docs: list[InputDoc], output: Path, fmt: str, *, db: str = "Med
                     written += 1
         return written
     with atomic_dir(output) as tmp:
-        for doc in docs:
+        for doc, files in zip(docs, output_files(docs, fmt, tmp), strict=True):
             if fmt == "brat":
                 from linker.formats.brat import write_brat
 
-                for (sid, text), spans in zip(doc.sections, doc.spans, strict=True):
-                    stem = doc.name + (f"_{sid}" if sid else "")
-                    target = tmp / f"{stem}.txt"
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_text(text, encoding="utf-8", newline="")
-                    write_brat(_brat_document(doc, sid, text, spans, db), tmp / f"{stem}.ann")
+                for (sid, text), spans, (txt, ann) in zip(doc.sections, doc.spans, files, strict=True):
+                    txt.parent.mkdir(parents=True, exist_ok=True)
+                    txt.write_text(text, encoding="utf-8", newline="")
+                    lines = _brat_document(doc, sid, text, spans, db, output / ann.relative_to(tmp))
+                    write_brat(lines, ann)
                     written += len(spans)
             else:
                 from linker.formats.ade_xml import (
@@ -228,7 +289,7 @@ def write_output(docs: list[InputDoc], output: Path, fmt: str, *, db: str = "Med
                     write_reactions(label, [tuple(_field(s, "_candidates") or ()) for _, s in pairs])
                 else:
                     ET.indent(root, space="  ")
-                write_ade_xml(label, tmp / f"{doc.name}.xml")
+                write_ade_xml(label, files[0][0])
                 written += len(pairs)
     return written
 
@@ -238,6 +299,7 @@ __all__ = [
     "OUTPUT_FORMATS",
     "InputDoc",
     "check_format",
+    "output_files",
     "read_inputs",
     "span_records",
     "write_output",

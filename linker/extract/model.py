@@ -5,10 +5,12 @@ One head per label (`LABELS`), each a 3-way B/I/O classifier, so that a document
 token (`STATUSES`: positive, negated, hypothetical). The lower ``frozen_layers`` transformer layers and the
 embeddings stay as the base has them; the layers above and the heads are trained, and only they are shipped.
 
-Long texts are tokenized whole (offsets into the original string), then cut into windows of at most
-``max_length`` word pieces (special tokens included) that overlap by ``max_length - stride`` pieces; each token's
-logits are averaged over the windows that hold it, and a span's characters are its first token's start and its
-last token's end in the original text, so offsets map back exactly whatever the window size.
+Long texts are tokenized `TOKENIZE_CHARS` characters at a time, cut at white space (where no word piece starts
+or ends differently), into one sequence of pieces with offsets into the original string; that sequence is cut into
+windows of at most ``max_length`` word pieces (special tokens included) that overlap by ``max_length - stride``
+pieces, so the model's context runs on across the tokenizer's cuts. Each token's logits are averaged over the
+windows that hold it, and a span's characters are its first token's start and its last token's end in the original
+text, so offsets map back exactly whatever the window sizes.
 """
 
 from __future__ import annotations
@@ -100,12 +102,56 @@ def top(bert, head, hidden, mask, frozen_layers: int):
     return head(hidden)
 
 
+# The most characters the tokenizer sees at once. A fast tokenizer's encoding holds a dozen vectors per piece (ids,
+# offsets, masks, word ids, the piece strings) before they become Python lists: a 50 MB text passed 3 GB in one call.
+# 100,000 characters are some 25,000 pieces: a few MB a call, and the calls cost no more than one whole-text call.
+TOKENIZE_CHARS = 100_000
+_THROUGH_LAST_SPACE = re.compile(r"(?s).*\s")  # greedy: matches up to and including the range's last white space
+_THROUGH_LAST_NON_WORD = re.compile(r"(?s).*\W")
+
+
+def _cut(text: str, start: int, window: int) -> int:
+    """Where the character window from `start` ends: after its last white space (no piece crosses it, and the next
+    word starts a word in both tokenizations), else after its last non-word character, else at `window` (a run of
+    `window / 2` word characters: one [UNK] either way). Never before `start + window // 2`, so calls stay few."""
+    end = start + window
+    if end >= len(text):
+        return len(text)
+    for pattern in (_THROUGH_LAST_SPACE, _THROUGH_LAST_NON_WORD):
+        match = pattern.match(text, start + window // 2, end)
+        if match:
+            return match.end()
+    return end
+
+
+def token_windows(tokenizer, text: str, window: int = TOKENIZE_CHARS):
+    """(ids (pieces,) int32, offsets (pieces, 2) int64 into `text`) of each character window of `text` in order
+    (`_cut`), no special tokens, no truncation; pieces that cover no character dropped."""
+    start = 0
+    while start < len(text):
+        end = _cut(text, start, window)
+        encoded = tokenizer(text[start:end], add_special_tokens=False, truncation=False, return_offsets_mapping=True,
+                            verbose=False)
+        ids = np.asarray(encoded["input_ids"], dtype=np.int32)
+        offsets = np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        keep = offsets[:, 1] > offsets[:, 0]
+        yield ids[keep], offsets[keep] + start
+        start = end
+
+
+def tokenize_arrays(tokenizer, text: str, window: int = TOKENIZE_CHARS) -> tuple[np.ndarray, np.ndarray]:
+    """Word-piece ids (pieces,) and (start, end) character offsets (pieces, 2) of the whole text (`token_windows`):
+    12 bytes a piece where Python lists take some 150."""
+    parts = list(token_windows(tokenizer, text, window))
+    if not parts:
+        return np.zeros(0, np.int32), np.zeros((0, 2), np.int64)
+    return np.concatenate([ids for ids, _ in parts]), np.concatenate([offsets for _, offsets in parts])
+
+
 def tokenize(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """Word-piece ids and (start, end) character offsets of the whole text, no special tokens, no truncation."""
-    encoded = tokenizer(text, add_special_tokens=False, truncation=False, return_offsets_mapping=True, verbose=False)
-    ids, offsets = encoded["input_ids"], [tuple(o) for o in encoded["offset_mapping"]]
-    keep = [i for i, (s, e) in enumerate(offsets) if e > s]  # drop pieces that cover no character
-    return [ids[i] for i in keep], [offsets[i] for i in keep]
+    """Word-piece ids and (start, end) character offsets of the whole text as lists (`tokenize_arrays`)."""
+    ids, offsets = tokenize_arrays(tokenizer, text)
+    return ids.tolist(), [(int(s), int(e)) for s, e in offsets.tolist()]
 
 
 def windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:
@@ -180,7 +226,7 @@ def decode(text: str, offsets: list[tuple[int, int]], probs: np.ndarray, status_
             if not strong[i:j].any():
                 i = j
                 continue
-            start, end = offsets[i][0], offsets[j - 1][1]
+            start, end = int(offsets[i][0]), int(offsets[j - 1][1])  # offsets may be a numpy array
             start, end = _whole_words(text, start, end)
             marks = status_probs[i:j].mean(axis=0)
             confidence = float((1.0 - p[i:j, O]).mean())
@@ -217,4 +263,4 @@ def split_logits(logits, n_labels: int):
 
 
 __all__ = ["AR", "ExtractedSpan", "TaggerConfig", "bottom", "build_head", "decode", "head_size", "split_logits", "token_tags",
-           "tokenize", "top", "windows"]
+           "tokenize", "tokenize_arrays", "token_windows", "top", "windows"]

@@ -314,29 +314,44 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
     """Choose the decoding (threshold, extend, split per head) of an existing release on the dev data again, as
     training does after each epoch, and rewrite the release with the same tensors (`linker train extractor
     --tune-only`)."""
+    from linker.errors import InputFormatError
     from linker.extract import extractor as extractor_module
-    from linker.models import load_tensors, read_release, write_release
+    from linker.models import MANIFEST, check_release_out, load_tensors, read_release, shown, write_release
 
     started, cpu0 = time.perf_counter(), _cpu_seconds()
+    check_release_out(out, KIND)  # an encoder release has no decoding to tune (nor training record to read)
     release = read_release(out)
     manifest = release.manifest
-    dev_files = [Path(tac_folder) / f"{stem}.xml" for stem in manifest["training"]["tac_dev_labels"]]
-    extractor = extractor_module._load(Path(out), threads)
+    training = manifest.get("training")
+    stems = training.get("tac_dev_labels") if isinstance(training, dict) else None
+    if not isinstance(stems, list) or not all(isinstance(s, str) and s not in ("", ".", "..") and Path(s).name == s
+                                              and "\\" not in s for s in stems):
+        raise InputFormatError(f"{Path(out) / MANIFEST}: field 'training.tac_dev_labels'",
+                               "a list of TAC label file names (no folders)", shown(stems))
+    dev_files = [Path(tac_folder) / f"{stem}.xml" for stem in stems]
+    extractor = extractor_module._load(Path(out), threads, digest=False)  # the decoding is chosen again here
     scores = evaluate_dev(extractor, read_phee(phee_dev), read_tac_files(dev_files))
     report(f"tuned: thresholds {scores['thresholds']} extend {scores['extend']} split {scores['split']} PHEE dev "
            f"EM_F1 {scores['phee_dev']['EM_F1']} TAC dev exact F1 {scores['tac_dev']['exact']['f1']}")
-    fixed = {"format", "name", "version", "kind", "base", "base_revision", "tensors", "files"}
+    fixed = {"format", "name", "version", "kind", "base", "base_revision", "tensors", "files", "decoding_sha256"}
     info = {key: value for key, value in manifest.items() if key not in fixed}
     info.update(threshold=scores["thresholds"], extend=scores["extend"], split=scores["split"])
-    info["metrics"] = {**info["metrics"], "threshold": scores["thresholds"], "extend": scores["extend"],
+    metrics = info.get("metrics") if isinstance(info.get("metrics"), dict) else {}
+    info["metrics"] = {**metrics, "threshold": scores["thresholds"], "extend": scores["extend"],
                        "split": scores["split"], "phee_dev": scores["phee_dev"], "tac_dev": scores["tac_dev"]}
-    info["training"] = {**info["training"], "tuned": {
+    info["training"] = {**training, "tuned": {
         "command": command, "wall_seconds": round(time.perf_counter() - started),
         "cpu_seconds": round(_cpu_seconds() - cpu0), "load_average": [round(x, 2) for x in os.getloadavg()]}}
+    base_revision = str(manifest.get("base_revision", ""))
+    try:
+        card = model_card(info, base_revision)
+    except (KeyError, TypeError, ValueError) as exc:  # a record the card needs, missing or mistyped
+        raise InputFormatError(f"{Path(out) / MANIFEST}: fields 'training' and 'metrics'",
+                               "the training record `linker train extractor` writes",
+                               f"{type(exc).__name__} {str(exc)[:60]}") from None
     tensors = load_tensors(release)
-    write_release(Path(out), name=release.name, version=release.version, kind=manifest["kind"], base=release.base,
-                  base_revision=manifest["base_revision"], tensors=tensors, card=model_card(info, manifest["base_revision"]),
-                  info=info)
+    write_release(Path(out), name=release.name, version=release.version, kind=KIND, base=release.base,
+                  base_revision=base_revision, tensors=tensors, card=card, info=info)
     with extractor_module._CACHE_LOCK:
         extractor_module._CACHE.pop(str(Path(out).resolve()), None)
     return {"out": str(out), **info["metrics"]}

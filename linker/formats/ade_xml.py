@@ -56,19 +56,35 @@ class AdeDoc:
     mentions: list[AdeMention] = field(default_factory=list)
 
 
+# TAC 2017 and ADE Eval labels are 4 elements deep (Label > Reactions > Reaction > Normalization); writing a label
+# (ElementTree.indent, serialisation) recurses once per level, so a deeper file is refused as it is parsed.
+MAX_XML_DEPTH = 32
+
+
 def _parse_xml(path: Path, limits: ReadLimits) -> tuple[ET.Element, dict[int, int]]:
     """Parse with expat directly so that every element keeps its source line (for messages)."""
     builder = ET.TreeBuilder()
     lines: dict[int, int] = {}
     parser = expat.ParserCreate()
     parser.buffer_text = True
+    depth = 0
 
     def start(tag: str, attrs: dict[str, str]) -> None:
+        nonlocal depth
+        depth += 1
+        if depth > MAX_XML_DEPTH:
+            raise InputFormatError(path, f"elements nested at most {MAX_XML_DEPTH} deep (a drug label has 4)",
+                                   f"<{tag}> at depth {depth}", line=parser.CurrentLineNumber)
         element = builder.start(tag, attrs)
         lines[id(element)] = parser.CurrentLineNumber
 
+    def end(tag: str) -> None:
+        nonlocal depth
+        depth -= 1
+        builder.end(tag)
+
     parser.StartElementHandler = start
-    parser.EndElementHandler = builder.end
+    parser.EndElementHandler = end
     parser.CharacterDataHandler = builder.data
     try:
         parser.Parse(read_document(path, limits), True)

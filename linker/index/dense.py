@@ -25,9 +25,10 @@ the disk and page cache, and the re-scoring reads them from a memory map, so a s
 in memory only the pages its queries touch.
 
 Building is bounded in memory and resumable: names are encoded in chunks of similar length, each
-written into a ``.npy`` memmap in a work folder whose ``progress.json`` lists the chunks done; a
-build interrupted after some chunks encodes only the others when it runs again with the same names
-and encoder. Chunks are encoded here or, with ``engine="ray"``, by Ray actors
+written into a ``.npy`` memmap in a work folder whose ``progress.json`` lists the chunks done with the
+sha256 of their vectors; a build interrupted after some chunks encodes only the others when it runs
+again with the same names and encoder (a listed chunk whose vectors no longer hash to its sha256 is
+encoded again). Chunks are encoded here or, with ``engine="ray"``, by Ray actors
 (`linker.engine.encode`); either way the driver writes them, so a killed driver or a lost worker
 costs only the chunks in flight.
 """
@@ -214,8 +215,9 @@ def encode_names(
 
     Chunks come from `length_chunks`; `runner` encodes them (`LocalEncoding` with `encoder` when None;
     `linker.engine.encode.RayEncoding` spreads them over Ray actors). After each chunk the memmap is
-    flushed and ``progress.json`` lists the chunks done; a rerun with the same names, encoder and
-    chunk size (same key) encodes only the others. Returns the memmap (read-only) and the encoding
+    flushed and ``progress.json`` lists the chunks done with the sha256 of their vectors; a rerun with the
+    same names, encoder and chunk size (same key) encodes only the others and the listed chunks whose vectors do
+    not hash to their sha256 (`_verified_chunks`). Returns the memmap (read-only) and the encoding
     figures (tokens, truncated names, names/s).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -223,21 +225,23 @@ def encode_names(
     key = _names_key(names, encoder)
     progress_path, path = work_dir / PROGRESS, work_dir / WORK_EMBEDDINGS
     chunks = length_chunks(names, chunk_rows)
-    done: set[int] = set()
+    done: dict[int, str] = {}  # chunk -> sha256 of its vectors as written
+    vectors = None
     if progress_path.is_file() and path.is_file():
         try:
             saved = json.loads(progress_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+        except (UnicodeDecodeError, ValueError, RecursionError):
             saved = {}
-        if (saved.get("key"), saved.get("rows"), saved.get("dim"), saved.get("chunk_rows")) == (key, n, dim, chunk_rows) \
-                and isinstance(saved.get("done"), list):
-            done = {c for c in saved["done"] if isinstance(c, int) and 0 <= c < len(chunks)}
+        if isinstance(saved, dict) and (saved.get("key"), saved.get("rows"), saved.get("dim"),
+                                        saved.get("chunk_rows")) == (key, n, dim, chunk_rows):
+            vectors = _open_work_vectors(path, n, dim)
+        if vectors is not None:
+            done = _verified_chunks(vectors, chunks, saved.get("done"), progress_path)
             log.info("resuming dense encoding in %s: %d of %d chunks done", work_dir, len(done), len(chunks))
     if not done:
+        del vectors  # a mapping of the old file, if any, before it is replaced
         progress_path.unlink(missing_ok=True)
         vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
-    else:
-        vectors = np.load(path, mmap_mode="r+")
     start_rows = sum(len(chunks[c]) for c in done)
     reporter = bar(n, initial=start_rows, desc="encoding names", unit="name", show=show_progress)
 
@@ -251,6 +255,7 @@ def encode_names(
     totals = {"tokens": 0, "padded_tokens": 0, "truncated": 0, "longest": 0, "tokenize_seconds": 0.0}
     started = time.perf_counter()
     for chunk, encoded, stats in runner.run(jobs, advance):
+        encoded = np.ascontiguousarray(encoded, dtype=np.float32)
         vectors[chunks[chunk]] = encoded
         for field in ("tokens", "padded_tokens", "truncated", "tokenize_seconds"):
             totals[field] += stats[field]
@@ -258,10 +263,10 @@ def encode_names(
         vectors.flush()
         release(vectors)
         _trim_heap()
-        done.add(chunk)
+        done[chunk] = hashlib.sha256(encoded).hexdigest()  # the bytes just written, as `_chunk_digest` reads them
         tmp = progress_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "rows": n, "dim": dim, "chunk_rows": chunk_rows, "done": sorted(done)}),
-                       encoding="utf-8")
+        tmp.write_text(json.dumps({"key": key, "rows": n, "dim": dim, "chunk_rows": chunk_rows,
+                                   "done": {str(c): done[c] for c in sorted(done)}}), encoding="utf-8")
         os.replace(tmp, progress_path)
     reporter.close()
     del vectors
@@ -277,6 +282,40 @@ def encode_names(
         log.warning("%d of %d names were longer than the encoder's %d tokens and were truncated",
                     totals["truncated"], n, encoder.max_length)
     return np.load(path, mmap_mode="r"), figures
+
+
+def _open_work_vectors(path: Path, n: int, dim: int) -> np.memmap | None:
+    """The work folder's vectors, writable, when they are a float32 (n, dim) array; else None (start afresh)."""
+    try:
+        vectors = np.load(path, mmap_mode="r+", allow_pickle=False)
+    except (ValueError, OSError, EOFError):
+        return None
+    return vectors if vectors.dtype == np.float32 and vectors.shape == (n, dim) else None
+
+
+def _chunk_digest(vectors: np.ndarray, rows: np.ndarray) -> str:
+    """sha256 of a chunk's vectors (float32, its rows in order)."""
+    return hashlib.sha256(np.ascontiguousarray(vectors[rows], dtype=np.float32)).hexdigest()
+
+
+def _verified_chunks(vectors: np.ndarray, chunks: list[np.ndarray], saved: object, progress_path: Path) -> dict[int, str]:
+    """The chunks that ``progress.json`` lists as done whose vectors still hash to the sha256 recorded when they
+    were written. progress.json is only a claim: a work folder altered after a kill (every chunk marked done, an
+    old list without hashes, a chunk overwritten) would otherwise give an index of zero vectors that loads and
+    answers. Any other listed chunk is logged and encoded again."""
+    listed = saved if isinstance(saved, dict) else {str(c): None for c in saved} if isinstance(saved, list) else {}
+    done, again = {}, []
+    for name, digest in listed.items():
+        chunk = int(name) if isinstance(name, str) and name.isascii() and name.isdigit() else -1
+        if 0 <= chunk < len(chunks) and isinstance(digest, str) and _chunk_digest(vectors, chunks[chunk]) == digest:
+            done[chunk] = digest
+        else:
+            again.append(name)
+        release(vectors)  # a chunk's rows lie all over the file: one pass would leave all of it in this process's RSS
+    if again:
+        log.warning("%s: %d chunk(s) marked done do not match the sha256 recorded when they were written (%s); "
+                    "encoding them again", progress_path, len(again), ", ".join(map(str, again[:5])))
+    return done
 
 
 def read_rows(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -342,8 +381,11 @@ def _merge(s1, r1, s2, r2, k):
 def exact_scores(vectors: np.ndarray, embeddings: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """(q, k) float32 inner products of each query with its rows' name vectors (row -1: -inf).
 
-    Each product is summed in float64 and rounded once, so it does not depend on the order of
-    summation: equal name vectors get equal scores wherever they are stored.
+    Each product of two float32 values is exact in float64, and each pair's products are summed by
+    numpy's own reduction over the last axis, the same code for every row of the block: equal name
+    vectors get bit-equal scores wherever they are stored and whatever the processor. (A batched
+    matmul went to BLAS, whose AVX-512 kernels sum rows in an order that depends on the row's place
+    in the block: equal copies came back a few ulps apart and their tie fell by position.)
     """
     safe = np.where(rows >= 0, rows, 0)
     queries = np.asarray(vectors, dtype=np.float64)
@@ -352,8 +394,9 @@ def exact_scores(vectors: np.ndarray, embeddings: np.ndarray, rows: np.ndarray) 
     # pairs of a widened search at once could take GBs.
     step = max(1, 16384 // max(1, rows.shape[1]))
     for start in range(0, len(rows), step):
-        names = np.asarray(read_rows(embeddings, safe[start : start + step]), dtype=np.float64)  # (q, k, d)
-        scores[start : start + step] = np.matmul(names, queries[start : start + step, :, None])[:, :, 0]
+        names = np.array(read_rows(embeddings, safe[start : start + step]), dtype=np.float64)  # (q, k, d), a copy
+        names *= queries[start : start + step, None, :]
+        scores[start : start + step] = names.sum(axis=-1)
     return np.where(rows >= 0, scores, MISSING_SCORE).astype(np.float32)
 
 
@@ -609,7 +652,8 @@ class DenseNameIndex:
         # One extra hit so that ties at the k-th place are resolved by row, not by FAISS order.
         fetch = min(self.size, fetch + 1)
         scores, rows = self.faiss_index.search(vectors, fetch)
-        if rerank or self.config.faiss_kind == "flat":
+        # A config still at "auto" was never built by `build`: the constructor made a flat index for it.
+        if rerank or self.config.faiss_kind in ("flat", "auto"):
             # A flat search is a blocked matrix product whose rounding depends on where a name falls
             # in its block, so two bit-identical name vectors (names with equal token ids) could score
             # a few ulps apart and their tie fall differently in each build and precision. Re-scored

@@ -36,6 +36,12 @@ the length order); the bounds keep a margin `EPS` for the rounding of partial su
 therefore the exact one (tests/test_index_tfidf.py checks it against the full product;
 eval/bench/bench_link.md measures speed and agreement).
 
+The postings, in that order and by block, and the bounds (`Postings`) are computed once from the
+rows (`build_postings`: one pass that writes each name into its n-grams' lists, so that memory holds
+the rows and the postings and nothing else), at build time: tf-idf stores them beside the rows and
+maps them at load (`linker.index.tfidf`), where they are checked (`check_postings`) so that a damaged
+or hostile folder cannot hand the kernel an index outside its arrays.
+
 The kernel is compiled with numba (`nogil`: `search` runs blocks of queries in threads, each thread
 taking the next block when done). Without numba, `available()` is False and tfidf.py searches with
 the full product instead.
@@ -45,10 +51,16 @@ from __future__ import annotations
 
 import itertools
 import queue
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
+
+from linker.errors import InputFormatError
+from linker.index.manifest import _flat_blocks
 
 try:
     import numba
@@ -127,7 +139,9 @@ def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, original, bl
                 for p in range(lo, hi):
                     name = p_indices[p] - first
                     touched[n_seen] = name
-                    n_seen += acc[name] == 0
+                    # (n_seen < block_size always, unless weights that round to 0 make a name "new" again:
+                    # capped, so that no stored postings write past `touched`)
+                    n_seen += (acc[name] == 0) & (n_seen < block_size)
                     acc[name] += w * p_data[p]
                 work[i, 0] += hi - lo
                 j += 1
@@ -263,50 +277,162 @@ def _kth_exact(acc, touched, n_touched, k, first, codes, original, r_indptr, r_i
     return 0.0
 
 
+def _fill(r_indptr, r_indices, r_data, order, idf, block_size, block_ptr, names, weights, max_weight,
+          name_scale):  # pragma: no cover - compiled
+    """`build_postings`' pass: the names in `order` (shortest first), each written into its n-grams' lists
+    (so each list comes out ascending), its bound and its lists' block maxima updated on the way.
+    block_ptr[:, 0] holds where each n-gram's list begins; the other columns are written here."""
+    cursor = block_ptr[:, 0].copy()  # (n-grams,) where each list's next posting goes
+    for rank in range(len(order)):
+        block = rank // block_size
+        if rank % block_size == 0 and block > 0:
+            block_ptr[:, block] = cursor
+        row = order[rank]
+        scale = np.float32(0.0)
+        for p in range(r_indptr[row], r_indptr[row + 1]):
+            t = r_indices[p]
+            w = r_data[p]
+            names[cursor[t]] = rank
+            weights[cursor[t]] = w
+            cursor[t] += 1
+            max_weight[t, block] = max(max_weight[t, block], w)
+            scale = max(scale, w / idf[t])
+        name_scale[rank] = scale
+    block_ptr[:, block_ptr.shape[1] - 1] = cursor
+
+
 if numba is not None:
     _before = numba.njit(nogil=True, cache=True)(_before)
     _exact = numba.njit(nogil=True, cache=True)(_exact)
     _kth_exact = numba.njit(nogil=True, cache=True)(_kth_exact)
     _kernel = numba.njit(nogil=True, cache=True)(_kernel)
+    _fill = numba.njit(nogil=True, cache=True)(_fill)
+
+
+class Postings(NamedTuple):
+    """What the search reads besides the rows, with names numbered shortest first (module docstring)."""
+
+    order: np.ndarray  # (names,) int64: the table row of each name in that order
+    names: np.ndarray  # (postings,) int32: each n-gram's names in that order, ascending, n-gram after n-gram
+    weights: np.ndarray  # (postings,) float32: their weights (the rows' values)
+    block_ptr: np.ndarray  # (n-grams, blocks + 1) int64: where n-gram t's postings of names >= b * block_size begin
+    max_weight: np.ndarray  # (n-grams, blocks) float32: n-gram t's largest weight in block b
+    name_scale: np.ndarray  # (names,) float32: a name's weight for n-gram t is at most idf_t * name_scale
+    block_size: int  # names per block
+
+    @property
+    def indptr(self) -> np.ndarray:
+        """(n-grams + 1,) where each n-gram's postings begin, and the last ends."""
+        return np.append(self.block_ptr[:, 0], self.block_ptr[-1, -1] if len(self.block_ptr) else 0)
+
+
+# Saved as .npy files by tf-idf (`linker.index.tfidf`); the block size is a number of its own.
+ARRAYS = ("order", "names", "weights", "block_ptr", "max_weight", "name_scale")
+
+
+def build_postings(matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLOCK_NAMES) -> Postings:
+    """The postings and bounds of `matrix`'s L2-normalised rows (`idf`: its columns' idf) in one pass (`_fill`):
+    no copy of the rows by length and no transpose (at 5M names each was as large as the rows)."""
+    n, features = matrix.shape
+    block_size = max(1, min(block_size, n))
+    blocks = -(-n // block_size)
+    # The search numbers names shortest first, so that a block holds names of similar length and its largest
+    # weights bound it tightly: a short query cannot score high against a block of long names.
+    order = np.argsort(np.diff(matrix.indptr), kind="stable").astype(np.int64)
+    block_ptr = np.zeros((features, blocks + 1), dtype=np.int64)
+    np.cumsum(np.bincount(matrix.indices, minlength=features)[:-1], out=block_ptr[1:, 0])
+    names = np.empty(matrix.nnz, dtype=np.int32 if n < 2**31 else np.int64)
+    weights = np.empty(matrix.nnz, dtype=np.float32)
+    max_weight = np.zeros((features, blocks), dtype=np.float32)
+    name_scale = np.zeros(n, dtype=np.float32)
+    if n and features:
+        _fill(matrix.indptr, matrix.indices, matrix.data, order, idf.astype(np.float32), block_size, block_ptr, names,
+              weights, max_weight, name_scale)
+    return Postings(order, names, weights, block_ptr, max_weight, name_scale, block_size)
+
+
+def _first_error(mask: np.ndarray) -> int | None:
+    return int(np.argmax(mask)) if mask.any() else None
+
+
+def check_postings(postings: Postings, shape: tuple[int, int], path: Callable[[str], Path],
+                   block: int = 1 << 22) -> None:
+    """Refuse (InputFormatError naming the file, `path(field)`) postings that would take the kernel outside its
+    arrays or its scratch, for rows of `shape` (names, n-grams): shapes and dtypes that do not fit, block
+    pointers that decrease or do not end at the postings' length, an `order` that is not a permutation of the
+    rows, a posting whose name lies outside its block, a weight outside (0, 1] (L2-normalised rows; NaN and
+    infinity fail it), non-finite or negative bounds. The postings are read once, `block` at a time through
+    a map of their own whose pages are dropped after each block (`linker.index.manifest._flat_blocks`)."""
+    n, features = shape
+    size = postings.block_size
+    blocks = -(-n // size) if type(size) is int and size >= 1 else -1  # (JSON: not a bool, not a float)
+
+    def refuse(field: str, expected: str, found: str):
+        raise InputFormatError(path(field), expected, found, fix="rebuild the index with `linker index build`")
+
+    if blocks < 0 or (n and size > n):
+        refuse("block_size", f"a block size in 1..{max(n, 1)}", repr(size))
+    wanted = {"order": ((n,), "iu"), "names": ((len(postings.weights),), "iu"), "weights": ((None,), "f"),
+              "block_ptr": ((features, blocks + 1), "iu"), "max_weight": ((features, blocks), "f"),
+              "name_scale": ((n,), "f")}
+    for field, (shape_, kinds) in wanted.items():
+        array = getattr(postings, field)
+        if array.ndim != len(shape_) or any(w is not None and g != w for g, w in zip(array.shape, shape_)):
+            refuse(field, f"an array of shape {shape_} for {n:,} names and {features:,} n-grams",
+                   f"shape {array.shape}")
+        if array.dtype.kind not in kinds or not array.dtype.isnative:  # (numba reads native byte order only)
+            refuse(field, f"an array of dtype kind {'/'.join(kinds)} in this machine's byte order",
+                   f"dtype {array.dtype.str}")
+    ptr = np.asarray(postings.block_ptr)
+    ends = np.append(ptr[:, 0], len(postings.names))  # each list's start, and the last one's end
+    if features and (ptr[0, 0] != 0 or (np.diff(ptr, axis=1) < 0).any() or (ptr[1:, 0] != ptr[:-1, -1]).any()
+                     or ptr[-1, -1] != len(postings.names)) or (not features and len(postings.names)):
+        refuse("block_ptr", f"pointers that never decrease, each n-gram's list following the one before and the "
+               f"last ending at the {len(postings.names):,} postings", f"{ends[:3].tolist()}... ending at {ends[-1]}")
+    order = np.asarray(postings.order)
+    if n and (order.min() < 0 or order.max() >= n or (np.bincount(order, minlength=n) != 1).any()):
+        refuse("order", f"each row 0..{n - 1} once", "a row out of range or repeated")
+    for field in ("max_weight", "name_scale"):
+        values = np.asarray(getattr(postings, field))
+        bad = _first_error(~(values >= 0) | ~np.isfinite(values))
+        if bad is not None:
+            refuse(field, "finite bounds >= 0", f"{values.flat[bad]} at flat position {bad}")
+    # Each posting's block, from the lengths of the (n-gram, block) segments that tile the postings in order.
+    starts = ptr[:, :-1].ravel()
+    lengths = np.diff(ptr, axis=1).ravel()
+    segment_block = np.tile(np.arange(blocks, dtype=np.int32), features)
+    first = 0
+    for names, weights in zip(_flat_blocks(postings.names, block), _flat_blocks(postings.weights, block)):
+        last = first + len(names)
+        lo, hi = np.searchsorted(starts, [first, last - 1], side="right") - 1
+        taken = lengths[lo : hi + 1].copy()
+        taken[0] -= first - starts[lo]  # the first segment may begin before this block of postings
+        taken[-1] = last - starts[hi] if hi > lo else len(names)
+        expected = np.repeat(segment_block[lo : hi + 1], taken)
+        bad = _first_error((names < 0) | (names >= n) | (names // size != expected))
+        if bad is not None:
+            refuse("names", f"name numbers in 0..{n - 1}, each inside its block of {size:,}",
+                   f"{names[bad]} at position {first + bad} (block {expected[bad]})")
+        bad = _first_error(~((weights > 0) & (weights <= 1)))
+        if bad is not None:
+            refuse("weights", "weights in (0, 1] (L2-normalised rows)", f"{weights[bad]} at position {first + bad}")
+        first = last
 
 
 class MaxScoreSearcher:
     """Postings (n-gram -> names), each n-gram's largest name weight, and per-thread scratch."""
 
-    def __init__(self, matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLOCK_NAMES) -> None:
+    def __init__(self, matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLOCK_NAMES,
+                 postings: Postings | None = None) -> None:
+        """`postings`: those of `build_postings(matrix, idf, block_size)` (stored ones, checked by
+        `check_postings`); None computes them."""
         self.rows = matrix  # (names, features) CSR, L2-normalised rows: the exact scores
-        # The search numbers names shortest first (`original`: that order's table rows), so that a
-        # block holds names of similar length and its largest weights bound it tightly: a short
-        # query cannot score high against a block of long names, and stops there after few lists.
-        self.original = np.argsort(np.diff(matrix.indptr), kind="stable").astype(np.int64)
-        by_length = matrix[self.original]
         self.idf = idf.astype(np.float32)
-        # A name's weight for any n-gram t is at most idf_t * name_scale (= its largest tf / raw norm); computed a
-        # block of names at a time: whole-matrix temporaries took 2 GB of a 5M-name index's load.
-        self.name_scale = np.zeros(matrix.shape[0], dtype=np.float32)
-        for first in range(0, matrix.shape[0], 1 << 18):
-            block = by_length[first : first + (1 << 18)]
-            filled = np.diff(block.indptr) > 0
-            self.name_scale[first : first + block.shape[0]][filled] = np.maximum.reduceat(
-                block.data / self.idf[block.indices], block.indptr[:-1][filled])
-        # block_ptr[t, b]: where n-gram t's postings of names >= b * block_size begin
-        self.block_size = max(1, min(block_size, matrix.shape[0]))
-        starts = range(0, matrix.shape[0], self.block_size)
-        self.block_ptr = np.empty((matrix.shape[1], len(starts) + 1), dtype=np.int64)
-        for b, first in enumerate(starts):
-            block = by_length.indices[by_length.indptr[first] : by_length.indptr[min(first + self.block_size,
-                                                                                      matrix.shape[0])]]
-            self.block_ptr[:, b + 1] = np.bincount(block, minlength=matrix.shape[1])
-        self.postings = by_length.T.tocsr()  # (features, names by length), ascending within an n-gram
-        by_length = block = None  # before the rest: the copy by length is as large as the postings
-        self.postings.sort_indices()
-        self.block_ptr[:, 0] = self.postings.indptr[:-1]
-        np.cumsum(self.block_ptr, axis=1, out=self.block_ptr)
-        # max_weight[t, b]: n-gram t's largest weight in block b
-        self.max_weight = np.zeros(self.block_ptr[:, :-1].shape, dtype=np.float32)
-        filled = self.block_ptr[:, 1:] > self.block_ptr[:, :-1]
-        self.max_weight[filled] = np.maximum.reduceat(self.postings.data, self.block_ptr[:, :-1][filled])
-        self.row_cost = float(np.diff(matrix.indptr).mean()) if matrix.shape[0] else 1.0
+        self.postings = build_postings(matrix, self.idf, block_size) if postings is None else postings
+        self.original, self.block_ptr = self.postings.order, self.postings.block_ptr
+        self.max_weight, self.name_scale = self.postings.max_weight, self.postings.name_scale
+        self.block_size = self.postings.block_size
+        self.row_cost = matrix.nnz / matrix.shape[0] if matrix.shape[0] else 1.0
         self._scratch: queue.SimpleQueue = queue.SimpleQueue()  # (acc, touched, query_dense), reused
 
     def _take_scratch(self):
@@ -324,7 +450,7 @@ class MaxScoreSearcher:
         scratch = self._take_scratch()
         try:
             _kernel(first, last, vectors.indptr, vectors.indices, vectors.data, k, codes, self.original, self.block_ptr,
-                    self.block_size, self.postings.indices, self.postings.data, self.max_weight, self.idf,
+                    self.block_size, self.postings.names, self.postings.weights, self.max_weight, self.idf,
                     self.rows.indptr, self.rows.indices, self.rows.data, self.name_scale, self.row_cost, *scratch,
                     scores, rows, work)
         finally:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
 import zipfile
 from array import array
@@ -74,6 +75,10 @@ ANALYZERS = ("char", "char_wb")
 VOCABULARY = "tfidf/vocabulary.json"
 IDF = "tfidf/idf.npy"
 MATRIX = "tfidf/names.npz"
+# maxscore's postings and bounds (`maxscore.Postings`), one .npy per array, and its block size: written at build time
+# when the index searches with maxscore, mapped at load. An index built before them computes them at load.
+POSTINGS = "tfidf/maxscore"
+POSTINGS_PARAMS = "tfidf/maxscore/params.json"
 MIN_ROWS_PER_THREAD = 8  # queries per extra sparse-product thread (see `search_vectors`)
 BUILD_CHUNK = 8_192  # names analysed per step of the build: bounds its temporaries
 SHARD_NAMES = 131_072  # names per product: a 512 KiB score accumulator (see the module docstring)
@@ -353,6 +358,24 @@ def _member_arrays(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _read_postings(folder: Path, shape: tuple[int, int]) -> maxscore.Postings:
+    """maxscore's stored postings (`POSTINGS`), memory-mapped read-only and checked (`maxscore.check_postings`:
+    one pass over them, refusing in one line what would take the kernel outside its arrays)."""
+    fix = "rebuild it with `linker index build`"
+    params = read_folder_json(folder, POSTINGS_PARAMS, what='maxscore\'s block size {"block_size": names}', fix=fix)
+    arrays = {}
+    for field in maxscore.ARRAYS:
+        name = f"{POSTINGS}/{field}.npy"
+        path = folder_file(folder, name, max_bytes=LARGE_MAX_BYTES, what="an .npy array of maxscore's postings", fix=fix)
+        with path.open("rb") as handle:  # the header against the file's size, before numpy maps it
+            npy_header(handle, folder / name, os.fstat(handle.fileno()).st_size, fix=fix)
+        arrays[field] = np.load(path, mmap_mode="r", allow_pickle=False)
+    postings = maxscore.Postings(**arrays, block_size=params.get("block_size"))
+    maxscore.check_postings(postings, shape, lambda field: folder / (
+        POSTINGS_PARAMS if field == "block_size" else f"{POSTINGS}/{field}.npy"))
+    return postings
+
+
 def _is_permutation(values, n: int) -> bool:
     """Whether `values` (JSON values) are the integers 0..n-1, each once."""
     values = list(values)
@@ -484,6 +507,12 @@ class TfidfNameIndex:
         (folder / VOCABULARY).write_text(json.dumps(vocabulary, ensure_ascii=False, sort_keys=True))
         np.save(folder / IDF, self.vectorizer.idf_.astype(np.float64), allow_pickle=False)
         save_npz_aligned(folder / MATRIX, self.matrix)
+        if self.search_method == "maxscore":
+            postings = self.maxscore_searcher.postings
+            (folder / POSTINGS).mkdir(exist_ok=True)
+            for field in maxscore.ARRAYS:
+                np.save(folder / POSTINGS / f"{field}.npy", getattr(postings, field), allow_pickle=False)
+            (folder / POSTINGS_PARAMS).write_text(json.dumps({"block_size": postings.block_size}))
 
     @classmethod
     def load(cls, folder: Path, config: TfidfConfig) -> TfidfNameIndex:
@@ -512,6 +541,11 @@ class TfidfNameIndex:
         vectorizer = _vectorizer(config, vocabulary)
         vectorizer.idf_ = idf
         index = cls(config, vectorizer, matrix.astype(np.float32, copy=False))  # float32 already: stays mapped
+        if index.search_method == "maxscore" and os.path.lexists(folder / POSTINGS_PARAMS):
+            index._maxscore = maxscore.MaxScoreSearcher(index.matrix, idf, postings=_read_postings(folder, index.matrix.shape))
+        elif index.search_method == "maxscore":
+            log.info("%s: no stored maxscore postings (an index built before they were stored): computing them now; "
+                     "rebuild the index to start faster", folder)
         index.warm_up()
         return index
 

@@ -5,8 +5,9 @@ safetensors, and names the base it goes on top of (one of the offline encoders t
 ``minilm``, ``e5-small``). Loading it loads the base, checks every shipped file against the sha256 in
 ``manifest.json`` and overlays the tensors. A release folder holds three files:
 
-- ``manifest.json``: format, name, version, kind (``encoder``), base alias and revision, the tensors (names,
-  shapes, dtype), the sha256 and size of each file, training and metrics summaries;
+- ``manifest.json``: format, name, version, kind (``encoder``, or ``tagger`` for `linker.extract`'s linker-ae), base
+  alias and revision, the tensors (names, shapes, dtype), the sha256 and size of each file, training and metrics
+  summaries; a tagger's also holds its decoding fields (`DECODING_FIELDS`) and ``decoding_sha256`` over them;
 - ``weights.safetensors``: the trained tensors (fp16), keys as in the base transformer's ``state_dict``;
 - ``MODEL_CARD.md``: training data and licences, command, times, metrics, intended use and limits.
 
@@ -16,12 +17,13 @@ short names (``--encoder linker-en``) through `SHIPPED`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from linker.dictionary import sha256_file
-from linker.errors import InputFormatError, MissingInputError
+from linker.errors import ConfigError, InputFormatError, MissingInputError
 
 FORMAT = "linker-release/1"
 MODELS_DIR = Path(__file__).resolve().parent
@@ -33,6 +35,11 @@ MAX_WEIGHTS_BYTES = 64 << 20  # the budget is 30 MB a model; anything much large
 MAX_MANIFEST_BYTES = 1 << 20
 # name -> the base encoder alias it overlays; the registry of short names `linker.encoders` offers.
 SHIPPED = {"linker-en": "minilm", "linker-multi": "e5-small"}
+# A tagger's fields that decide what it finds (`linker.extract`). `decoding_sha256` covers them and the weights they
+# were chosen for: an edited threshold (NaN silently finds nothing) is refused as an edited weights file is.
+DECODING_FIELDS = ("labels", "max_length", "stride", "frozen_layers", "threshold", "extend", "split")
+DECODING_DIGEST = "decoding_sha256"
+FIX = "reinstall linker, or `git checkout -- linker/models`, or retrain it with `make models`"
 
 
 @dataclass(frozen=True)
@@ -60,21 +67,23 @@ def read_release(name_or_folder: str | Path, *, verify: bool = True) -> Release:
     and how to restore it; nothing is loaded from a release that fails."""
     folder = release_folder(name_or_folder) if str(name_or_folder) in SHIPPED else Path(name_or_folder)
     path = folder / MANIFEST
-    fix = "reinstall linker, or `git checkout -- linker/models`, or retrain it with `make models`"
+    fix = FIX
     if not path.is_file():
         raise MissingInputError(f"{path}: no such file: the shipped model {folder.name!r} is incomplete ({fix})")
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise InputFormatError(path, f"a manifest under {MAX_MANIFEST_BYTES} bytes", f"{path.stat().st_size} bytes")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputFormatError(path, "a JSON release manifest", f"invalid JSON ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise InputFormatError(path, f"format {FORMAT!r}", repr(found))
+    manifest = read_manifest_json(folder)
+    if manifest.get("format") != FORMAT:
+        raise InputFormatError(path, f"format {FORMAT!r}", repr(manifest.get("format")))
+    for field in ("name", "version", "kind", "base"):
+        value = manifest.get(field, MISSING)
+        if not isinstance(value, str) or not value:
+            raise InputFormatError(f"{path}: field {field!r}", "a non-empty string", shown(value), fix=fix)
     files = manifest.get("files")
     if not isinstance(files, dict) or set(files) != set(FILES):
         raise InputFormatError(path, f"files {list(FILES)}", repr(sorted(files) if isinstance(files, dict) else files))
+    for file, entry in files.items():
+        if not isinstance(entry, dict):
+            raise InputFormatError(f"{path}: field 'files.{file}'", '{"sha256": ..., "bytes": ...}', shown(entry),
+                                   fix=fix)
     if verify:
         for file, expected in files.items():
             target = folder / file
@@ -88,6 +97,47 @@ def read_release(name_or_folder: str | Path, *, verify: bool = True) -> Release:
                 raise InputFormatError(target, f"sha256 {str(expected.get('sha256'))[:16]}… (its manifest)",
                                        f"{digest[:16]}…: the file was altered ({fix})")
     return Release(manifest["name"], str(manifest["version"]), manifest["base"], folder, manifest)
+
+
+MISSING = object()  # `manifest.get(field, MISSING)`: a field that is not there, as opposed to a null
+
+
+def shown(value: object) -> str:
+    """A manifest value as JSON, cut short, for 'found ...' in messages ("NaN", "\"0.8\"", "no such field")."""
+    return "no such field" if value is MISSING else json.dumps(value, ensure_ascii=False)[:60]
+
+
+def read_manifest_json(folder: Path) -> dict:
+    """A release folder's manifest as a JSON object, read as an index manifest is (a regular file inside the folder,
+    at most `MAX_MANIFEST_BYTES`) and nested at most `linker.formats.jsonl.MAX_DEPTH` levels: one error line,
+    never a RecursionError, for a hostile 100,000-deep array."""
+    from linker.formats.jsonl import _check_structure
+    from linker.index.manifest import read_folder_json
+
+    manifest = read_folder_json(folder, MANIFEST, what="a release manifest", max_bytes=MAX_MANIFEST_BYTES, fix=FIX)
+    _check_structure(manifest, str(Path(folder) / MANIFEST), None)
+    return manifest
+
+
+def check_release_out(folder: str | Path, kind: str, *, option: str = "--out") -> None:
+    """Refuse to write a release of `kind` over a folder that holds a release of another kind (its manifest's
+    ``kind``): `linker train extractor --overwrite` would otherwise replace an encoder with a tagger."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).exists():
+        return
+    found = read_manifest_json(folder).get("kind")
+    if found != kind:
+        raise ConfigError(f"{option} {folder} holds a release of kind {str(found)[:40]!r}, not {kind!r}; choose "
+                          "another folder (a release is only replaced by one of its own kind)")
+
+
+def decoding_digest(manifest: dict) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces, ASCII) of a tagger manifest's `DECODING_FIELDS` and
+    its weights' sha256."""
+    payload = {field: manifest.get(field) for field in DECODING_FIELDS}
+    payload["weights_sha256"] = manifest.get("files", {}).get(WEIGHTS, {}).get("sha256")
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def load_tensors(release: Release) -> dict:
@@ -125,6 +175,7 @@ def write_release(folder: Path, *, name: str, version: str, kind: str, base: str
 
     from linker.fileio import atomic_file
 
+    check_release_out(folder, kind)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST).unlink(missing_ok=True)  # a half-rewritten release must fail its check, not load
     half = {key: value.detach().to("cpu", torch.float16).contiguous() for key, value in sorted(tensors.items())}
@@ -141,6 +192,8 @@ def write_release(folder: Path, *, name: str, version: str, kind: str, base: str
         "files": {f: {"sha256": sha256_file(folder / f), "bytes": (folder / f).stat().st_size} for f in FILES},
         **info,
     }
+    if kind == "tagger":
+        manifest[DECODING_DIGEST] = decoding_digest(manifest)
     with atomic_file(folder / MANIFEST) as tmp:
         Path(tmp).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return manifest

@@ -302,6 +302,14 @@ def train_release(name: str, *, data: str | Path | None = None, work: str | Path
                                      focus=dataclasses.replace(recipe.focus, **run) if recipe.focus else None)
     root, work = data_root(data), Path(work)
     out = Path(out) if out else release_folder(name)
+    # Before any training: never over a tagger or an index, nor over the data, the work folder or another shipped model.
+    from linker.fileio import Input, check_apart, check_output
+    from linker.models import MANIFEST, check_release_out
+
+    check_release_out(out, "encoder")
+    check_output(out / MANIFEST, inputs=[Input(root, "--data"), Input(work, "--work")], overwrite=True, option="--out",
+                 release=out)
+    check_apart(work, inputs=[Input(root, "--data")], option="--work")
     started = time.perf_counter()
     table, counts = current_table(recipe, root, work)
     trained = trained_folder(recipe, work, table)

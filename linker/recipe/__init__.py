@@ -31,6 +31,11 @@ changed. Only ``[dictionary.NAME]``, ``[index]`` and ``[evaluate]`` are required
     [calibrate]                    # `linker calibrate` on held-in data: dataset (default "dev"), composite
     [evaluate]                     # `linker eval`: test, train, filters, k, composite, mode, ...
 
+``name`` is an identifier (``[A-Za-z0-9][A-Za-z0-9._-]*``, no ``..``): it names the default output
+``out/recipes/NAME``. The output folder may not touch anything the recipe reads (`runner.recipe_inputs`), and a
+cached stage is used only when its files match the sha256 its ``stage.json`` recorded. A dictionary may include
+ones defined later in the file; includes are walked once each, at most 64 deep, and a cycle is refused.
+
 Paths are relative to the recipe's folder, else the repository, else the working directory. Model
 references ``@sap`` and ``@biosyn`` name the models of those stages. Test data is read only by
 ``[evaluate]``; ``<out>/test_ledger.json`` counts every evaluation of each test set (by content) across

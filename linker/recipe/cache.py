@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 
 from linker.fileio import atomic_file
@@ -79,6 +80,29 @@ class Digests:
         with atomic_file(self.memo_path) as tmp:
             tmp.write_text(json.dumps(self.memo), encoding="utf-8")
         self.changed = False
+
+
+def stage_files(folder: Path, *, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Relative path -> sha256 of every file in a finished stage folder, read in full every time (a digest
+    memoised by size and mtime would miss an edit that keeps both); a symbolic link is recorded by its target,
+    so a link put in later is a difference too. `skip`: top-level names that are not the stage's content."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in [*sorted(files), *(d for d in dirs if os.path.islink(os.path.join(root, d)))]:
+            path = Path(root) / name
+            relative = path.relative_to(folder).as_posix()
+            if relative in skip:
+                continue
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                out[relative] = "symlink:" + os.readlink(path)
+            elif stat.S_ISREG(mode):
+                with open(path, "rb") as handle:
+                    out[relative] = hashlib.file_digest(handle, "sha256").hexdigest()
+            else:  # a pipe or device put there: never opened (reading a pipe would wait forever)
+                out[relative] = f"special:{stat.S_IFMT(mode):o}"
+    return out
 
 
 class Ledger:

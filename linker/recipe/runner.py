@@ -26,8 +26,9 @@ from pathlib import Path
 
 import linker
 from linker.errors import ConfigError
-from linker.fileio import atomic_dir, atomic_file, portable_paths
-from linker.recipe.cache import Digests, Ledger, canonical, stage_key
+from linker.fileio import (MARKER, Input, atomic_dir, atomic_file, check_apart, check_inputs, model_inputs,
+                           portable_paths)
+from linker.recipe.cache import Digests, Ledger, canonical, stage_files, stage_key
 from linker.recipe.schema import EXECUTION_FIELDS, STEPS, Dataset, Recipe
 
 log = logging.getLogger(__name__)
@@ -584,14 +585,93 @@ def _fix_paths(tmp: Path, final: Path) -> None:
                 path.write_text(fixed, encoding="utf-8")
 
 
+def recipe_inputs(recipe: Recipe) -> list[Input]:
+    """Every path the recipe reads, as inputs that its output folder may not equal, contain or lie inside: the
+    recipe file, each dataset's files, dictionary sources, the abbreviation list and encoder folders."""
+    from linker.eval.datasets import spec_inputs
+
+    inputs = [Input(recipe.path, "the recipe")]
+    for name, dataset in recipe.datasets.items():
+        inputs += spec_inputs(dataset.spec, f"datasets.{name}")
+    for name, entries in recipe.dictionaries.items():
+        inputs += [Input(path, f"dictionary.{name}.sources[{i}]") for i, entry in enumerate(entries)
+                   for path in entry.paths]
+    if recipe.evaluate.get("abbreviations"):
+        inputs.append(Input(recipe.evaluate["abbreviations"], "evaluate.abbreviations"))
+    encoders = {"recipe.encoder": recipe.encoder, **{f"{step}.encoder": getattr(recipe, step)["encoder"]
+                                                      for step in ("sap", "biosyn", "rerank")
+                                                      if getattr(recipe, step)}}
+    if recipe.index.get("encoder"):
+        encoders["index.encoder"] = recipe.index["encoder"]
+    for key, name in encoders.items():
+        if not name.startswith("@"):  # @sap: a stage's model, inside the output folder
+            inputs += model_inputs(name, key)
+    return inputs
+
+
+def _seal(folder: Path) -> None:
+    """Record in the stage's record the sha256 of every file of the finished stage, and of the record itself,
+    so that a later run uses the folder only as it was written (`_altered`)."""
+    record = json.loads((folder / STAGE_FILE).read_text(encoding="utf-8"))
+    record["files"] = stage_files(folder, skip=(STAGE_FILE, MARKER))
+    record["record_sha256"] = hashlib.sha256(canonical(record).encode("utf-8")).hexdigest()
+    (folder / STAGE_FILE).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _altered(folder: Path) -> str | None:
+    """What differs in a cached stage folder from what its record says was written, or None when nothing does.
+
+    Every file is read again: a stage's files are what later stages and the final index are made of, and a
+    changed or added file (a model's weights, an index table) would otherwise reach them unnoticed."""
+    try:
+        record = json.loads((folder / STAGE_FILE).read_text(encoding="utf-8"))
+        recorded = record.pop("files")
+        sealed = record.pop("record_sha256")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{STAGE_FILE} unreadable or without the sha256 of its files"
+    if not isinstance(recorded, dict) or sealed != hashlib.sha256(
+            canonical({**record, "files": recorded}).encode("utf-8")).hexdigest():
+        return f"{STAGE_FILE} edited"
+    found = stage_files(folder, skip=(STAGE_FILE, MARKER))
+    for name in sorted(set(recorded) | set(found)):
+        if name not in found:
+            return f"{name} missing"
+        if name not in recorded:
+            return f"{name} not written by the stage"
+        if found[name] != recorded[name]:
+            return f"{name}: expected sha256 {recorded[name][:12]}, found {found[name][:12]}"
+    return None
+
+
+def check_out_inputs(out: Path, recipe: Recipe) -> None:
+    """The output folder touches no input of the recipe nor the models shipped with linker (`check_apart`), lies
+    inside no folder linker wrote whole (an index, a model: replaced whole, and their manifests do not list what
+    we would add), and holds no symbolic link where a run writes."""
+    check_inputs(out, option="--out")
+    check_apart(out, inputs=recipe_inputs(recipe), option="--out")
+    for folder in out.resolve().parents:
+        if (folder / MARKER).is_file():
+            raise ConfigError(f"--out {out} lies inside {folder}, a folder linker wrote (an index or a model: "
+                              f"{MARKER} in it); choose an output outside it")
+    # A link put where the run writes (stages, work, a stage's folder) would send its writes into what it points at.
+    folders = [out / name for name in ("stages", "work", "models", "index", "reports")]
+    for place in [*folders, *(p for f in folders[:2] if f.is_dir() and not f.is_symlink() for p in f.iterdir())]:
+        if place.is_symlink():
+            raise ConfigError(f"--out {out}: {place} is a symbolic link (to {os.readlink(place)}), expected a folder "
+                              "this run writes; remove the link")
+
+
 def _check_out(out: Path, recipe: Recipe) -> None:
+    """Besides `check_out_inputs`: the output folder is new, empty or one that `linker recipe run` wrote."""
+    check_out_inputs(out, recipe)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / OUT_MARKER).is_file():
         raise ConfigError(f"--out {out}: a folder that `linker recipe run` did not write (no {OUT_MARKER} in it); "
                           "choose an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
-    (out / OUT_MARKER).write_text(json.dumps({"recipe": str(recipe.path)}) + "\n", encoding="utf-8")
+    with atomic_file(out / OUT_MARKER) as tmp:  # replaced, never written through a link put in its place
+        tmp.write_text(json.dumps({"recipe": str(recipe.path)}) + "\n", encoding="utf-8")
 
 
 def run_recipe(recipe: Recipe, out: str | Path, *, device: str = "auto", until: str | None = None,
@@ -619,9 +699,15 @@ def run_recipe(recipe: Recipe, out: str | Path, *, device: str = "auto", until: 
         for stage in plan.stages[: last + 1]:
             folder = out / "stages" / stage.folder_name
             if (folder / STAGE_FILE).is_file():
-                cached.append(stage.name)
-                echo(f"{stage.name:<20} {stage.key[:12]}  cached")
-                continue
+                altered = _altered(folder)
+                if altered is None:
+                    cached.append(stage.name)
+                    echo(f"{stage.name:<20} {stage.key[:12]}  cached")
+                    continue
+                # never used as it is: computed again, and said so (the folder is replaced whole)
+                log.warning("%s: cached folder %s altered since it was written (%s); running it again",
+                            stage.name, folder, altered)
+                plan.status[stage.name] = f"altered: {altered}"
             echo(f"{stage.name:<20} {stage.key[:12]}  running ({plan.status[stage.name]})")
             started, cpu = time.perf_counter(), time.process_time()
             with atomic_dir(folder) as tmp:
@@ -635,6 +721,7 @@ def run_recipe(recipe: Recipe, out: str | Path, *, device: str = "auto", until: 
                 (tmp / STAGE_FILE).write_text(json.dumps(record, indent=1, ensure_ascii=False, default=str) + "\n",
                                               encoding="utf-8")
                 _fix_paths(tmp, folder)
+                _seal(tmp)
             shutil.rmtree(ctx.work(stage), ignore_errors=True)
             ran.append(stage.name)
             seconds[stage.name] = wall
@@ -673,7 +760,8 @@ def _assemble(plan: Plan, ledger: Ledger, ran: list[str]) -> dict:
     source = plan.folder(final_index) / "index"
     card_path = out / "model_card.json"
     previous = json.loads(card_path.read_text(encoding="utf-8")) if card_path.is_file() else {}
-    if previous.get("index_from") != plan.stage(final_index).folder_name or not (out / "index" / "manifest.json").is_file():
+    if (previous.get("index_from") != plan.stage(final_index).folder_name or final_index in ran
+            or not (out / "index" / "manifest.json").is_file()):  # ran: a stage computed again (altered) is copied
         with atomic_dir(out / "index") as tmp:
             shutil.rmtree(tmp)
             _copy_folder(source, tmp)

@@ -27,6 +27,10 @@ BUILTIN_ENCODERS = ("linker-en", "linker-multi", "minilm", "e5-small", "multilin
 # Config fields a recipe does not set: how a run executes, not what it computes (--device, --threads),
 # or what the recipe fills in itself (the encoder a dense index uses, how a re-ranker mines).
 EXECUTION_FIELDS = {"device", "threads"}
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a recipe's name: one path component
+# How deep dictionaries may include one another: far above any real layering (a terminology, its merge with
+# labelled mentions, a union of those), far below Python's recursion limit.
+MAX_INCLUDE_DEPTH = 64
 SOURCE_OPTION_KEYS = {"lang", "sab", "sty", "group", "current_only", "include_suppressed", "synonyms",
                       "meddra_target", "max_line_bytes", "max_document_bytes"}
 
@@ -293,7 +297,7 @@ def _parse(r: _Reader, data: dict) -> Recipe:
             r.number(expect[name], f"recipe.expect.{name}")
     datasets = {name: _dataset(r, name, value) for name, value in r.table(data.get("datasets", {}), "datasets").items()}
     recipe = Recipe(
-        path=r.path.resolve(), text=r.text, name=r.string(meta.get("name", r.path.stem), "recipe.name"),
+        path=r.path.resolve(), text=r.text, name=_recipe_name(r, meta),
         description=r.string(meta["description"], "recipe.description") if "description" in meta else "", encoder=_encoder_name(r, encoder, "recipe.encoder"),
         expect=expect, datasets=datasets, dictionaries={},
     )
@@ -317,6 +321,17 @@ def _parse(r: _Reader, data: dict) -> Recipe:
     if expect.get("test") is not None and expect["test"] not in recipe.evaluate["test"]:
         r.fail("recipe.expect.test", f"one of the test sets {', '.join(recipe.evaluate['test'])}", shown(expect["test"]))
     return recipe
+
+
+def _recipe_name(r: _Reader, meta: dict) -> str:
+    """The recipe's name is an identifier, never a path: it names the default output `out/recipes/NAME`, so a
+    `..` or `/` in it would move that output anywhere."""
+    name = r.string(meta.get("name", r.path.stem), "recipe.name")
+    if not NAME_PATTERN.fullmatch(name) or ".." in name:
+        given = "" if "name" in meta else " (the file's name: [recipe] sets no name)"
+        r.fail("recipe.name", "a name of letters, digits, '.', '_' and '-' (at most 100, starting with a letter "
+               "or digit, no '..')", repr(name) + given)
+    return name
 
 
 def _dataset(r: _Reader, name: str, value: Any) -> Dataset:
@@ -428,23 +443,50 @@ def _dictionary(r: _Reader, recipe: Recipe, name: str, table: Any) -> list[Sourc
 
 
 def _check_dictionary_cycles(r: _Reader, recipe: Recipe) -> None:
-    for name, entries in recipe.dictionaries.items():
+    """Every `{ dictionary = NAME }` names a dictionary of the recipe, no dictionary includes itself, and none
+    is more than MAX_INCLUDE_DEPTH includes deep; then `recipe.dictionaries` is put in an order where each one
+    follows those it includes (the order of definition where it already does), so that a dictionary may
+    include one defined later in the file.
+
+    One iterative depth-first walk: each dictionary is entered once (memoised), so a recipe whose
+    dictionaries each include the next twice takes linear time, not 2**depth, and a long chain cannot
+    exhaust Python's stack."""
+    names = recipe.dictionaries
+    for name, entries in names.items():
         for i, entry in enumerate(entries):
-            if entry.kind == "dictionary" and entry.dictionary not in recipe.dictionaries:
+            if entry.kind == "dictionary" and entry.dictionary not in names:
                 r.fail(f"dictionary.{name}.sources[{i}].dictionary",
-                       f"the name of another dictionary ({', '.join(n for n in recipe.dictionaries if n != name)})",
+                       f"the name of another dictionary ({', '.join(n for n in names if n != name)})",
                        repr(entry.dictionary))
-
-    def visit(name: str, path: tuple[str, ...]) -> None:
-        if name in path:
-            r.fail(f"dictionary.{path[0]}.sources", "dictionaries that do not include themselves",
-                   " -> ".join([*path, name]))
-        for entry in recipe.dictionaries[name]:
-            if entry.kind == "dictionary":
-                visit(entry.dictionary, (*path, name))
-
-    for name in recipe.dictionaries:
-        visit(name, ())
+    includes = {name: list(dict.fromkeys(e.dictionary for e in entries if e.kind == "dictionary"))
+                for name, entries in names.items()}
+    done: set[str] = set()
+    order: list[str] = []
+    for root in names:
+        if root in done:
+            continue
+        path, on_path = [root], {root}  # the chain being walked, and each one's next include to enter
+        pending = [iter(includes[root])]
+        while path:
+            child = next(pending[-1], None)
+            if child is None:
+                finished = path.pop()
+                on_path.discard(finished)
+                pending.pop()
+                done.add(finished)
+                order.append(finished)
+            elif child in on_path:
+                cycle = [*path[path.index(child):], child]
+                r.fail(f"dictionary.{cycle[0]}.sources", "dictionaries that do not include themselves",
+                       " -> ".join(cycle))
+            elif child not in done:
+                if len(path) >= MAX_INCLUDE_DEPTH:
+                    r.fail(f"dictionary.{root}.sources", f"dictionaries included at most {MAX_INCLUDE_DEPTH} deep",
+                           f"{' -> '.join(path[:3])} -> ... -> {child} ({len(path) + 1} deep)")
+                path.append(child)
+                on_path.add(child)
+                pending.append(iter(includes[child]))
+    recipe.dictionaries = {name: names[name] for name in order}
 
 
 def _dictionary_ref(r: _Reader, recipe: Recipe, table: dict, key: str) -> str:
