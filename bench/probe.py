@@ -340,7 +340,8 @@ def c2(d: Path, side: Side) -> Setup:
 
     def check(d: Path, run: Run) -> dict:
         import numpy as np
-        facts = {"names": len(rows), "first_run": f"exit {first.exit} after {first.seconds} s ({first.killed or 'ran out'})",
+        facts = {"names": len(rows), "first_run": f"exit {first.exit} after {first.seconds} s"
+                 + (" (killed once progress.json appeared)" if first.exit and first.exit < 0 else ""),
                  "tampered": tampered}
         path = d / "didx" / "dense" / "embeddings.npy"
         if run.exit == 0 and path.is_file():
@@ -466,12 +467,12 @@ def c5_many(d: Path, side: Side) -> Setup:
     write(d / "many.jsonl", '{"text": "nausea"}\n' * 1_000_000)
 
     def check(d: Path, run: Run) -> dict:
-        facts = {"rss_timeline_s_mib": run.rss_timeline}
+        facts = {"largest_process_mib_every_30_s": [mib for _, mib in run.rss_timeline[::6]]}
         if run.peak_process_mib > MANY_DOCS_BOUND_MIB:
             facts["problems"] = [f"a process reached {run.peak_process_mib:,.0f} MiB (bound {MANY_DOCS_BOUND_MIB:,})"]
         return facts
     return Setup(["extract", "--input", "many.jsonl", "--output", "o.jsonl"], [d / "many.jsonl"], ["o.jsonl"],
-                 expect="either", timeout=180, time_ok=True, check=check)
+                 expect="either", timeout=300, time_ok=True, check=check)
 
 
 # ----------------------------------------------------------------------------- 6, 10b: the service
@@ -676,7 +677,7 @@ def c10_weights_link(d: Path, side: Side) -> Setup:
     (d / "tagger" / "weights.safetensors").symlink_to("/dev/zero")
     docs(d / "a.jsonl", {"id": "d1", "text": DOC})
     return Setup(["extract", "--model", "tagger", "--input", "a.jsonl", "--output", "o.jsonl"], [d / "a.jsonl"],
-                 ["o.jsonl"], timeout=90)
+                 ["o.jsonl"], timeout=90, check=_not_missing("tagger/weights.safetensors"))
 
 
 # ----------------------------------------------------------------------------- 9, 10, 11: one-off inputs
@@ -724,10 +725,13 @@ def _ray(by_env: bool) -> Callable[[Path, Side], Setup]:
     return setup
 
 
+def _not_missing(what: str) -> Callable[[Path, Run], dict]:
+    return lambda d, run: {"problems": [f"says {what} does not exist"] if "no such file" in run.last_line else []}
+
+
 def c10_dev_zero(d: Path, side: Side) -> Setup:
-    def check(d: Path, run: Run) -> dict:
-        return {"problems": ["says /dev/zero does not exist"] if "no such file" in run.last_line else []}
-    return Setup(["extract", "--input", "/dev/zero", "--output", "o.jsonl"], [], ["o.jsonl"], timeout=60, check=check)
+    return Setup(["extract", "--input", "/dev/zero", "--output", "o.jsonl"], [], ["o.jsonl"], timeout=60,
+                 check=_not_missing("/dev/zero"))
 
 
 def c10_lay(d: Path, side: Side) -> Setup:
@@ -821,7 +825,7 @@ CASES: list[Case] = [
          "`recipe plan` on d0 .. d26, each dictionary including the next twice (limit 30 s: fell on timeout)",
          {"": _recipe_cmd(chain(26, 2), timeout=30, expect="either")}),
     Case("5", "memory", "`extract --input big.txt` (one 50 MB document, limit 300 s, RSS cap 3 GiB); `extract "
-         f"--input many.jsonl` (1,000,000 one-word documents, limit 180 s, bound {MANY_DOCS_BOUND_MIB:,} MiB)",
+         f"--input many.jsonl` (1,000,000 one-word documents, limit 300 s, bound {MANY_DOCS_BOUND_MIB:,} MiB)",
          {"50 MB document": c5_big, "1M documents": c5_many}),
     Case("6", "POST /annotate flood", "`serve --index idx`; 48 concurrent POST /annotate of one 8,000-character text "
          f"while POST /link of one mention is timed back to back (bound {LINK_BOUND_MS:,} ms)", {"": c6_flood}),
@@ -895,7 +899,8 @@ def run_variant(label: str, make: Callable, side: Side) -> dict:
         started = time.perf_counter()
         setup = make(d, side)
         result["setup_seconds"] = round(time.perf_counter() - started, 1)
-        result["command"] = "linker " + shlex.join(map(_arg, setup.args)) if setup.args else "(requests to `linker serve`)"
+        result["command"] = re.sub(r"/tmp/linker-probe-[^/\s\"'`|]+/", "", "linker " + shlex.join(map(_arg, setup.args))
+                                   if setup.args else "(requests to `linker serve --index idx`)")
         if setup.cwd:
             result["command"] = f"(in {setup.cwd}/) " + result["command"]
         digests = lambda: {k: v for p in setup.inputs for k, v in snapshot_of(Path(p)).items()}  # noqa: E731
@@ -988,7 +993,7 @@ def verdict(held) -> str:
 def portable(text: str, side_paths: dict[str, str]) -> str:
     for path, name in {**side_paths, sys.base_prefix + "/": "<python>/", str(REPO) + "/": ""}.items():
         text = text.replace(path, name)
-    return re.sub(r"/tmp/linker-probe-[^/\s\"']+/?", "", text)
+    return re.sub(r"/tmp/linker-probe-[^/\s\"'`|]+/", "", text)
 
 
 def cell(text, limit: int = 120) -> str:
@@ -998,75 +1003,72 @@ def cell(text, limit: int = 120) -> str:
 
 
 def render(cache: dict) -> list[str]:
-    lines = ["Issue 44's hostile probe, round 3. Before = commit 2bb6c2a, extracted with `git archive` and run with "
-             "PYTHONPATH; after = a copy of this working tree (linker/, tests/, recipes/). Commands:", "",
-             f"    mkdir -p {BEFORE_PATH} && git -C <repo> archive {BEFORE} | tar -x -C {BEFORE_PATH}",
+    lines = ["Before = commit 2bb6c2a (extracted with `git archive`), after = a copy of this working tree (linker/, "
+             "tests/, recipes/); each run as `python -m linker` with PYTHONPATH on the side's tree. Commands:", "",
+             f"    mkdir -p {BEFORE_PATH} && git archive {BEFORE} | tar -x -C {BEFORE_PATH}   # done by --side before",
              "    python -m bench.probe --side before", "    python -m bench.probe --side after",
-             "    python -m bench.probe render", "",
-             "Each variant runs one `python -m linker ...` (the command column; relative to a fresh case folder) with "
-             "the .venv interpreter. Columns: exit (per variant; negative = killed by that signal; service cases: "
-             "none); first line of output (stderr without log lines, else stdout; for a variant that fell, its first "
-             "line, or a traceback's last); inputs intact = sha256 of every input and victim file unchanged; written "
-             "outside = files created, changed or removed in the case folder outside the command's output; peak RSS = "
-             "the largest process's high-water RSS, MiB; s = wall seconds (variants summed). A variant **held** when: "
-             "not killed by the watchdog, no traceback, inputs intact, nothing written outside, exit 1 with one "
-             "`error:` line where it must refuse (cases 3 (--out), 7, 8, 10 (Ray, /dev/zero, weights), 11 (broken "
-             "line)), and its own check (in its facts).", ""]
+             "    python -m bench.probe render", ""]
     for name in ("before", "after"):
-        data = cache.get(name)
-        if not data:
-            lines.append(f"- **{name}**: not run yet.")
-            continue
-        for run in data["runs"]:
-            lines.append(f"- **{name}**: {run['code']}, {run['date']}: {run['seconds']:.0f} s for case(s) "
-                         f"{', '.join(run['cases'])} (set-up of the tiny fixtures included); load average "
-                         f"{run['load_start']} at the start, {run['load_end']} at the end; {run['machine']}.")
-    by = {n: {c["id"]: c for c in cache.get(n, {}).get("cases", [])} for n in ("before", "after")}
-    lines += ["", "| case | variant | command | side | exit | first line | inputs intact | written outside | peak RSS "
-              "MiB | s | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for run in cache.get(name, {}).get("runs", []) or [None]:
+            lines.append(f"- **{name}**: not run yet." if run is None else
+                         f"- **{name}**: {run['code']}, {run['date']}: {run['seconds']:.0f} s for case(s) "
+                         f"{', '.join(run['cases'])} (fixtures' set-up included); load average {run['load_start']} at "
+                         f"the start, {run['load_end']} at the end; {run['machine']}.")
+    lines += ["", "Each variant runs one command (listed under the table) in a fresh folder. Columns, before / after: "
+              "exit code (negative: killed by that signal; none: a service case); first line of output (stderr "
+              "without log lines, else stdout; a traceback's last line; the watchdog's kill first); inputs intact = "
+              "the sha256 of every input and victim file unchanged; written outside = files created, changed or "
+              "removed in the case folder outside the command's output; peak RSS = the largest process's high-water "
+              "RSS (MiB); s = wall seconds. A variant **held** when it was not killed by the watchdog (a time limit "
+              "excepted for case 5), printed no traceback, left its inputs intact, wrote nothing outside its output, "
+              "refused in one `error:` line where a refusal is expected (3 --out, 7, 8, 9 --tune-only, 10 Ray, "
+              "/dev/zero, weights, 11 broken line) and passed the case's own check (its problems below).", "",
+              "| case | variant | exit | first line before | first line after | inputs intact | written outside | "
+              "peak RSS MiB | s | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+    by = {n: {(c["id"], v["variant"]): v for c in cache.get(n, {}).get("cases", []) for v in c["variants"]}
+          for n in ("before", "after")}
+    both = lambda key, show: " / ".join(show(by[n][key]) if key in by[n] else "–" for n in ("before", "after"))  # noqa: E731
+    ran = lambda show: lambda v: show(v["run"], v) if "run" in v else "set-up failed"  # noqa: E731
     for case in CASES:
+        for i, label in enumerate(case.variants):
+            key = (case.id, label)
+            firsts = [f"`{cell(first_of(by[n][key]), 110)}`" if key in by[n] else "not run" for n in ("before", "after")]
+            lines.append("| " + " | ".join([
+                f"{case.id} {case.title}" if i == 0 else "", label, both(key, ran(lambda r, v: str(r["exit"]))), *firsts,
+                both(key, ran(lambda r, v: "yes" if v["intact"] else "**no**")),
+                cell(both(key, ran(lambda r, v: ", ".join(v["outside"][:2]) or "none")), 80),
+                both(key, ran(lambda r, v: f"{r['peak_process_mib']:,.0f}")),
+                both(key, ran(lambda r, v: f"{r['seconds']:.0f}")), both(key, lambda v: verdict(v["held"]))]) + " |")
+    lines += ["", "## Every variant", "", "The command (in a fresh case folder), then per side what fell (or `held`), the "
+              "last line and the case's own facts.", ""]
+    for case in CASES:
+        lines += [f"### {case.id} {case.title}", "", case.how + ".", ""]
         for label in case.variants:
+            command = next((by[n][(case.id, label)].get("command") for n in by if (case.id, label) in by[n]), None)
+            lines.append(f"- {label or case.title}: `{command or 'not run'}`")
             for name in ("before", "after"):
-                v = next((v for v in by[name].get(case.id, {}).get("variants", []) if v["variant"] == label), None)
-                head = [f"{case.id} {case.title}" if label == next(iter(case.variants)) and name == "before" else "",
-                        label if name == "before" else "", ""]
+                v = by[name].get((case.id, label))
                 if v is None:
-                    lines.append("| " + " | ".join([*head, name, "", "not run", "", "", "", "", ""]) + " |")
                     continue
-                head[2] = f"`{cell(v.get('command', ''), 90)}`" if name == "before" else ""
-                if "run" not in v:
-                    lines.append("| " + " | ".join([*head, name, "", cell(v.get("error", "")), "", "", "", "",
-                                                    "set-up failed"]) + " |")
-                    continue
-                r = v["run"]
-                first = f"Traceback … {r['last_line']}" if r["traceback"] else r["first_line"]
-                if r["killed"]:
-                    first = f"{r['killed']}; {first}"
-                lines.append("| " + " | ".join([*head, name, str(r["exit"] if r["exit"] is not None else ""),
-                                                f"`{cell(first)}`", "yes" if v["intact"] else "**no**",
-                                                cell(", ".join(v["outside"]) or "none", 60),
-                                                f"{r['peak_process_mib']:,.0f}", f"{r['seconds']:.1f}",
-                                                verdict(v["held"])]) + " |")
-    lines += ["", "## Every variant", "", "What fell (or `held`), the last line, and the case's own facts.", ""]
-    for case in CASES:
-        for name in ("before", "after"):
-            for v in by[name].get(case.id, {}).get("variants", []):
-                label = f"{case.id} {v['variant']}, {name}".replace(" ,", ",")
-                if "run" not in v:
-                    lines.append(f"- {label}: set-up failed: `{cell(v.get('error', ''), 300)}`")
-                    continue
-                facts = {k: val for k, val in v["facts"].items() if k != "problems"}
-                lines.append(f"- {label}: {'; '.join(v['problems']) or 'held'}; last line "
-                             f"`{cell(v['run']['last_line'] or v['run']['first_line'] or '(none)', 200)}`"
-                             + (f"; facts `{cell(json.dumps(facts, ensure_ascii=True), 400)}`" if facts else ""))
-    lines += ["", "## Cases", "", *(f"- {c.id} {c.title}: {c.how}." for c in CASES), ""]
+                facts = {k: val for k, val in v.get("facts", {}).items() if k != "problems"}
+                lines.append(f"  - {name}: {'; '.join(v['problems']) or 'held'}" + (
+                    f"; `{cell(v['error'], 300)}`" if "error" in v else
+                    f"; last line `{cell(v['run']['last_line'] or v['run']['first_line'] or '(none)', 220)}`"
+                    + (f"; facts `{cell(json.dumps(facts, ensure_ascii=True), 500)}`" if facts else "")))
+        lines.append("")
     return lines
+
+
+def first_of(v: dict) -> str:
+    if "run" not in v:
+        return v.get("error", "")
+    r = v["run"]
+    first = f"Traceback … {r['last_line']}" if r["traceback"] else r["first_line"]
+    return f"{r['killed']}; {first}" if r["killed"] else first
 
 
 def write_report(cache: dict) -> None:
     sides = {str(BEFORE_PATH) + "/": "<before>/"}
-    for name, data in cache.items():
-        sides.update({data["path"] + "/": f"<{name}>/"} if data.get("path") else {})
     body = render(cache)
     try:  # the shared writer imports the working tree's linker: fall back to plain files while it is mid-edit
         from bench.report import Report
@@ -1080,6 +1082,13 @@ def write_report(cache: dict) -> None:
         (OUT / "report.json").write_text(portable(json.dumps({"before": BEFORE, **cache}, indent=1), sides) + "\n")
         (OUT / "report.md").write_text("# Issue 44: the hostile probe's regression report (round 3)\n\n"
                                        + portable("\n".join(body), sides) + "\n")
+
+
+def save(data: dict, name: str) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    text = portable(json.dumps(data, indent=1, ensure_ascii=True, default=str), {str(BEFORE_PATH) + "/": "<before>/"})
+    (OUT / f".side_{name}.json.tmp").write_text(text + "\n")
+    os.replace(OUT / f".side_{name}.json.tmp", OUT / f"side_{name}.json")
 
 
 def load_cache() -> dict:
@@ -1126,7 +1135,6 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix=f"linker-probe-{args.side}work-"))
     side = Side(args.side, path.resolve(), work, int(args.rss_cap_gb * 2**30))
     data = cache.setdefault(args.side, {"cases": [], "runs": []})
-    data["path"] = str(path.resolve())
     started, load_start, ran = time.perf_counter(), [round(x, 2) for x in os.getloadavg()], []
     try:
         for case in CASES:
@@ -1147,14 +1155,13 @@ def main(argv: list[str] | None = None) -> None:
             data["cases"] = sorted([c for c in data["cases"] if c["id"] != case.id] + [result],
                                    key=lambda c: [x.id for x in CASES].index(c["id"]))
             ran.append(case.id)
-            OUT.mkdir(parents=True, exist_ok=True)
-            (OUT / f"side_{args.side}.json").write_text(json.dumps(data, indent=1, ensure_ascii=True, default=str) + "\n")
+            save(data, args.side)
         data["runs"] = [r for r in data["runs"] if set(r["cases"]) - set(ran)] + [{
             "code": code, "date": now(), "seconds": round(time.perf_counter() - started, 1), "cases": ran,
             "load_start": load_start, "load_end": [round(x, 2) for x in os.getloadavg()],
             "machine": f"{os.cpu_count()} CPU cores shared with other work, "
                        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, RSS cap {args.rss_cap_gb} GiB"}]
-        (OUT / f"side_{args.side}.json").write_text(json.dumps(data, indent=1, ensure_ascii=True, default=str) + "\n")
+            save(data, args.side)
         write_report(cache)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -692,6 +692,57 @@ def load_encoder(
     return encoder
 
 
+RUNTIMES = ("auto", "numpy", "torch")
+
+
+def load_query_encoder(
+    name_or_path: str | EncoderSpec,
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    precision: str = "fp32",
+    runtime: str | None = None,
+):
+    """The encoder a query path (link, normalize, serve, eval) loads: `linker.runtime`'s numpy BERT where it
+    applies, else `load_encoder`'s torch encoder. Same vectors either way (tests/test_runtime.py).
+
+    runtime: ``auto`` (default; ``$LINKER_RUNTIME`` when set) takes numpy for an fp32 encoder on the CPU whose
+    folder is a plain BERT (the shipped linker-en and linker-multi, minilm, e5-small, BERT folders) and torch
+    otherwise; ``numpy`` refuses a model it cannot run; ``torch`` always loads torch. The numpy encoder hands a
+    call of many texts to a torch encoder (`linker.runtime.TORCH_MIN_TEXTS`)."""
+    runtime = runtime or os.environ.get("LINKER_RUNTIME") or "auto"
+    if runtime not in RUNTIMES:
+        raise UnknownNameError("encoder runtime", runtime, RUNTIMES)
+    spec = name_or_path if isinstance(name_or_path, EncoderSpec) else resolve_encoder(name_or_path)
+
+    def torch_encoder() -> Encoder:
+        return load_encoder(spec, device=device, threads=threads, precision=precision)
+
+    if runtime == "torch":
+        return torch_encoder()
+    why = None
+    if precision != "fp32" or device not in (None, "cpu") or spec.revision == "hub":
+        why = f"precision {precision}, device {device or 'default'}" + (", a hub name" if spec.revision == "hub" else "")
+    else:
+        if spec.builtin == "e5-small":
+            from linker.e5_convert import ensure_e5_small
+
+            ensure_e5_small(Path(spec.path))
+        from linker.runtime import load_runtime
+
+        started = time.perf_counter()
+        encoder = load_runtime(spec, torch_loader=torch_encoder, threads=threads)
+        if encoder is not None:
+            log.info("loaded encoder %s (%s) in the numpy runtime in %.2f s", spec.name, spec.revision,
+                     time.perf_counter() - started)
+            return encoder
+        why = "not a plain BERT folder"
+    if runtime == "numpy":
+        raise ConfigError(f"encoder {spec.name!r}: the numpy runtime runs plain BERT folders in fp32 on the CPU "
+                          f"({why}); use runtime 'auto' or 'torch'")
+    return torch_encoder()
+
+
 def _local_folder_advice(repo: str) -> str:
     folder = f"models/{repo.rsplit('/', 1)[-1]}"
     return (f"to use it offline, run `hf download {repo} --local-dir {folder}` on a machine with internet, "

@@ -78,6 +78,18 @@ def open_binary(path: str | Path):
         raise MissingInputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
+def describe_path(path: str | Path) -> str:
+    """What is at `path`, for 'expected a file, found ...': a path that exists but is no regular file must not be
+    called missing (``/dev/zero`` is there)."""
+    path = Path(path)
+    if path.is_symlink():
+        return "a symlink" + ("" if path.exists() else " to nothing")
+    if not path.exists():
+        return "no such file"
+    return "a folder" if path.is_dir() else "a regular file" if path.is_file() else \
+        "a special file (device, pipe or socket)"
+
+
 def mapped_blocks(path: str | Path, offset: int = 0, end: int | None = None,
                   block: int = 256 << 20) -> Iterator[memoryview]:
     """The bytes offset..end (None: the file's end) of `path` as read-only views of a memory map, `block` bytes each;

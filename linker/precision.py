@@ -91,15 +91,15 @@ def resolve_precision(requested: str | None, *, device: str = "cpu", recorded: s
     honoured as given, except int8 on a GPU.
     """
     check_precision(requested)
-    native = native_precisions(device)
-    if requested == "auto":
-        return next((p for p in AUTO_CHOICES if p in native), "fp32")
-    if requested is not None:
+    if requested is not None and requested != "auto":
         if requested == "int8" and not device.startswith("cpu"):
             raise ConfigError(f"precision int8 runs on the CPU only, found device {device!r}; use bf16 or fp32")
         return requested
-    if recorded in (None, "fp32"):
-        return "fp32"
+    if requested is None and recorded in (None, "fp32"):
+        return "fp32"  # decided without asking torch: a query path that runs without it (linker.runtime)
+    native = native_precisions(device)
+    if requested == "auto":
+        return next((p for p in AUTO_CHOICES if p in native), "fp32")
     if recorded not in native:
         log.info("index encoded in %s; this %s does not run it natively, queries are encoded in fp32", recorded, device)
         return "fp32"

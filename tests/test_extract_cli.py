@@ -204,6 +204,134 @@ def test_bad_inputs_and_options_are_one_line(inputs, tmp_path, capsys):
     assert code == 1 and len(err) == 1 and err[0].startswith("error: ")
 
 
+def _no_load(*args, **kwargs):
+    raise AssertionError("a model or index loaded before the inputs were checked")
+
+
+def test_a_document_over_the_cap_is_refused_naming_it_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("linker.extract.load_extractor", _no_load)
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"nausea " * 714_286)  # 5,000,002 bytes: over the 5 MB default, under the readers' 64 MiB
+    code, err = cli(["extract", "--input", big, "--output", tmp_path / "o.jsonl"], capsys)
+    assert_one_line_error(code, err, "big.txt", "at most 5,000,000 bytes", "5,000,002 bytes", "--max-document-bytes")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"id": "a", "text": "Nausea."}) + "\n" + json.dumps({"id": "b", "text": "x" * 200})
+                    + "\n", encoding="utf-8")
+    code, err = cli(["extract", "--input", docs, "--output", tmp_path / "o.jsonl", "--max-document-bytes", "100"],
+                    capsys)
+    assert_one_line_error(code, err, "docs.jsonl:2", "at most 100 bytes", "200 bytes (id 'b')")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_the_tokenizer_sees_one_character_window_at_a_time_and_offsets_stay_exact(monkeypatch):
+    import linker.extract.model as model
+    from linker.extract import load_extractor
+
+    extractor = load_extractor()
+    text = " ".join([CASE] * 12)  # 1,800 characters
+    whole = extractor.extract([text])[0]  # one window: the default is 100,000 characters
+    pieces = model.tokenize(extractor.tokenizer, text)
+    seen = []
+
+    class Spy:  # the tokenizer, recording the length of every text it is given
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def __call__(self, piece, **kwargs):
+            seen.append(len(piece))
+            return self.inner(piece, **kwargs)
+
+    monkeypatch.setattr(model, "TOKENIZE_CHARS", 200)
+    monkeypatch.setattr(extractor, "tokenizer", Spy(extractor.tokenizer))
+    windowed = extractor.extract([text])[0]
+    assert len(seen) >= 9 and max(seen) <= 200, seen
+    assert windowed == whole and whole and all(text[s.start:s.end] == s.text for s in whole)
+    assert model.tokenize(extractor.tokenizer.inner, text) == pieces  # cut at white space: the same word pieces
+
+
+def test_documents_stream_through_tag_and_write_a_batch_at_a_time(tmp_path, capsys, monkeypatch):
+    import linker.extract.io as extract_io
+    from linker.extract import load_extractor
+
+    docs = tmp_path / "many.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "text": "nausea"}) + "\n" for i in range(300)), encoding="utf-8")
+    read, calls = [], []
+    iterate = extract_io.Inputs.__iter__
+
+    def counting(self):  # the run's own reading, after the check pass
+        for doc in iterate(self):
+            read.append(doc.name)
+            yield doc
+
+    extractor = load_extractor()
+    real = extractor.extract
+
+    def tag(texts, **kwargs):
+        calls.append((len(texts), len(read)))
+        return real(texts, **kwargs)
+
+    monkeypatch.setattr(extract_io.Inputs, "__iter__", counting)
+    monkeypatch.setattr(extractor, "extract", tag)
+    monkeypatch.setattr(extract_io, "BATCH_DOCS", 50)
+    out = tmp_path / "o.jsonl"
+    code, err = cli(["extract", "--input", docs, "--output", out], capsys)
+    assert code == 0, err
+    assert err[-1].startswith("extracted ") and "from 300 document(s)" in err[-1]
+    # six batches of 50; the reader is never more than one batch (plus the one that closes it) ahead of the tagger
+    assert [n for n, _ in calls] == [50] * 6 and all(ahead <= 50 * i + 1 for i, (_, ahead) in enumerate(calls, 1))
+    written = {json.loads(line)["doc"] for line in out.read_text(encoding="utf-8").splitlines()}
+    assert written <= {str(i) for i in range(300)}
+
+
+def test_a_broken_jsonl_line_is_reported_before_the_index_or_tagger_loads(indexes, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("linker.link.Linker.load", _no_load)
+    monkeypatch.setattr("linker.extract.load_extractor", _no_load)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "text": "nausea"}\n{"id": 2, "text": "rash"}\n{"id": 3, "text": "fever"\n',
+                   encoding="utf-8")
+    for command in (["extract"], ["annotate", "--index", indexes["meddra"]]):
+        code, err = cli([*command, "--input", bad, "--output", tmp_path / "o.jsonl"], capsys)
+        assert_one_line_error(code, err, "bad.jsonl:3", "invalid JSON")
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text('{"id": "a", "text": "nausea"}\n{"id": "b", "text": "rash"}\n{"id": "a", "text": "fever"}\n',
+                     encoding="utf-8")
+    code, err = cli(["extract", "--input", twice, "--output", tmp_path / "o.jsonl"], capsys)
+    assert_one_line_error(code, err, "twice.jsonl:3", "id 'a' a second time (first on line 1)")
+
+
+def test_annotate_brat_names_the_index_source_as_database(inputs, indexes, tmp_path, capsys):
+    from linker.formats.brat import read_brat
+
+    code, err = cli(["annotate", "--index", indexes["hpo"], "--input", inputs["txt"], "--output", tmp_path / "b",
+                     "--format", "brat"], capsys)
+    assert code == 0, err
+    doc = read_brat(tmp_path / "b" / "case1.ann")
+    assert doc.normalizations and {n.db for n in doc.normalizations} == {"hpo"}  # not MedDRA:HP:...
+    assert all(n.concept_id.startswith("HP:") for n in doc.normalizations)
+    code, err = cli(["annotate", "--index", indexes["hpo"], "--input", inputs["txt"], "--output", tmp_path / "c",
+                     "--format", "brat", "--db", "HPO"], capsys)
+    assert code == 0, err
+    assert {n.db for n in read_brat(tmp_path / "c" / "case1.ann").normalizations} == {"HPO"}
+
+
+def test_special_files_and_symlinked_weights_are_named_for_what_they_are(tmp_path, capsys):
+    code, err = cli(["extract", "--input", "/dev/zero", "--output", tmp_path / "o.jsonl"], capsys)
+    assert_one_line_error(code, err, "/dev/zero", "expected a file or folder, found a special file")
+    assert "no such file" not in err[0]
+    copy = tmp_path / "linker-ae"
+    shutil.copytree(RELEASE, copy)
+    (copy / "weights.safetensors").unlink()
+    (copy / "weights.safetensors").symlink_to(RELEASE / "weights.safetensors")
+    (tmp_path / "a.txt").write_text(CASE, encoding="utf-8")
+    code, err = cli(["extract", "--input", tmp_path / "a.txt", "--output", tmp_path / "o.jsonl", "--model", copy],
+                    capsys)
+    assert_one_line_error(code, err, "weights.safetensors", "expected a regular file", "found a symlink")
+    assert "no such file" not in err[0]
+
+
 def test_annotate_endpoint(indexes):
     from fastapi.testclient import TestClient
 

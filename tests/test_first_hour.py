@@ -293,3 +293,38 @@ def test_public_manifest_hides_server_paths():
                                          "encoder": {"name": "minilm", "path": "model"}, "files": {"a/b.npy": {}},
                                          "list": ["x", "rel/y"]}
 
+
+
+def test_an_unreachable_ray_cluster_is_one_line_naming_the_address(capsys, tiny_index, tmp_path, monkeypatch):
+    import types
+
+    import linker.engine.ray as engine
+
+    def init(**kwargs):  # what ray.init raises after its GCS timeout (ConnectionError: an OSError, "a file" before)
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init, shutdown=lambda: None)
+    monkeypatch.setattr(engine, "import_ray", lambda: fake)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "spans.jsonl").write_text('{"text": "hair loss"}\n', encoding="utf-8")
+    code, _, err = run(capsys, "normalize-ray", "--index", str(tiny_index), "--input", str(tmp_path / "in"),
+                       "--output", str(tmp_path / "out" / "shards"), "--address", "10.0.0.1:6379")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: --address 10.0.0.1:6379: no Ray cluster answered there (Failed to connect to Ray "
+                          "cluster at 10.0.0.1:6379); start one with `ray start --head`"), err
+    assert "a file" not in err
+
+
+def test_a_special_file_is_not_called_missing(capsys, tiny_index, tmp_path):
+    code, _, err = run(capsys, "normalize", "--index", str(tiny_index), "--input", "/dev/zero", "--format", "jsonl",
+                       "--output", str(tmp_path / "o.jsonl"))
+    assert code == 1 and err == ("error: /dev/zero: expected a file, found a special file (device, pipe or socket)\n")
+
+
+def test_a_lay_gold_row_without_a_concept_id_is_refused(capsys, tiny_index, tmp_path):
+    gold = tmp_path / "lay.tsv"
+    gold.write_text("text\tconcept_ids\torigin\nhair loss\tC0002170\tmine\nheadache\t | \tmine\n", encoding="utf-8")
+    code, _, err = run(capsys, "eval", "--index", str(tiny_index), "--dataset", f"lay:{gold}")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {gold}:3: expected concept_ids as one or more ids separated by '|', found no "
+                          "concept id in ' | '"), err

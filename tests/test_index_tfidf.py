@@ -525,3 +525,18 @@ def test_a_bad_block_size_is_refused(maxscore_dir, params):
     (maxscore_dir / POSTINGS_PARAMS).write_text(params)
     with pytest.raises(InputFormatError, match="maxscore"):
         TfidfNameIndex.load(maxscore_dir, config)
+
+
+def test_postings_written_a_slice_at_a_time_equal_those_held(maxscore_dir, monkeypatch, tmp_path):
+    """A build writes the postings to their files a slice of n-grams at a time (a pass over the rows each), so
+    that it does not hold them all: the files hold what one pass computes."""
+    from linker.index import maxscore
+    from linker.index.tfidf import POSTINGS
+
+    index = load_index(maxscore_dir).names
+    want = maxscore.build_postings(index.matrix, index.vectorizer.idf_)
+    monkeypatch.setattr(maxscore, "SLICE_POSTINGS", 40)  # the fixture's ~400 postings in about ten slices
+    index.save(tmp_path / "again")
+    for field in maxscore.ARRAYS:
+        np.testing.assert_array_equal(np.load(tmp_path / "again" / POSTINGS / f"{field}.npy"), getattr(want, field))
+    assert (np.load(tmp_path / "again" / POSTINGS / "names.npy").dtype == want.names.dtype)

@@ -81,13 +81,17 @@ def test_light_install_links_with_tfidf_and_names_the_extra_of_everything_else(t
         ["eval", "--index", index, "--dataset", "tsv:gold.tsv", "--k", "1", "--report", "report/ae"],
         ["calibrate", "--index", index, "--dataset", "tsv:gold.tsv"],
     ]
-    needs_extra = {
-        "dense": ["index", "build", "--dict", table, "--kind", "dense", "--out", str(tmp_path / "dense")],
-        "service": ["serve", "--index", index, "--port", "0"],
-        "train": ["train", "sap", "--dict", table, "--encoder", "minilm", "--out", str(tmp_path / "sap")],
-        "ray": ["normalize-ray", "--index", index, "--input", "spans.jsonl", "--output", "shards"],
-    }
-    results = run_light([*ok, *needs_extra.values()], tmp_path)
+    (tmp_path / "case.txt").write_text("Severe nausea after cisplatin.\n", encoding="utf-8")
+    needs_extra = [
+        ("dense", ["index", "build", "--dict", table, "--kind", "dense", "--out", str(tmp_path / "dense")]),
+        ("service", ["serve", "--index", index, "--port", "0"]),
+        ("train", ["train", "sap", "--dict", table, "--encoder", "minilm", "--out", str(tmp_path / "sap")]),
+        ("ray", ["normalize-ray", "--index", index, "--input", "spans.jsonl", "--output", "shards"]),
+        # the tagger: a torch traceback of 25 lines before
+        ("dense", ["extract", "--input", "case.txt", "--output", "spans_out.jsonl"]),
+        ("dense", ["annotate", "--index", index, "--input", "case.txt", "--output", "coded.jsonl"]),
+    ]
+    results = run_light([*ok, *(args for _, args in needs_extra)], tmp_path)
     for result in results[: len(ok)]:
         assert result["code"] == 0, result
     linked = json.loads(results[2]["out"])
@@ -95,13 +99,18 @@ def test_light_install_links_with_tfidf_and_names_the_extra_of_everything_else(t
     assert [json.loads(line)["candidates"][0]["concept_id"] for line in (tmp_path / "out.jsonl").open()] == \
         ["C0002170", "C0018681"]
     assert "| gold.tsv | all | 3 | 100.00" in results[4]["out"]
+    # an index without calibration says so, not "of the calibrated confidence no calibration"
+    assert "the index has no calibrated confidence (`linker calibrate` fits one)" in results[4]["out"]
+    assert "calibrated confidence no calibration" not in results[4]["out"]
     # the report's tables are written; its charts are left out with one warning line naming the extra
     assert (tmp_path / "report" / "ae.md").is_file() and not (tmp_path / "report" / "ae.png").exists()
     assert "pip install 'linker[plots]'" in results[4]["err"]
-    for result, extra in zip(results[len(ok):], needs_extra):
+    for result, (extra, _) in zip(results[len(ok):], needs_extra, strict=False):
         assert result["code"] == 1, result
         assert result["err"].count("\n") == 1 and result["err"].startswith("error: "), result
         assert f"pip install 'linker[{extra}]'" in result["err"], result
+    for result in results[len(ok) + 4: len(ok) + 6]:
+        assert result["err"].startswith("error: the adverse-event tagger needs torch"), result
     imports = {r["import"]: r["error"] for r in results if "import" in r}
     assert imports["linker.service"].startswith("ConfigError: linker's HTTP service needs fastapi")
     assert "pip install 'linker[spacy]'" in imports["linker.spacy_component"]

@@ -46,6 +46,10 @@ _FILE_SUFFIXES = (".jsonl", ".json", ".txt", ".ann", ".xml", ".csv", ".tsv", ".g
 _STYLE_HELP = ("AdverseEvent spans as terms (TAC 2017's convention, 'nausea', 'rash': learnt from drug labels), "
                "phrases (PHEE's, 'severe rash and nausea': from case reports) or auto (terms, and phrases where no "
                "term was found).")
+_MAX_DOCUMENT_HELP = ("Largest document accepted, in bytes of text (default 5,000,000: what the tagger holds in some "
+                      "100 MB); a larger one is refused, naming its file (and line).")
+_DB_HELP = ("brat: database name in `Reference T1 DB:ID` (default: each code's source: MedDRA for a MedDRA code, "
+            "else the source's name, such as hpo or icd10cm).")
 _ASSERTION_HELP = ("Who marks an event negated or hypothetical: rules (the tagger's status, then NegEx-style cues "
                    "for the events it calls positive) or model (the tagger's status alone).")
 
@@ -66,10 +70,16 @@ def assertion_option():
     return typer.Option("rules", "--assertion", help=_ASSERTION_HELP)
 
 
-def _check_tagger(style: str, assertion: str, threshold: float | None, model: str) -> Path:
-    """The tagger's options and its release folder, before anything loads."""
-    from linker.extract.extractor import ASSERTIONS, STYLES, release_path
+def max_text_option():
+    return typer.Option(None, "--max-document-bytes", help=_MAX_DOCUMENT_HELP)
 
+
+def _check_tagger(style: str, assertion: str, threshold: float | None, model: str) -> Path:
+    """The tagger's options, its packages (the dense extra) and its release folder, before anything loads."""
+    from linker.extract.extractor import ASSERTIONS, MODULES, STYLES, release_path
+    from linker.extras import check
+
+    check(MODULES, extra="dense", what="the adverse-event tagger")
     if style not in STYLES:
         raise ConfigError(f"--style: expected {', '.join(STYLES)}, found {style!r}")
     if assertion not in ASSERTIONS:
@@ -100,9 +110,11 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
 
 
 def _read(input_path: Path, fmt: str, max_line_bytes, max_document_bytes):
-    from linker.extract.io import read_inputs
+    """The input's documents, every one read and checked (and let go) before any model loads; streamed after."""
+    from linker.extract.io import MAX_TEXT_BYTES, stream_inputs
 
-    return read_inputs(input_path, read_limits(max_line_bytes, max_document_bytes), fmt=fmt)
+    limits = read_limits(max_line_bytes, MAX_TEXT_BYTES if max_document_bytes is None else max_document_bytes)
+    return stream_inputs(input_path, limits, fmt=fmt)
 
 
 @app.command("extract")
@@ -116,22 +128,19 @@ def extract_cli(
     assertion: str = assertion_option(),
     overwrite: bool = overwrite_option(),
     max_line_bytes: int = max_line_option(),
-    max_document_bytes: int = max_document_option(),
+    max_document_bytes: int = max_text_option(),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
 ) -> None:
     """Find adverse events, drugs and therapeutic effects in texts (negated and hypothetical events tagged)."""
-    from linker.extract.io import write_output
+    from linker.extract import load_extractor
+    from linker.extract.io import tag_documents, write_output
 
     _check_common(input_path, output, fmt, overwrite, threshold, model, [], style, assertion)
     docs = _read(input_path, fmt, max_line_bytes, max_document_bytes)  # inputs and file names checked before the model
     started = time.perf_counter()
-    from linker.extract import load_extractor
-
     extractor = load_extractor(model, threads=threads)
-    for doc in docs:
-        doc.spans = extractor.extract([text for _, text in doc.sections], threshold=threshold, style=style,
-                                      assertion=assertion)
-    written = write_output(docs, output, fmt)
+    tagged = tag_documents(docs, extractor, threshold=threshold, style=style, assertion=assertion)
+    written = write_output(tagged, output, fmt)  # read, tagged and written a batch at a time
     typer.echo(f"extracted {written:,} spans from {len(docs):,} document(s) -> {output} in "
                f"{time.perf_counter() - started:.1f}s", err=True)
 
@@ -144,7 +153,7 @@ def annotate_cli(
     fmt: str = typer.Option("jsonl", "--format", "-f", help=_FORMAT_HELP),
     k: int = typer.Option(1, "--k", "-k", help="Candidates kept per adverse event (jsonl); the code is the best."),
     lang: str = lang_option("Restrict candidates to names in this language."),
-    db: str = typer.Option("MedDRA", "--db", help="brat: database name in `Reference T1 DB:ID`."),
+    db: str = typer.Option(None, "--db", help=_DB_HELP),
     model: str = model_option(),
     threshold: float = threshold_option(),
     style: str = style_option(),
@@ -152,7 +161,7 @@ def annotate_cli(
     review_below: float = typer.Option(0.5, "--review-below", help="Decision 'review' when the span's or the link's confidence is below this."),
     overwrite: bool = overwrite_option(),
     max_line_bytes: int = max_line_option(),
-    max_document_bytes: int = max_document_option(),
+    max_document_bytes: int = max_text_option(),
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
@@ -160,8 +169,8 @@ def annotate_cli(
 ) -> None:
     """Extract adverse events and code each with the index: code, confidence, and the decision (coded, review,
     no link, or not coded for a negated / hypothetical event)."""
-    from linker.extract import annotate_spans, load_extractor
-    from linker.extract.io import write_output
+    from linker.extract import load_extractor
+    from linker.extract.io import tag_documents, write_output
     from linker.link import Linker
 
     check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence)
@@ -179,15 +188,17 @@ def annotate_cli(
         _check_meddra(linker)  # ade-xml writes meddra_pt_id: a MedDRA index only, as `linker normalize` requires
     extractor = load_extractor(model, threads=threads)
     counts = dict.fromkeys(("coded", "review", "no link", "not coded"), 0)
-    for doc in docs:
-        texts = [text for _, text in doc.sections]
-        spans = extractor.extract(texts, threshold=threshold, style=style, assertion=assertion)
-        doc.spans = annotate_spans(linker, texts, spans, k=k, lang=lang, review_below=review_below)
-        for rows in doc.spans:
-            for row in rows:
+
+    def counted(annotated):
+        for doc in annotated:
+            for row in (row for rows in doc.spans for row in rows):
                 if row["decision"] in counts:
                     counts[row["decision"]] += 1
-    written = write_output(docs, output, fmt, db=db, coded=True)
+            yield doc
+
+    annotated = tag_documents(docs, extractor, threshold=threshold, style=style, assertion=assertion, linker=linker,
+                              k=k, lang=lang, review_below=review_below)
+    written = write_output(counted(annotated), output, fmt, db=db, coded=True)
     typer.echo(f"annotated {written:,} spans from {len(docs):,} document(s) ("
                + ", ".join(f"{n:,} {name}" for name, n in counts.items())
                + f" adverse events) -> {output} in {time.perf_counter() - started:.1f}s", err=True)

@@ -215,6 +215,14 @@ def ray_session(*, address: str | None = None, workers: int = 2):
         # every run, and before the one `error:` line of a failed one; its errors still show.
         ray.init(address=address, num_cpus=workers if address is None else None, include_dashboard=False,
                  log_to_driver=False, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError) as exc:  # ConnectionError is an OSError: the CLI would say "a file: ..."
+        reason = " ".join(str(exc).split())[:200]
+        if address is None:
+            raise LinkerError(f"could not start a local Ray ({reason}); see `ray status`, or pass --address of a "
+                              "running cluster") from None
+        raise LinkerError(f"--address {address}: no Ray cluster answered there ({reason}); start one with "
+                          "`ray start --head` and pass the address it prints, or leave --address out to start a "
+                          "local Ray") from None
     finally:
         if saved is None:
             os.environ.pop("PYTHONPATH", None)

@@ -43,7 +43,7 @@ import os
 import re
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -57,6 +57,7 @@ from linker.eval.charts import write_chart
 from linker.fileio import Input, atomic_file, check_output, iter_lines, model_inputs
 from linker.preprocess import expand_abbreviations, find_abbreviations
 from linker.progress import bar
+from linker.registry import Registry
 from linker.text import code_key, normalize
 
 log = logging.getLogger(__name__)
@@ -353,156 +354,244 @@ def icd10_parents(t: _Table) -> dict[str, tuple[str, ...]]:
     return out
 
 
+@dataclass(frozen=True)
+class CaseContext:
+    """What every case generator draws from: the concept table, the suite's rules and the sampling settings."""
+
+    table: _Table
+    data: SuiteData
+    sample: int  # concepts drawn per capability, at most
+    seed: int
+    parents: dict[str, tuple[str, ...]]  # child -> its is_a parents (an OBO hierarchy); may be empty
+    concepts: list[str]  # the table's concept ids, sorted
+    langs: list[str]  # its languages, sorted
+    preferred: dict[str, list[int]]  # concept -> its preferred name rows
+    synonyms: dict[str, list[tuple[str, int]]]  # term_types capability -> (concept, row) of its non-preferred names
+
+    @classmethod
+    def of(cls, table, data: SuiteData, *, sample: int, seed: int,
+           parents: dict[str, tuple[str, ...]] | None) -> CaseContext:
+        t = _Table.of(table)
+        concepts = sorted(t.by_concept)
+        synonyms: dict[str, list[tuple[str, int]]] = {}
+        for row in range(len(t.ids)):
+            if t.preferred[row]:
+                continue
+            kind = next((c for p, c in data.term_types if fnmatch.fnmatchcase(t.types[row], p)), "")
+            if kind:
+                synonyms.setdefault(kind, []).append((t.ids[row], row))
+        return cls(t, data, sample, seed, dict(parents or {}), concepts, sorted(set(t.langs)),
+                   {c: [r for r in t.by_concept[c] if t.preferred[r]] for c in concepts}, synonyms)
+
+
+# Name -> a function of a `CaseContext` returning its cases. `generate_cases` calls them in registration order
+# (the order below), so the cases of a suite come out in one fixed order; each capability seeds its own generator
+# (`_rng`), so a new entry leaves the others' cases unchanged. An entry may make several capabilities (one per
+# template capability, term type or language pair).
+CASE_GENERATORS: Registry[Callable[[CaseContext], list[Case]]] = Registry("capability generator")
+
+
 def generate_cases(table, data: SuiteData, *, sample: int = DEFAULT_SAMPLE, seed: int = DEFAULT_SEED,
                    parents: dict[str, tuple[str, ...]] | None = None) -> list[Case]:
     """Every capability's cases for a concept table (a pyarrow table of the concept schema)."""
-    t = _Table.of(table)
-    concepts = sorted(t.by_concept)
-    langs = sorted(set(t.langs))
-    cases: list[Case] = []
+    context = CaseContext.of(table, data, sample=sample, seed=seed, parents=parents)
+    return [case for name in CASE_GENERATORS for case in CASE_GENERATORS[name](context)]
 
-    # INV: a concept's preferred name (its first language with a usable one), perturbed.
-    preferred_rows = {c: [r for r in t.by_concept[c] if t.preferred[r]] for c in concepts}
 
-    def base_names(langs_ok: Iterable[str] | None) -> list[tuple[str, list[int]]]:
-        allowed = set(langs_ok) if langs_ok is not None else None
-        out = []
-        for concept_id in concepts:
-            rows = [r for r in preferred_rows[concept_id] if allowed is None or t.langs[r] in allowed]
-            if rows:
-                out.append((concept_id, rows))
-        return out
+# INV: a concept's preferred name (its first language with a usable one), perturbed.
 
-    def inv(capability: str, make, langs_ok=None) -> None:
-        rng = _rng(seed, capability)
-        eligible = []
-        for concept_id, rows in base_names(langs_ok):
-            for row in rows:
-                made = make(t.names[row], rng, t.langs[row])
-                if made is not None and made[0].strip() and made[0] != t.names[row]:
-                    eligible.append(Case(f"INV {capability}", made[1], made[0], t.names[row], concept_id, t.langs[row]))
-                    break
-        cases.extend(_sample(rng, eligible, sample))
+Perturb = Callable[[str, np.random.Generator, str], "tuple[str, str] | None"]  # (name, rng, lang) -> (text, variant)
 
-    inv("case_upper", lambda n, r, lang: (n.upper(), "upper"))
-    inv("case_title", lambda n, r, lang: (n.title(), "title"))
-    inv("punctuation", lambda n, r, lang: unpunctuate(n, r))
-    inv("whitespace", lambda n, r, lang: (" " + "  ".join(n.split()) + " ", "doubled spaces") if " " in n else None)
-    inv("plural", lambda n, r, lang: plural(n, data.plural), langs_ok=["en"])
-    inv("word_order", lambda n, r, lang: permute(n, r))
-    inv("typo_1", lambda n, r, lang: typo(n, r, data.keyboard))
 
-    def two_typos(n, r, lang):
-        first = typo(n, r, data.keyboard)
-        second = typo(first[0], r, data.keyboard) if first else None
+def _inv(ctx: CaseContext, capability: str, make: Perturb, langs_ok: Iterable[str] | None = None) -> list[Case]:
+    """A sample of the concepts whose preferred name (in `langs_ok`) `make` changes, one case each."""
+    t, rng = ctx.table, _rng(ctx.seed, capability)
+    allowed = set(langs_ok) if langs_ok is not None else None
+    eligible = []
+    for concept_id in ctx.concepts:
+        for row in (r for r in ctx.preferred[concept_id] if allowed is None or t.langs[r] in allowed):
+            made = make(t.names[row], rng, t.langs[row])
+            if made is not None and made[0].strip() and made[0] != t.names[row]:
+                eligible.append(Case(f"INV {capability}", made[1], made[0], t.names[row], concept_id, t.langs[row]))
+                break
+    return _sample(rng, eligible, ctx.sample)
+
+
+@CASE_GENERATORS.register("INV case_upper")
+def _case_upper(ctx: CaseContext) -> list[Case]:
+    return _inv(ctx, "case_upper", lambda name, rng, lang: (name.upper(), "upper"))
+
+
+@CASE_GENERATORS.register("INV case_title")
+def _case_title(ctx: CaseContext) -> list[Case]:
+    return _inv(ctx, "case_title", lambda name, rng, lang: (name.title(), "title"))
+
+
+@CASE_GENERATORS.register("INV punctuation")
+def _punctuation(ctx: CaseContext) -> list[Case]:
+    return _inv(ctx, "punctuation", lambda name, rng, lang: unpunctuate(name, rng))
+
+
+@CASE_GENERATORS.register("INV whitespace")
+def _whitespace(ctx: CaseContext) -> list[Case]:
+    return _inv(ctx, "whitespace", lambda name, rng, lang:
+                (" " + "  ".join(name.split()) + " ", "doubled spaces") if " " in name else None)
+
+
+@CASE_GENERATORS.register("INV plural")
+def _plural(ctx: CaseContext) -> list[Case]:
+    return _inv(ctx, "plural", lambda name, rng, lang: plural(name, ctx.data.plural), langs_ok=["en"])
+
+
+@CASE_GENERATORS.register("INV word_order")
+def _word_order(ctx: CaseContext) -> list[Case]:
+    return _inv(ctx, "word_order", lambda name, rng, lang: permute(name, rng))
+
+
+@CASE_GENERATORS.register("INV typo_1")
+def _typo_1(ctx: CaseContext) -> list[Case]:
+    return _inv(ctx, "typo_1", lambda name, rng, lang: typo(name, rng, ctx.data.keyboard))
+
+
+@CASE_GENERATORS.register("INV typo_2")
+def _typo_2(ctx: CaseContext) -> list[Case]:
+    def two_typos(name: str, rng: np.random.Generator, lang: str) -> tuple[str, str] | None:
+        first = typo(name, rng, ctx.data.keyboard)
+        second = typo(first[0], rng, ctx.data.keyboard) if first else None
         return (second[0], f"{first[1]} + {second[1]}") if second else None
 
-    inv("typo_2", two_typos)
-    inv("spelling_us_uk", lambda n, r, lang: respell(n, data.spelling), langs_ok=["en"])
+    return _inv(ctx, "typo_2", two_typos)
+
+
+@CASE_GENERATORS.register("INV spelling_us_uk")
+def _spelling(ctx: CaseContext) -> list[Case]:
+    return _inv(ctx, "spelling_us_uk", lambda name, rng, lang: respell(name, ctx.data.spelling), langs_ok=["en"])
+
+
+@CASE_GENERATORS.register("INV wrapper_*")
+def _wrappers(ctx: CaseContext) -> list[Case]:
+    """One capability per wrapper capability of the templates (in template order), in the languages it has."""
     wrappers: dict[str, dict[str, list[Template]]] = {}
-    for tpl in data.templates:
+    for tpl in ctx.data.templates:
         if tpl.kind == "wrapper":
             wrappers.setdefault(tpl.capability, {}).setdefault(tpl.lang, []).append(tpl)
-    for capability, by_lang in wrappers.items():
-        def wrap(n, r, lang, by_lang=by_lang):
+
+    def wrap(by_lang: dict[str, list[Template]]) -> Perturb:
+        def make(name: str, rng: np.random.Generator, lang: str) -> tuple[str, str] | None:
             options = by_lang.get(lang)
             if not options:
                 return None
-            tpl = options[r.integers(len(options))]
-            return tpl.text.replace("{name}", n), tpl.text
-        inv(f"wrapper_{capability}", wrap, langs_ok=list(by_lang))
+            tpl = options[rng.integers(len(options))]
+            return tpl.text.replace("{name}", name), tpl.text
+        return make
 
-    # MFT: held-out synonyms by kind.
-    kinds: dict[str, list[tuple[str, int]]] = {}
-    for row in range(len(t.ids)):
-        if t.preferred[row]:
-            continue
-        kind = next((c for p, c in data.term_types if fnmatch.fnmatchcase(t.types[row], p)), "")
-        if kind:
-            kinds.setdefault(kind, []).append((t.ids[row], row))
-    for kind, rows in sorted(kinds.items()):
+    return [case for capability, by_lang in wrappers.items()
+            for case in _inv(ctx, f"wrapper_{capability}", wrap(by_lang), langs_ok=list(by_lang))]
+
+
+# MFT: names held out of the index, or asked for among another language's names, must still find their concept.
+
+
+@CASE_GENERATORS.register("MFT <term type>")
+def _held_out_synonyms(ctx: CaseContext) -> list[Case]:
+    """Per `term_types.tsv` capability (sorted): one held-out synonym each of a sample of concepts."""
+    t, cases = ctx.table, []
+    for kind, rows in sorted(ctx.synonyms.items()):
         capability = f"MFT {kind}"
-        rng = _rng(seed, capability)
+        rng = _rng(ctx.seed, capability)
         per_concept: dict[str, list[int]] = {}
         for concept_id, row in rows:
             per_concept.setdefault(concept_id, []).append(row)
-        chosen = _sample(rng, sorted(per_concept), sample)
-        for concept_id in chosen:
+        for concept_id in _sample(rng, sorted(per_concept), ctx.sample):
             options = per_concept[concept_id]
             row = options[rng.integers(len(options))]
             cases.append(Case(capability, t.types[row], t.names[row], t.names[row], concept_id, t.langs[row],
                               held_out=tuple(t.same_name_rows(row))))
+    return cases
 
-    # MFT: cross-lingual, per language pair (each other language to English and back).
-    pivot = "en" if "en" in langs else (langs[0] if langs else "")
-    for other in langs:
-        if other == pivot:
+
+@CASE_GENERATORS.register("MFT translation *->*")
+def _translations(ctx: CaseContext) -> list[Case]:
+    """Per language pair: each other language to the pivot (English when there) and back."""
+    pivot = "en" if "en" in ctx.langs else (ctx.langs[0] if ctx.langs else "")
+    return [case for other in ctx.langs if other != pivot for src, tgt in ((other, pivot), (pivot, other))
+            for case in _translation(ctx, src, tgt)]
+
+
+def _translation(ctx: CaseContext, src: str, tgt: str) -> list[Case]:
+    """A sample of the concepts with names in both languages: the `src` name, among the `tgt` names only."""
+    t, capability = ctx.table, f"MFT translation {src}->{tgt}"
+    rng = _rng(ctx.seed, capability)
+    eligible = []
+    for concept_id in ctx.concepts:
+        if any(t.langs[r] == tgt for r in t.by_concept[concept_id]):
+            row = t.preferred_row(concept_id, src)
+            if row is not None:
+                eligible.append(Case(capability, f"{src}->{tgt}", t.names[row], t.names[row], concept_id, src,
+                                     target_lang=tgt))
+    return _sample(rng, eligible, ctx.sample)
+
+
+@CASE_GENERATORS.register("MFT abbreviation_context")
+def _abbreviation_context(ctx: CaseContext) -> list[Case]:
+    """A short form defined in an English context sentence: the source's abbreviation synonym, else the initials."""
+    tpls = [tpl for tpl in ctx.data.templates if tpl.kind == "abbreviation" and tpl.lang == "en"]
+    if not tpls:
+        return []
+    t, capability = ctx.table, "MFT abbreviation_context"
+    rng = _rng(ctx.seed, capability)
+    marked = dict(ctx.synonyms.get("abbreviation_synonym", ()))  # concept -> its (last) source short form
+    eligible = []
+    for concept_id in ctx.concepts:
+        long_row = t.preferred_row(concept_id, "en")
+        if long_row is None or t.langs[long_row] != "en":
             continue
-        for src, tgt in ((other, pivot), (pivot, other)):
-            capability = f"MFT translation {src}->{tgt}"
-            rng = _rng(seed, capability)
-            eligible = []
-            for concept_id in concepts:
-                rows = t.by_concept[concept_id]
-                if any(t.langs[r] == tgt for r in rows):
-                    row = t.preferred_row(concept_id, src)
-                    if row is not None:
-                        eligible.append(Case(capability, f"{src}->{tgt}", t.names[row], t.names[row], concept_id, src,
-                                             target_lang=tgt))
-            cases.extend(_sample(rng, eligible, sample))
+        long = t.names[long_row]
+        if concept_id in marked:
+            row = marked[concept_id]
+            short, variant, held = t.names[row], "source short form", t.same_name_rows(row)
+        else:
+            short, variant, held = initials(long), "initials", []
+        if short is None:
+            continue
+        tpl = tpls[rng.integers(len(tpls))]
+        sentence = tpl.text.replace("{long}", long).replace("{short}", short)
+        query = expand_abbreviations(short, find_abbreviations(sentence))
+        eligible.append(Case(capability, f"{variant}: {tpl.text}", query, f"{short} in: {sentence}", concept_id, "en",
+                             held_out=tuple(held)))
+    return _sample(rng, eligible, ctx.sample)
 
-    # MFT: abbreviations defined in a context sentence.
-    contexts = [tpl for tpl in data.templates if tpl.kind == "abbreviation"]
-    if contexts:
-        capability = "MFT abbreviation_context"
-        rng = _rng(seed, capability)
-        marked = {concept_id: row for kind, rows in kinds.items() if kind == "abbreviation_synonym" for concept_id, row in rows}
-        eligible = []
-        for concept_id in concepts:
-            long_row = t.preferred_row(concept_id, "en")
-            if long_row is None or t.langs[long_row] != "en":
-                continue
-            long = t.names[long_row]
-            if concept_id in marked:
-                short, variant, held = t.names[marked[concept_id]], "source short form", t.same_name_rows(marked[concept_id])
-            else:
-                short, variant, held = initials(long), "initials", []
-            if short is None:
-                continue
-            tpls = [tpl for tpl in contexts if tpl.lang == "en"]
-            if not tpls:
-                continue
-            tpl = tpls[rng.integers(len(tpls))]
-            sentence = tpl.text.replace("{long}", long).replace("{short}", short)
-            query = expand_abbreviations(short, find_abbreviations(sentence))
-            eligible.append(Case(capability, f"{variant}: {tpl.text}", query, f"{short} in: {sentence}", concept_id, "en",
-                                 held_out=tuple(held)))
-        cases.extend(_sample(rng, eligible, sample))
 
-    # DIR: the parent must not outrank the child when the child's preferred name is held out.
-    hierarchy = dict(parents or {})
+# DIR: the parent must not outrank the child when the child's preferred name is held out.
+
+
+@CASE_GENERATORS.register("DIR parent")
+def _parent(ctx: CaseContext) -> list[Case]:
+    """One case per child with a parent in the table (OBO is_a, else ICD-10 code prefix) and another name left to
+    find it by."""
+    t, hierarchy = ctx.table, dict(ctx.parents)
     for child, ps in icd10_parents(t).items():
         hierarchy.setdefault(child, ps)
-    if hierarchy:
-        capability = "DIR parent"
-        rng = _rng(seed, capability)
-        eligible = []
-        for child in concepts:
-            ps = [p for p in hierarchy.get(child, ()) if p in t.by_concept]
-            row = t.preferred_row(child, "en") if ps else None
-            if row is None:
-                continue
-            held = t.same_name_rows(row)
-            if len(t.by_concept[child]) <= len(held):
-                continue  # no other name would be left to find the child by
-            for p in ps:
-                eligible.append(Case(capability, "is_a" if parents and child in parents else "code prefix",
-                                     t.names[row], t.names[row], child, t.langs[row], parent_id=p, held_out=tuple(held)))
-        # one case per child: its first parent in the sample order
-        seen: set[str] = set()
-        unique = [c for c in eligible if not (c.concept_id in seen or seen.add(c.concept_id))]
-        cases.extend(_sample(rng, unique, sample))
-    return cases
+    if not hierarchy:
+        return []
+    capability = "DIR parent"
+    rng = _rng(ctx.seed, capability)
+    eligible = []
+    for child in ctx.concepts:
+        ps = [p for p in hierarchy.get(child, ()) if p in t.by_concept]
+        row = t.preferred_row(child, "en") if ps else None
+        if row is None:
+            continue
+        held = t.same_name_rows(row)
+        if len(t.by_concept[child]) <= len(held):
+            continue  # no other name would be left to find the child by
+        for p in ps:
+            eligible.append(Case(capability, "is_a" if child in ctx.parents else "code prefix",
+                                 t.names[row], t.names[row], child, t.langs[row], parent_id=p, held_out=tuple(held)))
+    # one case per child: its first parent in the sample order
+    seen: set[str] = set()
+    unique = [c for c in eligible if not (c.concept_id in seen or seen.add(c.concept_id))]
+    return _sample(rng, unique, ctx.sample)
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -628,34 +717,8 @@ def run_cases(linker_, cases: Sequence[Case], *, label: str | None = None, progr
     rows = []
     for capability in dict.fromkeys(c.capability for c in cases):
         members = [i for i, c in enumerate(cases) if c.capability == capability]
-        failed: list[tuple[str, Failure]] = []
-        for i in members:
-            case, cands = cases[i], results[i]
-            ids = [c.concept_id for c in cands]
-            rank = ids.index(case.concept_id) + 1 if case.concept_id in ids else 0
-            expected_score = cands[rank - 1].score if rank else math.nan
-            top = cands[0] if cands else None
-            if case.test == "INV":
-                prior = before[case.source_name]
-                prior_id = prior[0].concept_id if prior else ""
-                bad = (top.concept_id if top else "") != prior_id
-                before_id = prior_id
-            elif case.test == "DIR":
-                parent_rank = ids.index(case.parent_id) + 1 if case.parent_id in ids else 0
-                bad = parent_rank > 0 and (rank == 0 or parent_rank < rank)
-                before_id = case.parent_id
-            else:
-                bad = top is None or top.concept_id != case.concept_id
-                before_id = ""
-            if not bad:
-                continue
-            margin = (top.score - (expected_score if rank else 0.0)) if top else math.nan
-            failed.append((case.variant, Failure(
-                query=case.query, source_name=case.source_name, variant=case.variant, expected_id=case.concept_id,
-                expected_name=case.source_name, got_id=top.concept_id if top else "",
-                got_name=top.preferred_name if top else "", matched_name=top.matched_name if top else "",
-                score=round(float(top.score), 4) if top else math.nan, expected_rank=rank, before_id=before_id,
-                margin=round(float(margin), 4) if not math.isnan(margin) else math.nan)))
+        failed = [(cases[i].variant, f) for i in members
+                  if (f := _failure(cases[i], results[i], before.get(cases[i].source_name))) is not None]
         n, k = len(members), len(failed)
         low, high = wilson_interval(k, n)
         rows.append(CapabilityRow(capability, _describe(capability), n, k, k / n if n else math.nan, low, high,
@@ -674,6 +737,35 @@ def run_cases(linker_, cases: Sequence[Case], *, label: str | None = None, progr
     }
     seconds = {"link": round(link_seconds, 3), "total": round(time.perf_counter() - started, 3)}
     return CapabilityReport(label or linker_.index.folder.name, str(linker_.index.folder), tuple(rows), seconds, config)
+
+
+def _failure(case: Case, cands, prior) -> Failure | None:
+    """The case's failure, or None when it passes: INV fails when the top-1 concept differs from `prior`'s (the
+    unperturbed name's candidates), DIR when the parent ranks above the child, MFT when the top-1 is not expected."""
+    ids = [c.concept_id for c in cands]
+    rank = ids.index(case.concept_id) + 1 if case.concept_id in ids else 0
+    expected_score = cands[rank - 1].score if rank else math.nan
+    top = cands[0] if cands else None
+    if case.test == "INV":
+        prior_id = prior[0].concept_id if prior else ""
+        bad = (top.concept_id if top else "") != prior_id
+        before_id = prior_id
+    elif case.test == "DIR":
+        parent_rank = ids.index(case.parent_id) + 1 if case.parent_id in ids else 0
+        bad = parent_rank > 0 and (rank == 0 or parent_rank < rank)
+        before_id = case.parent_id
+    else:
+        bad = top is None or top.concept_id != case.concept_id
+        before_id = ""
+    if not bad:
+        return None
+    margin = (top.score - (expected_score if rank else 0.0)) if top else math.nan
+    return Failure(
+        query=case.query, source_name=case.source_name, variant=case.variant, expected_id=case.concept_id,
+        expected_name=case.source_name, got_id=top.concept_id if top else "",
+        got_name=top.preferred_name if top else "", matched_name=top.matched_name if top else "",
+        score=round(float(top.score), 4) if top else math.nan, expected_rank=rank, before_id=before_id,
+        margin=round(float(margin), 4) if not math.isnan(margin) else math.nan)
 
 
 def _describe(capability: str) -> str:

@@ -365,9 +365,12 @@ def _load_lay(spec: DatasetSpec) -> list[Mention]:
             continue
         if len(fields) != 3 or not fields[0].strip() or not fields[1].strip():
             raise InputFormatError(spec.path, "text<TAB>concept_ids<TAB>origin", shorten(line), line=number)
+        gold = _parts(fields[1], part_seps="", alt_sep="|")
+        if not gold:  # "|" alone: a row without an answer would be scored as a miss
+            raise InputFormatError(spec.path, "concept_ids as one or more ids separated by '|'",
+                                   f"no concept id in {shorten(fields[1])}", line=number)
         if not origins or fields[2] in origins:
-            out.append(Mention(fields[0], _parts(fields[1], part_seps="", alt_sep="|"), spec.options.get("lang", "en"),
-                               spec.path.name, number, number))
+            out.append(Mention(fields[0], gold, spec.options.get("lang", "en"), spec.path.name, number, number))
     return out
 
 

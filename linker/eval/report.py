@@ -658,9 +658,10 @@ def trust_markdown(report: EvalReport) -> list[str]:
     if report.calibration:
         c = report.calibration
         at = c["at_coverage"]
-        ece = "no calibration" if c["ece_calibrated"] is None else f"{c['ece_calibrated']:.4f}"
+        ece = ("; the index has no calibrated confidence (`linker calibrate` fits one)" if c["ece_calibrated"] is None
+               else f", of the calibrated confidence {c['ece_calibrated']:.4f}")
         lines += [f"Calibration (Full, {c['mentions']:,} mentions, Acc@1 {_pct(c['accuracy_at_1'])}): ECE of the raw "
-                  f"score {c['ece_raw']:.4f}, of the calibrated confidence {ece}. Keeping the "
+                  f"score {c['ece_raw']:.4f}{ece}. Keeping the "
                   f"{_pct(at['coverage'])}% most confident ({c['confidence']} >= "
                   f"{'–' if at['threshold'] is None else format(at['threshold'], '.4f')}): Acc@1 "
                   f"{_pct(at['accuracy'])}.", ""]

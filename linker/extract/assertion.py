@@ -37,6 +37,9 @@ WINDOW = 6  # words of scope on each side, NegEx's 5 plus one for the article or
 COLUMNS = "status<TAB>position<TAB>cue"
 _STATUSES = {"negated": ("before", "after"), "hypothetical": ("before", "after"), "pseudo": ("any",),
              "termination": ("any",)}
+# How far a scope reaches at most, in characters: WINDOW words of any real length. Unbounded, the search for the
+# span's sentence start read the text from its beginning for every span: quadratic, hours for a 5 MB document.
+SCOPE_CHARS = 1_000
 _SENTENCE_END = re.compile(r"[.;!?](?=\s|$)|\n")
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
 
@@ -108,8 +111,9 @@ def _word_bound(text: str, start: int, end: int, words: int, *, backward: bool) 
 def status_of(text: str, start: int, end: int, cues: Cues | None = None, window: int = WINDOW) -> str | None:
     """"negated" or "hypothetical" when a cue has the span text[start:end] in its scope, else None."""
     cues = cues or load_cues()
-    left = max((m.end() for m in _SENTENCE_END.finditer(text, 0, start)), default=0)
-    right = next((m.start() for m in _SENTENCE_END.finditer(text, end)), len(text))
+    floor, ceiling = max(0, start - SCOPE_CHARS), min(len(text), end + SCOPE_CHARS)
+    left = max((m.end() for m in _SENTENCE_END.finditer(text, floor, start)), default=floor)
+    right = next((m.start() for m in _SENTENCE_END.finditer(text, end, ceiling)), ceiling)
     words = list(_WORD.finditer(text, start, end))
     # a cue inside the span counts when it opens it ("no rash", "had no headache": the cue "had no"), not further
     # in ("hypothyroidism without thyroid disease" is no negated hypothyroidism)

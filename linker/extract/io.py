@@ -19,6 +19,10 @@ Outputs (`write_output`):
   are left out, as TAC's scoring rule does); with `annotate`, ``<Reactions>`` with one MedDRA ``Normalization``
   per distinct string (`linker.formats.ade_xml.write_reactions`). A TAC input keeps its root element.
 
+Inputs are streamed (`stream_inputs`, `batches`): a check pass reads every document and lets it go; the run reads them again
+a batch at a time, so memory does not grow with their number; a document over 5 MB of text (`MAX_TEXT_BYTES`) is
+refused, naming its file (and line and id).
+
 File names (`output_files`): a document's id (a folder input's path, folder by folder) is used as it is, or refused
 before the model loads: one that cannot be a file name (`linker.fileio.safe_stem`: a ``/`` or ``\\``, a control
 character, a leading dot...), or two documents or sections on one file, case ignored. A span across a line break is
@@ -27,17 +31,30 @@ written to brat as a discontinuous span, one fragment per line.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import xml.etree.ElementTree as ET
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from linker.errors import ConfigError, InputFormatError, MissingInputError, shorten
-from linker.fileio import FileNamer, atomic_dir, atomic_file, decode_line, safe_stem
-from linker.formats import DEFAULT_LIMITS, ReadLimits, read_document
+from linker.fileio import FileNamer, atomic_dir, atomic_file, decode_line, describe_path, safe_stem
+from linker.formats import ReadLimits, read_document
 
 OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml")
 INPUT_SUFFIXES = (".txt", ".jsonl", ".xml")
+# The largest document the tagger takes by default (--max-document-bytes): 5 MB of text, some 1.2M word pieces,
+# which it holds as arrays of 84 bytes a piece while it tags them (~100 MB). The readers' 64 MiB default let a 50 MB
+# document through, and tagging it passed 3 GB.
+MAX_TEXT_BYTES = 5_000_000
+EXTRACT_LIMITS = ReadLimits(max_document_bytes=MAX_TEXT_BYTES)
+_SIZE_FIX = "split it, or raise --max-document-bytes if this machine has the memory"
+# Documents tagged (and linked, and written) together: enough texts for full batches of windows (BATCH in
+# linker.extract.extractor), few enough characters that a batch holds a few MB.
+BATCH_DOCS = 64
+BATCH_CHARS = 1_000_000
 
 
 @dataclass
@@ -76,51 +93,144 @@ def _read_xml(path: Path, name: str, limits: ReadLimits) -> InputDoc:
     return InputDoc(name, "xml", sections, root=label.root, path=path)
 
 
-def _read_jsonl(path: Path, limits: ReadLimits) -> list[InputDoc]:
+def _iter_jsonl(path: Path, limits: ReadLimits) -> Iterator[InputDoc]:
     from linker.formats.jsonl import jsonl_source, read_jsonl
 
     lines, where = jsonl_source(str(path), limits)
-    docs, seen = [], set()
     for span in read_jsonl(lines(), where):
         name = str(span.record.get("id", span.line))
-        if name in seen:
-            raise InputFormatError(where, "unique document ids", f"id {name!r} a second time", line=span.line)
-        seen.add(name)
-        docs.append(InputDoc(name, "jsonl", [("", span.text)], path=path, line=span.line))
-    if not docs:
-        raise InputFormatError(where, 'JSONL documents {"text": ...}', "no document", line=1)
-    return docs
+        size = len(span.text.encode("utf-8", "surrogatepass"))
+        if size > limits.max_document_bytes:
+            raise InputFormatError(where, f"a document text of at most {limits.max_document_bytes:,} bytes",
+                                   f"{size:,} bytes (id {name!r})", line=span.line, fix=_SIZE_FIX)
+        yield InputDoc(name, "jsonl", [("", span.text)], path=path, line=span.line)
 
 
-def read_inputs(input_path: str | Path, limits: ReadLimits = DEFAULT_LIMITS, *, fmt: str = "jsonl") -> list[InputDoc]:
-    """Every document of a file or folder (module docstring), all checked before any work; for a folder format
-    `fmt`, the names of the files each will be written to as well (`output_files`)."""
-    docs = _read_inputs(Path(input_path), limits)
-    if fmt != "jsonl":
-        output_files(docs, fmt, Path("."))
-    return docs
-
-
-def _read_inputs(path: Path, limits: ReadLimits) -> list[InputDoc]:
+def _documents(path: Path, limits: ReadLimits) -> Iterator[InputDoc]:
+    """The documents of a file or folder, read one at a time as they are asked for."""
     if path.is_file():
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            return _read_jsonl(path, limits)
-        if suffix == ".xml":
-            return [_read_xml(path, path.stem, limits)]
-        if suffix == ".txt":
-            return [_read_txt(path, path.stem, limits)]
-        raise InputFormatError(path, f"a {', '.join(INPUT_SUFFIXES)} file or a folder of them",
-                               f"a {suffix or 'suffix-less'} file")
-    if path.is_dir():
+            yield from _iter_jsonl(path, limits)
+        elif suffix == ".xml":
+            yield _read_xml(path, path.stem, limits)
+        elif suffix == ".txt":
+            yield _read_txt(path, path.stem, limits)
+        else:
+            raise InputFormatError(path, f"a {', '.join(INPUT_SUFFIXES)} file or a folder of them",
+                                   f"a {suffix or 'suffix-less'} file")
+    elif path.is_dir():
         texts = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        if texts:
-            return [_read_txt(p, p.relative_to(path).with_suffix("").as_posix(), limits) for p in texts]
-        labels = sorted(p for p in path.rglob("*.xml") if p.is_file())
-        if labels:
-            return [_read_xml(p, p.relative_to(path).with_suffix("").as_posix(), limits) for p in labels]
-        raise MissingInputError(f"{path}: no .txt or .xml files in this folder")
-    raise MissingInputError(f"{path}: no such file or folder (--input)")
+        labels = [] if texts else sorted(p for p in path.rglob("*.xml") if p.is_file())
+        if not texts and not labels:
+            raise MissingInputError(f"{path}: no .txt or .xml files in this folder")
+        read = _read_txt if texts else _read_xml
+        for file in texts or labels:
+            yield read(file, file.relative_to(path).with_suffix("").as_posix(), limits)
+    elif path.exists():
+        raise MissingInputError(f"{path}: expected a file or folder, found {describe_path(path)} (--input)")
+    else:
+        raise MissingInputError(f"{path}: no such file or folder (--input)")
+
+
+def _id_hash(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def _check_unique_ids(path: Path, limits: ReadLimits, hashes: array) -> None:
+    """Refuse a JSONL id given twice, at its second line. The check pass keeps an 8-byte hash per document, not the
+    ids (1,000,000 documents: 8 MB); a hash seen twice is confirmed, or found a collision, by reading the ids again."""
+    import numpy as np
+
+    ordered = np.sort(np.frombuffer(hashes, dtype=np.uint64))
+    twice = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+    if not twice:
+        return
+    first: dict[str, int] = {}
+    for doc in _documents(path, limits):
+        if _id_hash(doc.name) in twice:
+            if doc.name in first:
+                raise InputFormatError(path, "unique document ids", f"id {doc.name!r} a second time (first on line "
+                                       f"{first[doc.name]})", line=doc.line)
+            first[doc.name] = doc.line
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The documents of a checked input (`stream_inputs`), read again, one at a time, each time they are iterated: a
+    run holds one batch of them, never all (a million one-line documents cost what one does)."""
+
+    path: Path
+    limits: ReadLimits
+    count: int
+
+    def __iter__(self) -> Iterator[InputDoc]:
+        return _documents(self.path, self.limits)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def stream_inputs(input_path: str | Path, limits: ReadLimits = EXTRACT_LIMITS, *, fmt: str = "jsonl") -> Inputs:
+    """Every document of a file or folder (module docstring) read and checked, before any work, then let go; for a
+    folder format `fmt`, the names of the files each will be written to as well (`document_files`). The documents,
+    to iterate, read again as they are asked for (`Inputs`)."""
+    path = Path(input_path)
+    namer = None if fmt == "jsonl" else FileNamer(Path("."))
+    hashes, count = array("Q"), 0
+    for doc in _documents(path, limits):
+        if doc.kind == "jsonl":
+            hashes.append(_id_hash(doc.name))
+        if namer is not None:
+            document_files(doc, fmt, namer)
+        count += 1
+    if not count:  # only a JSONL file can hold no document: the other readers refuse an empty one
+        raise InputFormatError(path, 'JSONL documents {"text": ...}', "no document", line=1)
+    _check_unique_ids(path, limits, hashes)
+    return Inputs(path, limits, count)
+
+
+def read_inputs(input_path: str | Path, limits: ReadLimits = EXTRACT_LIMITS, *, fmt: str = "jsonl") -> list[InputDoc]:
+    """`stream_inputs`, every document held in a list: for a few documents (tests, benchmarks); the CLI streams."""
+    return list(stream_inputs(input_path, limits, fmt=fmt))
+
+
+def batches(docs: Iterable[InputDoc], *, max_docs: int | None = None, max_chars: int | None = None
+            ) -> Iterator[list[InputDoc]]:
+    """`docs` in lists of at most `max_docs` documents (`BATCH_DOCS`) or about `max_chars` characters
+    (`BATCH_CHARS`; a larger document is a list of its own), so that reading, tagging, linking and writing hold one
+    list at a time."""
+    max_docs, max_chars = max_docs or BATCH_DOCS, max_chars or BATCH_CHARS
+    batch, chars = [], 0
+    for doc in docs:
+        size = sum(len(text) for _, text in doc.sections)
+        if batch and (len(batch) >= max_docs or chars + size > max_chars):
+            yield batch
+            batch, chars = [], 0
+        batch.append(doc)
+        chars += size
+    if batch:
+        yield batch
+
+
+def tag_documents(docs: Iterable[InputDoc], extractor, *, threshold: float | None = None, style: str = "auto",
+                  assertion: str = "rules", linker=None, k: int = 1, lang: str | None = None,
+                  review_below: float | None = None) -> Iterator[InputDoc]:
+    """Each document with its spans (`Extractor.extract`; with `linker`, coded by `linker.extract.annotate_spans`),
+    tagged and linked a batch at a time (`batches`) and yielded as soon as it is done, so that a writer taking them
+    one by one (`write_output`) holds one batch, however many documents there are."""
+    from linker.extract import REVIEW_BELOW, annotate_spans
+
+    for batch in batches(docs):
+        texts = [text for doc in batch for _, text in doc.sections]
+        spans = extractor.extract(texts, threshold=threshold, style=style, assertion=assertion)
+        if linker is not None:
+            spans = annotate_spans(linker, texts, spans, k=k, lang=lang,
+                                   review_below=REVIEW_BELOW if review_below is None else review_below)
+        at = 0
+        for doc in batch:
+            doc.spans, at = spans[at:at + len(doc.sections)], at + len(doc.sections)
+            yield doc
 
 
 def check_format(fmt: str) -> None:
@@ -139,23 +249,24 @@ def output_files(docs: list[InputDoc], fmt: str, folder: Path) -> list[list[list
     documents (or sections) on one file (``a_b`` and ``a`` section ``b``; ``A`` and ``a``), is an InputFormatError
     naming the id, so every file lies inside `folder` and none is written twice."""
     namer = FileNamer(folder)
-    out = []
-    for doc in docs:
-        where, line = doc.path or doc.name, doc.line
-        what = "a document id" if doc.kind == "jsonl" else "a document name (its path in the input folder)"
-        *folders, stem = [safe_stem(part, where, what=what, line=line, fix=_NAME_FIX) for part in doc.name_parts()]
-        owner = f"document {shorten(doc.name)}"
-        if fmt == "ade-xml":
-            out.append([namer.files([*folders, stem], [".xml"], owner=owner, where=where, line=line)])
-            continue
-        files = []
-        for sid, _ in doc.sections:
-            if sid:
-                safe_stem(sid, where, what="a <Section id>", fix=_NAME_FIX)
-            files.append(namer.files([*folders, f"{stem}_{sid}" if sid else stem], [".txt", ".ann"],
-                                     owner=owner + (f" section {shorten(sid)}" if sid else ""), where=where, line=line))
-        out.append(files)
-    return out
+    return [document_files(doc, fmt, namer) for doc in docs]
+
+
+def document_files(doc: InputDoc, fmt: str, namer: FileNamer) -> list[list[Path]]:
+    """`output_files` of one document, claimed from `namer`: one document at a time, for a stream of them."""
+    where, line = doc.path or doc.name, doc.line
+    what = "a document id" if doc.kind == "jsonl" else "a document name (its path in the input folder)"
+    *folders, stem = [safe_stem(part, where, what=what, line=line, fix=_NAME_FIX) for part in doc.name_parts()]
+    owner = f"document {shorten(doc.name)}"
+    if fmt == "ade-xml":
+        return [namer.files([*folders, stem], [".xml"], owner=owner, where=where, line=line)]
+    files = []
+    for sid, _ in doc.sections:
+        if sid:
+            safe_stem(sid, where, what="a <Section id>", fix=_NAME_FIX)
+        files.append(namer.files([*folders, f"{stem}_{sid}" if sid else stem], [".txt", ".ann"],
+                                 owner=owner + (f" section {shorten(sid)}" if sid else ""), where=where, line=line))
+    return files
 
 
 # ----------------------------------------------------------------------------- writers
@@ -187,7 +298,15 @@ def _brat_fragments(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return [(m.start(), m.end()) for m in _NO_LINE_BREAK.finditer(text, start, end)] or [(start, end)]
 
 
-def _brat_document(doc: InputDoc, sid: str, text: str, spans: list, db: str, where: Path) -> list[str]:
+def _source_db(span) -> str:
+    """brat's database name for a coded span: its concept's source up to the first ':' as `linker normalize` writes
+    it (hpo, icd10cm, umls...), but MedDRA for a MedDRA code (the name TAC 2017 and the ADE Eval use)."""
+    candidates = _field(span, "_candidates") or ()
+    family = candidates[0].source.split(":", 1)[0] if candidates else ""
+    return "MedDRA" if family == "meddra" else family or "linker"
+
+
+def _brat_document(doc: InputDoc, sid: str, text: str, spans: list, db: str | None, where: Path) -> list[str]:
     """The .ann lines of one text's spans, checked by the brat reader, plus normalisation lines."""
     from linker.formats.brat import brat_lines, parse_brat
 
@@ -210,7 +329,8 @@ def _brat_document(doc: InputDoc, sid: str, text: str, spans: list, db: str, whe
         parsed = parse_brat(where, raw, text)  # what we write reads back through the reader
     except InputFormatError as exc:  # the reader's fix (--lenient) is for input files, not for this output
         raise InputFormatError(where, exc.expected, exc.found, line=exc.line) from None
-    norms = [(db, _field(s, "code"), _field(s, "name") or "") if _field(s, "code") else None for s in spans]
+    norms = [(db or _source_db(s), _field(s, "code"), _field(s, "name") or "") if _field(s, "code") else None
+             for s in spans]
     return brat_lines(parsed, norms)
 
 
@@ -245,9 +365,12 @@ def _xml_label(doc: InputDoc, positive) -> tuple[ET.Element, list]:
     return root, list(zip(ade_mentions, kept))
 
 
-def write_output(docs: list[InputDoc], output: Path, fmt: str, *, db: str = "MedDRA", coded: bool = False) -> int:
+def write_output(docs: Iterable[InputDoc], output: Path, fmt: str, *, db: str | None = None,
+                 coded: bool = False) -> int:
     """Write the documents' spans in `fmt` to `output` (a file for jsonl, a folder otherwise); the spans written.
-    `coded` (annotate): ade-xml labels get their <Reactions>, even an empty one."""
+    `docs` is taken one document at a time (a stream: `tag_documents`). `db`: brat's database name of every code
+    (default: each code's source, `_source_db`). `coded` (annotate): ade-xml labels get their <Reactions>, even an
+    empty one."""
     from linker.extract.data import AE
 
     check_format(fmt)
@@ -263,7 +386,9 @@ def write_output(docs: list[InputDoc], output: Path, fmt: str, *, db: str = "Med
                     written += 1
         return written
     with atomic_dir(output) as tmp:
-        for doc, files in zip(docs, output_files(docs, fmt, tmp), strict=True):
+        namer = FileNamer(tmp)  # names claimed document by document: `docs` may be a stream
+        for doc in docs:
+            files = document_files(doc, fmt, namer)
             if fmt == "brat":
                 from linker.formats.brat import write_brat
 
@@ -295,12 +420,19 @@ def write_output(docs: list[InputDoc], output: Path, fmt: str, *, db: str = "Med
 
 
 __all__ = [
+    "EXTRACT_LIMITS",
     "INPUT_SUFFIXES",
+    "MAX_TEXT_BYTES",
     "OUTPUT_FORMATS",
     "InputDoc",
+    "Inputs",
+    "batches",
     "check_format",
+    "document_files",
     "output_files",
     "read_inputs",
+    "stream_inputs",
+    "tag_documents",
     "span_records",
     "write_output",
 ]

@@ -15,8 +15,10 @@ import os
 import random
 import resource
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -185,24 +187,63 @@ def _trained_tensors(bert, head, frozen_layers: int) -> dict:
 def train_extractor(phee_train: Path, phee_dev: Path, tac_folder: Path, out: Path,
                     config: ExtractorTrainConfig = ExtractorTrainConfig(), *, command: str = "",
                     report=lambda message: log.info("%s", message)) -> dict:
-    """Train, choose the epoch and threshold on the dev sets, and write the release folder `out`."""
+    """Train, choose the epoch and threshold on the dev sets, and write the release folder `out`.
+
+    The stages: `_base` (the encoder), `_training_data` (windows and dev sets), `_start_run` (the frozen layers'
+    output, once, and the trained part), then per epoch `_train_epoch` and `_choose_epoch` (dev scores, the best
+    epoch's tensors kept), and `_write_release`.
+    """
     import torch
 
+    started, cpu0 = time.perf_counter(), _cpu_seconds()
+    rng = random.Random(config.seed)  # one stream: the TAC negatives kept, then every epoch's batches
+    torch.manual_seed(config.seed)
+    encoder, tagger = _base(config)
+    data = _training_data(phee_train, phee_dev, tac_folder, config, encoder.model.tokenizer, rng)
+    report(f"training windows: {len(data.windows):,} ({data.phee_sentences:,} PHEE sentences, {len(data.tac_used)} "
+           f"TAC labels); dev: {len(data.dev_phee):,} PHEE sentences, {len(data.tac_dev_files)} TAC labels")
+    run = _start_run(encoder, tagger, data, config, started, report)
+    report(f"frozen layers computed in {time.perf_counter() - started:.0f}s")
+    stopped = False
+    for epoch in range(1, config.epochs + 1):
+        stopped, loss = _train_epoch(run, data.windows, epoch, rng)
+        _choose_epoch(run, data, epoch, loss)
+        if stopped:
+            break
+    return _write_release(run, data, out, encoder.spec.revision, command=command, stopped=stopped,
+                          cpu=_cpu_seconds() - cpu0)
+
+
+def _base(config: ExtractorTrainConfig):
+    """The base encoder (on the CPU) and the tagger's configuration; ConfigError when `frozen_layers` leaves no
+    layer to train."""
     from linker.encoders import load_encoder, transformer_module
 
-    started, cpu0 = time.perf_counter(), _cpu_seconds()
-    rng = random.Random(config.seed)
-    torch.manual_seed(config.seed)
     encoder = load_encoder(config.base, threads=config.threads, device="cpu")
-    bert, tokenizer = transformer_module(encoder.model), encoder.model.tokenizer
-    n_layers = bert.config.num_hidden_layers
+    n_layers = transformer_module(encoder.model).config.num_hidden_layers
     if not 0 <= config.frozen_layers < n_layers:
         from linker.errors import ConfigError
 
         raise ConfigError(f"--frozen-layers: expected 0 to {n_layers - 1}, found {config.frozen_layers}")
-    tagger = TaggerConfig(labels=LABELS, max_length=config.max_length, stride=config.stride,
-                          frozen_layers=config.frozen_layers)
-    # data
+    return encoder, TaggerConfig(labels=LABELS, max_length=config.max_length, stride=config.stride,
+                                 frozen_layers=config.frozen_layers)
+
+
+@dataclass(frozen=True)
+class _Data:
+    """What a run trains and chooses on: the training windows and the dev documents, with what the card records."""
+
+    windows: list[_Window]
+    phee_sentences: int  # PHEE training sentences used
+    tac_used: list[Path]  # TAC training label files used
+    tac_dev_files: list[Path]
+    dev_phee: list[Doc]
+    dev_tac: list[Doc]
+
+
+def _training_data(phee_train: Path, phee_dev: Path, tac_folder: Path, config: ExtractorTrainConfig, tokenizer,
+                   rng: random.Random) -> _Data:
+    """PHEE train (a seeded sample with `phee_limit`) and the TAC training split as windows; the dev documents."""
     tac_train_files, tac_dev_files = tac_split(tac_folder, config.tac_dev_share, config.tac_seed)
     phee = read_phee(phee_train)
     if config.phee_limit is not None and config.phee_limit < len(phee):
@@ -212,78 +253,129 @@ def train_extractor(phee_train: Path, phee_dev: Path, tac_folder: Path, out: Pat
     dev_phee, dev_tac = read_phee(phee_dev), read_tac_files(tac_dev_files)
     if config.dev_limit is not None:
         dev_phee, dev_tac = dev_phee[: config.dev_limit], dev_tac[: config.dev_limit]
-    train_windows = _windows_of(train_docs, tokenizer, config, LABELS, rng)
-    report(f"training windows: {len(train_windows):,} ({len(phee):,} PHEE sentences, {len(tac_used)} TAC "
-           f"labels); dev: {len(dev_phee):,} PHEE sentences, {len(tac_dev_files)} TAC labels")
-    # the frozen part, once
+    windows = _windows_of(train_docs, tokenizer, config, LABELS, rng)
+    return _Data(windows, len(phee), tac_used, tac_dev_files, dev_phee, dev_tac)
+
+
+@dataclass
+class _Run:
+    """One training run's moving parts, shared by the epoch stages."""
+
+    config: ExtractorTrainConfig
+    bert: Any
+    head: Any
+    extractor: Extractor  # bert + head, for the dev scores
+    trained: list  # the parameters of the trained (upper) layers
+    optimizer: Any
+    schedule: Any
+    pad: int  # the tokenizer's padding id
+    total: int  # steps in all epochs: the learning rate decays linearly to 0 there
+    started: float  # perf_counter at the start of training: the time budget counts from it
+    report: Callable[[str], None]
+    step: int = 0
+    history: list[dict] = field(default_factory=list)  # one entry per epoch
+    best: dict | None = None  # the chosen epoch's entry
+    best_state: dict | None = None  # ... and its trained tensors
+
+
+def _start_run(encoder, tagger: TaggerConfig, data: _Data, config: ExtractorTrainConfig, started: float,
+               report: Callable[[str], None]) -> _Run:
+    """The frozen part's output stored on the windows, the upper layers unfrozen, a new head and their optimizer."""
+    import torch
+
+    from linker.encoders import transformer_module
+
+    bert, tokenizer = transformer_module(encoder.model), encoder.model.tokenizer
     for param in bert.parameters():
         param.requires_grad_(False)
     pad = tokenizer.pad_token_id or 0
-    bert.eval()
-    for first in range(0, len(train_windows), 64):
-        group = sorted(train_windows[first:first + 64], key=lambda w: len(w.ids))
-        for sub in range(0, len(group), 32):
-            part = group[sub:sub + 32]
-            ids, mask, _, _ = _pad(part, pad)
-            hidden = bottom(bert, ids, mask, config.frozen_layers)
-            for row, w in enumerate(part):
-                w.hidden = hidden[row, : len(w.ids)].to(torch.float16)
-    report(f"frozen layers computed in {time.perf_counter() - started:.0f}s")
+    _cache_frozen(bert, data.windows, pad, config.frozen_layers)
     trained = [p for layer in bert.encoder.layer[config.frozen_layers:] for p in layer.parameters()]
     for param in trained:
         param.requires_grad_(True)
     head = build_head(bert.config.hidden_size, tagger)
     optimizer = torch.optim.AdamW([{"params": trained, "lr": config.lr},
                                    {"params": head.parameters(), "lr": config.head_lr}], weight_decay=0.01)
-    steps_per_epoch = -(-len(train_windows) // config.batch_size)
-    total = steps_per_epoch * config.epochs
+    total = -(-len(data.windows) // config.batch_size) * config.epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / max(total, 1)))
-    n_labels = len(LABELS)
+    return _Run(config, bert, head, Extractor(bert, tokenizer, head, tagger, name=NAME), trained, optimizer, schedule,
+                pad, total, started, report)
+
+
+def _cache_frozen(bert, windows: list[_Window], pad: int, frozen_layers: int) -> None:
+    """Each window's output of the embeddings and the lower `frozen_layers` layers (fp16), computed once: they
+    never change. In groups of similar lengths, so little of each forward pass is padding."""
+    import torch
+
+    bert.eval()
+    for first in range(0, len(windows), 64):
+        group = sorted(windows[first:first + 64], key=lambda w: len(w.ids))
+        for sub in range(0, len(group), 32):
+            part = group[sub:sub + 32]
+            ids, mask, _, _ = _pad(part, pad)
+            hidden = bottom(bert, ids, mask, frozen_layers)
+            for row, w in enumerate(part):
+                w.hidden = hidden[row, : len(w.ids)].to(torch.float16)
+
+
+def _train_epoch(run: _Run, windows: list[_Window], epoch: int, rng: random.Random) -> tuple[bool, float]:
+    """One pass over the windows in `rng`'s batches; (stopped by the time budget, mean loss)."""
+    import torch
+
+    config, bert, head = run.config, run.bert, run.head
+    bert.train()
+    head.train()
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100)
-    history, best, best_state = [], None, None
-    extractor = Extractor(bert, tokenizer, head, tagger, name=NAME)
-    step, stopped = 0, False
-    for epoch in range(1, config.epochs + 1):
-        bert.train()
-        head.train()
-        running, count, epoch_started = 0.0, 0, time.perf_counter()
-        for batch in _batches(train_windows, config.batch_size, rng, key=lambda w: len(w.ids)):
-            width = max(len(w.ids) for w in batch)
-            hidden = torch.zeros((len(batch), width, bert.config.hidden_size))
-            for row, w in enumerate(batch):
-                hidden[row, : len(w.ids)] = w.hidden.float()
-            _, mask, tags, status = _pad(batch, pad)
-            tag_logits, status_logits = split_logits(top(bert, head, hidden, mask, config.frozen_layers), n_labels)
-            loss = loss_fn(tag_logits.reshape(-1, 3), tags.reshape(-1))
-            if (status != -100).any():
-                loss = loss + 0.5 * loss_fn(status_logits.reshape(-1, 3), status.reshape(-1))
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([*trained, *head.parameters()], 1.0)
-            optimizer.step()
-            schedule.step()
-            running, count, step = running + loss.item(), count + 1, step + 1
-            if step % 100 == 0:
-                report(f"epoch {epoch} step {step}/{total} loss {running / count:.4f} "
+    running, count, epoch_started = 0.0, 0, time.perf_counter()
+    for batch in _batches(windows, config.batch_size, rng, key=lambda w: len(w.ids)):
+        width = max(len(w.ids) for w in batch)
+        hidden = torch.zeros((len(batch), width, bert.config.hidden_size))
+        for row, w in enumerate(batch):
+            hidden[row, : len(w.ids)] = w.hidden.float()
+        _, mask, tags, status = _pad(batch, run.pad)
+        tag_logits, status_logits = split_logits(top(bert, head, hidden, mask, config.frozen_layers), len(LABELS))
+        loss = loss_fn(tag_logits.reshape(-1, 3), tags.reshape(-1))
+        if (status != -100).any():
+            loss = loss + 0.5 * loss_fn(status_logits.reshape(-1, 3), status.reshape(-1))
+        run.optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([*run.trained, *head.parameters()], 1.0)
+        run.optimizer.step()
+        run.schedule.step()
+        running, count, run.step = running + loss.item(), count + 1, run.step + 1
+        if run.step % 100 == 0:
+            run.report(f"epoch {epoch} step {run.step}/{run.total} loss {running / count:.4f} "
                        f"({time.perf_counter() - epoch_started:.0f}s this epoch)")
-            if config.max_seconds is not None and time.perf_counter() - started > config.max_seconds:
-                stopped = True
-                break
-        bert.eval()
-        head.eval()
-        scores = evaluate_dev(extractor, dev_phee, dev_tac)
-        entry = {"epoch": epoch, "steps": step, "loss": round(running / max(count, 1), 4),
-                 "threshold": scores["thresholds"], **{k: v for k, v in scores.items() if k != "thresholds"},
-                 "seconds": round(time.perf_counter() - started)}
-        history.append(entry)
-        report(f"epoch {epoch}: loss {entry['loss']} thresholds {scores['thresholds']} PHEE dev EM_F1 "
+        if config.max_seconds is not None and time.perf_counter() - run.started > config.max_seconds:
+            return True, running / max(count, 1)
+    return False, running / max(count, 1)
+
+
+def _choose_epoch(run: _Run, data: _Data, epoch: int, loss: float) -> None:
+    """Score the epoch on the dev sets (`evaluate_dev`) into `run.history`; keep its tensors when it is the best."""
+    run.bert.eval()
+    run.head.eval()
+    scores = evaluate_dev(run.extractor, data.dev_phee, data.dev_tac)
+    entry = {"epoch": epoch, "steps": run.step, "loss": round(loss, 4),
+             "threshold": scores["thresholds"], **{k: v for k, v in scores.items() if k != "thresholds"},
+             "seconds": round(time.perf_counter() - run.started)}
+    run.history.append(entry)
+    run.report(f"epoch {epoch}: loss {entry['loss']} thresholds {scores['thresholds']} PHEE dev EM_F1 "
                f"{scores['phee_dev']['EM_F1']} Token_F1 {scores['phee_dev']['Token_F1']} TAC dev exact F1 "
                f"{scores['tac_dev']['exact']['f1']} relaxed F1 {scores['tac_dev']['relaxed']['f1']}")
-        if best is None or entry["choice"] > best["choice"]:
-            best, best_state = entry, _trained_tensors(bert, head, config.frozen_layers)
-        if stopped:
-            break
-    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu0
+    if run.best is None or entry["choice"] > run.best["choice"]:
+        run.best, run.best_state = entry, _trained_tensors(run.bert, run.head, run.config.frozen_layers)
+
+
+def _write_release(run: _Run, data: _Data, out: Path, base_revision: str, *, command: str, stopped: bool,
+                   cpu: float) -> dict:
+    """The release folder `out` (the best epoch's tensors, the decoding chosen with them, the training record and
+    the model card); the summary `train_extractor` returns."""
+    import torch
+
+    from linker.models import write_release
+
+    config, best, seconds = run.config, run.best, time.perf_counter() - run.started
     info = {
         "labels": list(LABELS), "statuses": ["positive", "negated", "hypothetical"], "styles": {
             "terms": f"AdverseEvent spans from the {AR} head (TAC 2017 convention)",
@@ -291,20 +383,18 @@ def train_extractor(phee_train: Path, phee_dev: Path, tac_folder: Path, out: Pat
         "stride": config.stride, "frozen_layers": config.frozen_layers, "threshold": best["threshold"],
         "extend": best["extend"], "split": best["split"],
         "training": {"config": {k: v for k, v in asdict(config).items()}, "command": command,
-                     "windows": len(train_windows), "phee_sentences": len(phee),
-                     "tac_train_labels": [f.stem for f in tac_used],
-                     "tac_dev_labels": [f.stem for f in tac_dev_files], "wall_seconds": round(seconds),
+                     "windows": len(data.windows), "phee_sentences": data.phee_sentences,
+                     "tac_train_labels": [f.stem for f in data.tac_used],
+                     "tac_dev_labels": [f.stem for f in data.tac_dev_files], "wall_seconds": round(seconds),
                      "cpu_seconds": round(cpu), "load_average": [round(x, 2) for x in os.getloadavg()],
                      "torch_threads": torch.get_num_threads(), "stopped_by_max_seconds": stopped},
-        "history": history,
+        "history": run.history,
         "metrics": {"chosen_epoch": best["epoch"], "threshold": best["threshold"], "phee_dev": best["phee_dev"],
                     "tac_dev": best["tac_dev"]},
     }
-    card = model_card(info, encoder.spec.revision)
-    from linker.models import write_release
-
     manifest = write_release(Path(out), name=NAME, version="1", kind=KIND, base=config.base,
-                             base_revision=encoder.spec.revision, tensors=best_state, card=card, info=info)
+                             base_revision=base_revision, tensors=run.best_state, card=model_card(info, base_revision),
+                             info=info)
     return {"out": str(out), "weights_bytes": manifest["files"]["weights.safetensors"]["bytes"], **info["metrics"],
             "wall_seconds": round(seconds), "cpu_seconds": round(cpu)}
 

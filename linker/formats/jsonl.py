@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from linker.errors import InputFormatError, MissingInputError, shorten
-from linker.fileio import iter_handle_lines, iter_lines
+from linker.fileio import describe_path, iter_handle_lines, iter_lines
 from linker.formats import DEFAULT_LIMITS, ReadLimits
 
 # Spans carry flat metadata; 32 levels leave room for any real record and keep json.dumps far
@@ -108,7 +108,9 @@ def jsonl_source(
         return (lambda: lines), "<stdin>"
     path = Path(input_path)
     if not path.is_file():
-        raise MissingInputError(f"{input_path}: " + ("expected a file, found a folder" if path.is_dir() else "no such file"))
+        found = describe_path(path)  # /dev/zero exists: say what it is, not that it is missing
+        raise MissingInputError(f"{input_path}: {found}" if found == "no such file"
+                                else f"{input_path}: expected a file, found {found}")
     return (lambda: iter_lines(path, max_line_bytes=limits.max_line_bytes)), input_path
 
 

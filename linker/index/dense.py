@@ -695,7 +695,7 @@ class DenseNameIndex:
     @classmethod
     def load(cls, folder: Path, params: dict | None = None, encoder=None, precision: str | None = None) -> DenseNameIndex:
         """Read ``dense/`` of `folder`; `params` defaults to its params.json, `encoder` to
-        load_encoder(params' encoder name) in `precision` (None: the precision the index was
+        load_query_encoder(params' encoder name) in `precision` (None: the precision the index was
         encoded in, `linker.precision.resolve_precision`). Refuses an encoder other than the one
         it was built with."""
         faiss = require("faiss", extra="dense", what="a dense index")
@@ -735,10 +735,10 @@ class DenseNameIndex:
                                          f"dimensions, expected {rows} of {dim}; rebuild the index")
             _tune(faiss_index, config)
         if encoder is None:
-            from linker.encoders import load_encoder
+            from linker.encoders import load_query_encoder  # numpy for the shipped BERTs in fp32 (linker.runtime)
 
-            encoder = load_encoder(_recorded_encoder(params["encoder"]), threads=config.threads or None,
-                                   precision=resolve_precision(precision, recorded=config.precision))
+            encoder = load_query_encoder(_recorded_encoder(params["encoder"]), threads=config.threads or None,
+                                         precision=resolve_precision(precision, recorded=config.precision))
         if encoder.precision != config.precision:
             log.info("%s: names encoded in %s, queries in %s", folder, config.precision, encoder.precision)
         _set_threads(config.threads)

@@ -11,12 +11,14 @@ version of the library wrote, because such an index would silently return wrong 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import mmap
 import os
 import stat
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,7 +26,7 @@ import numpy as np
 
 import linker
 from linker.dictionary import sha256_file
-from linker.errors import IndexMismatchError, InputFormatError, MissingInputError
+from linker.errors import IndexMismatchError, InputFormatError, LinkerError, MissingInputError
 from linker.fileio import atomic_file, is_temporary, mapped_blocks
 
 log = logging.getLogger(__name__)
@@ -201,6 +203,10 @@ def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> Non
                                      f"(changed or truncated after the build); {hint}")
         paths[relative] = path
     if checksums:
+        stamp = VerifiedStamp.of(folder, manifest, paths)
+        if stamp.holds():
+            log.debug("%s: files unchanged since their checksums were verified (%s)", folder, stamp.path)
+            return
         # Largest first, on as many threads as cores (hashlib releases the GIL): a 5M-name index holds GBs, and
         # hashing them is most of its start-up (eval/scale/report.md).
         order = sorted(paths, key=lambda r: -manifest["files"][r]["size"])
@@ -210,7 +216,94 @@ def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> Non
             if digests[relative] != manifest["files"][relative]["sha256"]:
                 raise IndexMismatchError(f"{folder / relative}: sha256 differs from the manifest "
                                          f"(changed after the build); {hint}")
+        stamp.write()
     log.debug("verified %d files of %s", len(manifest["files"]), folder)
+
+
+# ----------------------------------------------------------------------------- verified once
+#
+# Hashing every file at every load cost a dense CLI call most of a second (230 MB of vectors) and a 5M-name index
+# seconds. So a full check is recorded in a stamp in the user's cache (never in the index folder, which may be
+# read-only or shared), and a later load trusts it while every file still has the identity it had when it was
+# hashed: size, mtime_ns, ctime_ns, inode and device. Writing to a file moves its ctime, and no user process can
+# set a ctime (`os.utime` sets mtime and atime only, and moves ctime to now), so content changed after the check,
+# even with its mtime put back, is caught; so is a file replaced by another (inode) or the folder moved to another
+# disk (device). What the stamp cannot see: a change by someone able to set the system clock or write the raw
+# disk (root), or a file system that does not keep ctime. A stamp that is missing, malformed or of another
+# manifest is ignored and the files are hashed again.
+
+STAMP_FORMAT = 1
+STAMP_DIR = "verified"
+# A file changed less than this before its check is not stamped: file times advance in kernel clock ticks
+# (milliseconds), so a write in the same tick as the one the check saw would leave the identity unchanged
+# (git's "racy" index entries). The next load checks it again.
+RACY_NS = 2_000_000_000
+
+
+def file_identity(path: str | Path) -> list[int]:
+    """[size, mtime_ns, ctime_ns, inode, device] of a file (following links, as a reader opens it)."""
+    info = os.stat(path)
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev]
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiedStamp:
+    """The record that `folder`'s files matched the checksums of its manifest (`verify`): a JSON file in
+    ``<cache>/verified/`` named after the folder's resolved path and the manifest's sha256."""
+
+    path: Path
+    key: str
+    files: dict[str, Path]
+
+    @classmethod
+    def of(cls, folder: Path, manifest: dict, files: dict[str, Path]) -> VerifiedStamp:
+        from linker.encoders import cache_root  # lazily: encoders reads model folders through this module
+
+        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True, ensure_ascii=True, default=str).encode()).hexdigest()
+        key = f"{Path(folder).resolve()}\0{digest}"
+        name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32] + ".json"
+        return cls(cache_root() / STAMP_DIR / name, key, files)
+
+    def identities(self) -> dict[str, list[int]]:
+        return {name: file_identity(path) for name, path in sorted(self.files.items())}
+
+    def holds(self) -> bool:
+        """Whether the stamp is there, well formed, of this folder and manifest, and every file is as stamped."""
+        try:
+            data = json.loads(self.path.read_bytes())
+            return (isinstance(data, dict) and data.get("format") == STAMP_FORMAT and data.get("key") == self.key
+                    and data.get("files") == self.identities())
+        except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON: check in full
+            return False
+
+    def write(self) -> None:
+        """Record the files' identities (after a full check). Best effort: a cache that cannot be written (read-only
+        home, full disk) costs the next load a full check, nothing else."""
+        now = time.time_ns()
+        identities = self.identities()
+        if any(now - max(mtime, ctime) < RACY_NS for _size, mtime, ctime, _ino, _dev in identities.values()):
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(self.path) as tmp:
+                Path(tmp).write_text(json.dumps({"format": STAMP_FORMAT, "key": self.key, "files": identities}),
+                                     encoding="utf-8")
+            _prune_stamps(self.path.parent)
+        except (OSError, LinkerError) as exc:
+            log.debug("could not write the verification stamp %s: %s", self.path, exc)
+
+
+MAX_STAMPS = 1024  # a stamp per index folder and manifest; temporary folders (tests, benchmarks) would pile up
+
+
+def _prune_stamps(folder: Path) -> None:
+    """Keep the `MAX_STAMPS` // 2 most recent stamps once there are more than `MAX_STAMPS` (a pruned one only costs
+    its index one full check)."""
+    stamps = list(folder.glob("*.json"))
+    if len(stamps) <= MAX_STAMPS:
+        return
+    for old in sorted(stamps, key=lambda p: p.stat().st_mtime_ns)[: len(stamps) - MAX_STAMPS // 2]:
+        old.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- files of a folder

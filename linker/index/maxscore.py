@@ -277,28 +277,30 @@ def _kth_exact(acc, touched, n_touched, k, first, codes, original, r_indptr, r_i
     return 0.0
 
 
-def _fill(r_indptr, r_indices, r_data, order, idf, block_size, block_ptr, names, weights, max_weight,
-          name_scale):  # pragma: no cover - compiled
-    """`build_postings`' pass: the names in `order` (shortest first), each written into its n-grams' lists
-    (so each list comes out ascending), its bound and its lists' block maxima updated on the way.
-    block_ptr[:, 0] holds where each n-gram's list begins; the other columns are written here."""
+def _fill(r_indptr, r_indices, r_data, order, idf, block_size, first_term, last_term, offset, block_ptr, names,
+          weights, max_weight, name_scale):  # pragma: no cover - compiled
+    """`build_postings`' pass: the names in `order` (shortest first), each written into the lists of its n-grams
+    first_term..last_term-1 (so each list comes out ascending), at their positions minus `offset`; its bound and
+    those lists' block maxima updated on the way. block_ptr[:, 0] holds where each n-gram's list begins; the other
+    columns of those n-grams are written here."""
     cursor = block_ptr[:, 0].copy()  # (n-grams,) where each list's next posting goes
     for rank in range(len(order)):
         block = rank // block_size
         if rank % block_size == 0 and block > 0:
-            block_ptr[:, block] = cursor
+            block_ptr[first_term:last_term, block] = cursor[first_term:last_term]
         row = order[rank]
         scale = np.float32(0.0)
         for p in range(r_indptr[row], r_indptr[row + 1]):
             t = r_indices[p]
             w = r_data[p]
-            names[cursor[t]] = rank
-            weights[cursor[t]] = w
-            cursor[t] += 1
-            max_weight[t, block] = max(max_weight[t, block], w)
             scale = max(scale, w / idf[t])
+            if first_term <= t < last_term:
+                names[cursor[t] - offset] = rank
+                weights[cursor[t] - offset] = w
+                cursor[t] += 1
+                max_weight[t, block] = max(max_weight[t, block], w)
         name_scale[rank] = scale
-    block_ptr[:, block_ptr.shape[1] - 1] = cursor
+    block_ptr[first_term:last_term, block_ptr.shape[1] - 1] = cursor[first_term:last_term]
 
 
 if numba is not None:
@@ -330,9 +332,19 @@ class Postings(NamedTuple):
 ARRAYS = ("order", "names", "weights", "block_ptr", "max_weight", "name_scale")
 
 
-def build_postings(matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLOCK_NAMES) -> Postings:
-    """The postings and bounds of `matrix`'s L2-normalised rows (`idf`: its columns' idf) in one pass (`_fill`):
-    no copy of the rows by length and no transpose (at 5M names each was as large as the rows)."""
+# Postings written per pass when `build_postings` writes them to files: 256 MiB of names and weights, so that a
+# build holds the rows and this much (at 5M names, 259M postings, all of them held took the build from 3.9 to
+# 5.9 GB); each pass reads every row again (eval/scale/report.md has the build's time).
+SLICE_POSTINGS = 1 << 25
+
+
+def build_postings(matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLOCK_NAMES,
+                   files: tuple[Path, Path] | None = None) -> Postings:
+    """The postings and bounds of `matrix`'s L2-normalised rows (`idf`: its columns' idf), by `_fill`: no copy of the
+    rows by length and no transpose (at 5M names each was as large as the rows).
+
+    With `files` (two .npy paths), the names and weights are written there, `SLICE_POSTINGS` at a time (a pass over
+    the rows for each slice of n-grams), and the Postings returned hold empty arrays in their place."""
     n, features = matrix.shape
     block_size = max(1, min(block_size, n))
     blocks = -(-n // block_size)
@@ -341,14 +353,42 @@ def build_postings(matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLO
     order = np.argsort(np.diff(matrix.indptr), kind="stable").astype(np.int64)
     block_ptr = np.zeros((features, blocks + 1), dtype=np.int64)
     np.cumsum(np.bincount(matrix.indices, minlength=features)[:-1], out=block_ptr[1:, 0])
-    names = np.empty(matrix.nnz, dtype=np.int32 if n < 2**31 else np.int64)
-    weights = np.empty(matrix.nnz, dtype=np.float32)
+    ends = np.append(block_ptr[1:, 0], matrix.nnz)  # where each n-gram's list ends
+    slice_size = matrix.nnz if files is None else min(SLICE_POSTINGS, matrix.nnz)
+    names = np.empty(slice_size, dtype=np.int32 if n < 2**31 else np.int64)
+    weights = np.empty(slice_size, dtype=np.float32)
     max_weight = np.zeros((features, blocks), dtype=np.float32)
     name_scale = np.zeros(n, dtype=np.float32)
-    if n and features:
-        _fill(matrix.indptr, matrix.indices, matrix.data, order, idf.astype(np.float32), block_size, block_ptr, names,
-              weights, max_weight, name_scale)
+    handles = [] if files is None else [_npy_file(path, array.dtype, matrix.nnz) for path, array in
+                                        zip(files, (names, weights))]
+    try:
+        first = 0
+        while n and first < features:
+            # n-grams first..last-1: as many as fit a slice, and at least one (a longer list is a slice of its own)
+            offset = block_ptr[first, 0]
+            last = max(first + 1, int(np.searchsorted(ends, offset + slice_size, side="right")))
+            length = ends[last - 1] - offset
+            if length > len(names):
+                names, weights = np.empty(length, names.dtype), np.empty(length, weights.dtype)
+            _fill(matrix.indptr, matrix.indices, matrix.data, order, idf.astype(np.float32), block_size, first, last,
+                  offset, block_ptr, names, weights, max_weight, name_scale)
+            for handle, array in zip(handles, (names, weights)):
+                array[:length].tofile(handle)
+            first = last
+    finally:
+        for handle in handles:
+            handle.close()
+    if files is not None:
+        names, weights = names[:0], weights[:0]
     return Postings(order, names, weights, block_ptr, max_weight, name_scale, block_size)
+
+
+def _npy_file(path: Path, dtype: np.dtype, length: int):
+    """`path` opened for writing a (length,) .npy array of `dtype`, its header written: the data follows."""
+    handle = open(path, "wb")
+    np.lib.format.write_array_header_1_0(handle, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                  "fortran_order": False, "shape": (length,)})
+    return handle
 
 
 def _first_error(mask: np.ndarray) -> int | None:

@@ -507,10 +507,11 @@ class TfidfNameIndex:
         (folder / VOCABULARY).write_text(json.dumps(vocabulary, ensure_ascii=False, sort_keys=True))
         np.save(folder / IDF, self.vectorizer.idf_.astype(np.float64), allow_pickle=False)
         save_npz_aligned(folder / MATRIX, self.matrix)
-        if self.search_method == "maxscore":
-            postings = self.maxscore_searcher.postings
+        if self.search_method == "maxscore":  # written a slice at a time: the build does not hold them all
             (folder / POSTINGS).mkdir(exist_ok=True)
-            for field in maxscore.ARRAYS:
+            files = (folder / POSTINGS / "names.npy", folder / POSTINGS / "weights.npy")
+            postings = maxscore.build_postings(self.matrix, self.vectorizer.idf_, files=files)
+            for field in set(maxscore.ARRAYS) - {"names", "weights"}:
                 np.save(folder / POSTINGS / f"{field}.npy", getattr(postings, field), allow_pickle=False)
             (folder / POSTINGS_PARAMS).write_text(json.dumps({"block_size": postings.block_size}))
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from linker.dictionary import sha256_file
 from linker.errors import ConfigError, InputFormatError, MissingInputError
+from linker.fileio import describe_path
 
 FORMAT = "linker-release/1"
 MODELS_DIR = Path(__file__).resolve().parent
@@ -88,7 +89,12 @@ def read_release(name_or_folder: str | Path, *, verify: bool = True) -> Release:
         for file, expected in files.items():
             target = folder / file
             if not target.is_file() or target.is_symlink():
-                raise MissingInputError(f"{target}: no such file: listed by {path} ({fix})")
+                found = describe_path(target)
+                if found == "no such file":
+                    raise MissingInputError(f"{target}: no such file: listed by {path} ({fix})")
+                # a symlink is refused, not followed: the checked bytes could change under the release
+                raise InputFormatError(target, f"a regular file inside the release folder (listed by {path})",
+                                       found, fix=f"copy the file itself in its place, or {fix}")
             size = target.stat().st_size
             if size != expected.get("bytes") or size > MAX_WEIGHTS_BYTES:
                 raise InputFormatError(target, f"{expected.get('bytes')} bytes (its manifest)", f"{size} bytes ({fix})")

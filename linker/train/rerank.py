@@ -30,8 +30,9 @@ import logging
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from tqdm import tqdm
 from linker.dictionary import read_concept_table
 from linker.errors import ConfigError
 from linker.index.tfidf import TfidfConfig
-from linker.precision import check_precision
+from linker.precision import autocast, check_precision
 from linker.retrieve import ConceptIndex
 from linker.text import code_key
 from linker.train import common
@@ -258,10 +259,10 @@ def train_rerank(
     """Train a cross-encoder from `encoder` on `dict_path` synonyms (+ labelled `train_specs`); write `out`.
 
     An existing `out` is replaced only with `overwrite` (and only a folder that linker wrote).
-    """
-    from linker.precision import autocast
-    from linker.rerank import CrossEncoder, init_cross_encoder
 
+    The stages: `mine_groups` (the training groups), `start_run` (the model, from `<out>.checkpoint` with
+    `resume`), `train_epoch` per epoch, `finish_run` (the model folder).
+    """
     out = Path(out)
     dict_path = Path(dict_path)
     common.check_train_output(out, encoder=encoder, dict_path=dict_path, train_specs=train_specs, overwrite=overwrite)
@@ -272,8 +273,42 @@ def train_rerank(
     precision = common.training_precision(config.precision, device)
     groups, group_stats = mine_groups(dict_path, train_specs, config)
 
+    run = start_run(encoder, out, groups, common.Metrics(extra={"data": group_stats}), config, device, precision,
+                    resume=resume)
+    for epoch in range(run.state["epoch"], config.epochs):
+        if train_epoch(run, out, epoch, show_progress=show_progress):
+            break  # stopped by the time budget
+        run.state.update(epoch=epoch + 1, step_in_epoch=0)
+        if epoch + 1 < config.epochs:
+            common.save_checkpoint(out, run.model, run.optimizer, run.state, run.metrics)
+    return finish_run(run, out, encoder=encoder, train_specs=train_specs, dict_path=dict_path, resume=resume)
+
+
+@dataclass
+class _Run:
+    """One training run's moving parts, shared by the epoch stages."""
+
+    config: RerankConfig
+    device: str
+    groups: list[Group]
+    model: Any  # a linker.rerank.CrossEncoder
+    optimizer: torch.optim.Optimizer
+    metrics: common.Metrics
+    state: dict  # {"epoch", "step", "step_in_epoch"} done
+    timer: common.Timer = field(default_factory=common.Timer)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.groups) / self.config.batch_size)
+
+
+def start_run(encoder: str, out: Path, groups: list[Group], metrics: common.Metrics, config: RerankConfig,
+              device: str, precision: str, *, resume: bool) -> _Run:
+    """A cross-encoder made from `encoder` and its optimizer, ready for the first step to run: afresh with
+    `metrics`, or with the weights, optimizer state, counters and metrics of `<out>.checkpoint`."""
+    from linker.rerank import CrossEncoder, init_cross_encoder
+
     state = {"epoch": 0, "step": 0, "step_in_epoch": 0}
-    metrics = common.Metrics(extra={"data": group_stats})
     if resume:
         model_dir, saved, tensors, param_groups = common.load_checkpoint(out)
         state = {key: saved.get(key, 0) for key in state}
@@ -285,73 +320,83 @@ def train_rerank(
     optimizer = common.adam(params, decoupled=True, lr=config.lr, weight_decay=config.weight_decay)
     if resume:
         common.restore_optimizer(optimizer, tensors, param_groups)
+    return _Run(config, device, groups, model, optimizer, metrics, state)
 
-    timer = common.Timer()
-    steps_per_epoch = math.ceil(len(groups) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    width = 1 + config.negatives
-    target = torch.zeros(config.batch_size, dtype=torch.long, device=device)
-    for epoch in range(state["epoch"], config.epochs):
-        model.model.train()
-        order = list(range(len(groups)))
-        random.Random(config.seed + epoch).shuffle(order)
-        first = state["step_in_epoch"] if epoch == state["epoch"] else 0
-        torch.manual_seed(config.seed + epoch * 100_003 + first)  # dropout: a resumed run continues seeded
-        bar = tqdm(range(first, steps_per_epoch), desc=f"rerank epoch {epoch + 1}/{config.epochs}",
-                   disable=not show_progress)
-        epoch_losses: list[float] = []
-        for step in bar:
-            batch = [groups[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
-            mentions = [g.mention for g in batch for _ in range(width)]
-            names = [name for g in batch for name in (g.positive, *g.negatives)]
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(config, state["step"], total_steps)
-            with autocast(model.precision, device):
-                logits = model.logits(mentions, names).float().view(len(batch), width)  # (batch, 1 + negatives)
-            loss = torch.nn.functional.cross_entropy(logits, target[: len(batch)])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            state["step"] += 1
-            state["step_in_epoch"] = step + 1
-            value = float(loss.detach())
-            epoch_losses.append(value)
-            accuracy = float((logits.argmax(dim=1) == 0).float().mean())
-            metrics.steps.append({"step": state["step"], "epoch": epoch + 1, "loss": round(value, 6),
-                                  "batch_acc": round(accuracy, 4), "seconds": timer.seconds})
-            if not show_progress and (step + 1) % max(1, steps_per_epoch // 10) == 0:
-                recent = metrics.steps[-max(1, steps_per_epoch // 10):]
-                log.info("rerank epoch %d step %d/%d: loss %.4f, batch acc %.3f (%.0fs)", epoch + 1, step + 1,
-                         steps_per_epoch, np.mean([s["loss"] for s in recent]),
-                         np.mean([s["batch_acc"] for s in recent]), timer.seconds)
-            bar.set_postfix(loss=f"{value:.4f}")
-            if config.checkpoint_every and state["step"] % config.checkpoint_every == 0 and step + 1 < steps_per_epoch:
-                common.save_checkpoint(out, model, optimizer, state, metrics)
-                model.model.train()
-            if config.max_seconds is not None and timer.seconds > config.max_seconds:
-                metrics.extra["stopped_at_time_budget"] = {"epoch": epoch + 1, "step_in_epoch": step + 1,
-                                                           "steps_per_epoch": steps_per_epoch}
-                log.info("rerank: time budget of %.0fs reached after step %d of epoch %d; saving", config.max_seconds,
-                         step + 1, epoch + 1)
-                break
-        if epoch_losses:
-            metrics.epochs.append({"epoch": epoch + 1, "mean_loss": round(float(np.mean(epoch_losses)), 6),
-                                   "seconds": timer.seconds})
-            log.info("rerank epoch %d: mean loss %.4f (%.0fs)", epoch + 1, metrics.epochs[-1]["mean_loss"],
-                     timer.seconds)
-        if "stopped_at_time_budget" in metrics.extra:
+
+def train_epoch(run: _Run, out: Path, epoch: int, *, show_progress: bool = False) -> bool:
+    """The rest of epoch `epoch` (all of it, or the steps after a checkpoint inside it) in seeded order, one step
+    per batch of groups, with checkpoints every `checkpoint_every` steps; its record is appended to
+    `run.metrics.epochs`. True when the time budget stopped it (recorded as ``stopped_at_time_budget``)."""
+    config, metrics, state = run.config, run.metrics, run.state
+    steps_per_epoch = run.steps_per_epoch
+    run.model.model.train()
+    order = list(range(len(run.groups)))
+    random.Random(config.seed + epoch).shuffle(order)
+    first = state["step_in_epoch"]  # > 0 only for the epoch a checkpoint was saved inside
+    torch.manual_seed(config.seed + epoch * 100_003 + first)  # dropout: a resumed run continues seeded
+    bar = tqdm(range(first, steps_per_epoch), desc=f"rerank epoch {epoch + 1}/{config.epochs}",
+               disable=not show_progress)
+    epoch_losses: list[float] = []
+    for step in bar:
+        batch = [run.groups[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
+        value, accuracy = _step(run, batch)
+        state["step_in_epoch"] = step + 1
+        epoch_losses.append(value)
+        metrics.steps.append({"step": state["step"], "epoch": epoch + 1, "loss": round(value, 6),
+                              "batch_acc": round(accuracy, 4), "seconds": run.timer.seconds})
+        if not show_progress and (step + 1) % max(1, steps_per_epoch // 10) == 0:
+            recent = metrics.steps[-max(1, steps_per_epoch // 10):]
+            log.info("rerank epoch %d step %d/%d: loss %.4f, batch acc %.3f (%.0fs)", epoch + 1, step + 1,
+                     steps_per_epoch, np.mean([s["loss"] for s in recent]),
+                     np.mean([s["batch_acc"] for s in recent]), run.timer.seconds)
+        bar.set_postfix(loss=f"{value:.4f}")
+        if config.checkpoint_every and state["step"] % config.checkpoint_every == 0 and step + 1 < steps_per_epoch:
+            common.save_checkpoint(out, run.model, run.optimizer, state, metrics)
+            run.model.model.train()
+        if config.max_seconds is not None and run.timer.seconds > config.max_seconds:
+            metrics.extra["stopped_at_time_budget"] = {"epoch": epoch + 1, "step_in_epoch": step + 1,
+                                                       "steps_per_epoch": steps_per_epoch}
+            log.info("rerank: time budget of %.0fs reached after step %d of epoch %d; saving", config.max_seconds,
+                     step + 1, epoch + 1)
             break
-        state.update(epoch=epoch + 1, step_in_epoch=0)
-        if epoch + 1 < config.epochs:
-            common.save_checkpoint(out, model, optimizer, state, metrics)
+    if epoch_losses:
+        metrics.epochs.append({"epoch": epoch + 1, "mean_loss": round(float(np.mean(epoch_losses)), 6),
+                               "seconds": run.timer.seconds})
+        log.info("rerank epoch %d: mean loss %.4f (%.0fs)", epoch + 1, metrics.epochs[-1]["mean_loss"],
+                 run.timer.seconds)
+    return "stopped_at_time_budget" in metrics.extra
 
+
+def _step(run: _Run, batch: list[Group]) -> tuple[float, float]:
+    """One optimiser step on `batch` at the scheduled rate: the softmax cross-entropy of each group's positive
+    (column 0) among its 1 + negatives pairs; (loss, share of the groups whose positive scored highest)."""
+    config, device, model = run.config, run.device, run.model
+    width = 1 + config.negatives
+    mentions = [g.mention for g in batch for _ in range(width)]
+    names = [name for g in batch for name in (g.positive, *g.negatives)]
+    for group in run.optimizer.param_groups:
+        group["lr"] = learning_rate(config, run.state["step"], run.steps_per_epoch * config.epochs)
+    with autocast(model.precision, device):
+        logits = model.logits(mentions, names).float().view(len(batch), width)  # (batch, 1 + negatives)
+    loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=device))
+    run.optimizer.zero_grad()
+    loss.backward()
+    run.optimizer.step()
+    run.state["step"] += 1
+    return float(loss.detach()), float((logits.argmax(dim=1) == 0).float().mean())
+
+
+def finish_run(run: _Run, out: Path, *, encoder: str, train_specs: Sequence[str], dict_path: Path,
+               resume: bool) -> dict:
+    """The model folder: weights, the run's config and metrics; the summary `train_rerank` returns."""
+    model, metrics, config = run.model, run.metrics, run.config
     model.model.eval()
     metrics.extra.update({
-        "train_seconds": timer.seconds,
-        "steps": state["step"],
+        "train_seconds": run.timer.seconds,
+        "steps": run.state["step"],
         "precision": model.precision,
         "bf16": model.precision == "bf16",  # the key reports read before `precision` existed
-        "hardware": common.hardware(device, config.threads),
+        "hardware": common.hardware(run.device, config.threads),
         "parameters": sum(p.numel() for p in model.model.parameters()),
         "resumed": resume,
     })

@@ -16,8 +16,9 @@ import logging
 import math
 import random
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -139,6 +140,9 @@ def train_sap(
 
     Returns the metrics summary (also written as train_metrics.json beside the model). An
     existing `out` is replaced only with `overwrite` (and only a folder that linker wrote).
+
+    The stages: `synonym_pairs`, `start_run` (the model, from `<out>.checkpoint` with `resume`), `train_epoch`
+    per epoch, `finish_run` (the model folder).
     """
     from linker.encoders import load_encoder
 
@@ -153,81 +157,123 @@ def train_sap(
     pairs, pair_stats = synonym_pairs(dict_path, config)
 
     base = load_encoder(encoder, device=device, threads=config.threads)
+    run = start_run(base, out, pairs, common.Metrics(extra={"pairs": pair_stats}), config, device, precision,
+                    resume=resume)
+    for epoch in range(run.state["epoch"], config.epochs):
+        train_epoch(run, epoch, show_progress=show_progress)
+        run.state["epoch"] = epoch + 1
+        if epoch + 1 < config.epochs:
+            common.save_checkpoint(out, run.model, run.optimizer, run.state, run.metrics)
+    return finish_run(run, out, encoder=encoder, spec=base.spec, dict_path=dict_path, resume=resume)
+
+
+@dataclass
+class _Run:
+    """One training run's moving parts, shared by the epoch stages."""
+
+    config: SapConfig
+    device: str
+    precision: str
+    pairs: list[SynonymPair]
+    prefix: str  # the encoder's passage prompt: dictionary names are passages at index time
+    model: Any  # a SentenceTransformer
+    optimizer: torch.optim.Optimizer
+    metrics: common.Metrics
+    state: dict  # {"epoch", "step"} done
+    parameters: dict  # trainable / frozen counts (`common.freeze`)
+    original_max_length: int  # the encoder's own token limit, restored before saving
+    timer: common.Timer = field(default_factory=common.Timer)
+
+
+def start_run(base, out: Path, pairs: list[SynonymPair], metrics: common.Metrics, config: SapConfig, device: str,
+              precision: str, *, resume: bool) -> _Run:
+    """The model (`base`, a loaded `linker.encoders.Encoder`) and its optimizer, ready for the first epoch to run:
+    afresh with `metrics`, or with the weights, optimizer state, counters and metrics of `<out>.checkpoint`."""
     state = {"epoch": 0, "step": 0}
-    metrics = common.Metrics(extra={"pairs": pair_stats})
-    resume_from = None
+    saved_optimizer = None
     if resume:
         model_dir, saved, tensors, groups = common.load_checkpoint(out)
         state = {"epoch": saved["epoch"], "step": saved["step"]}
         metrics = common.Metrics.from_json(saved["metrics"])
-        resume_from = (model_dir, tensors, groups)
+        saved_optimizer = (tensors, groups)
         from sentence_transformers import SentenceTransformer
 
         base.model.load_state_dict(SentenceTransformer(str(model_dir), device=device).state_dict())
     model = base.model.to(device)
-    prefix = base.spec.passage_prefix or ""  # dictionary names are passages at index time
     original_max_length = model.max_seq_length
     model.max_seq_length = config.max_length
     counts = common.freeze(model, embeddings=config.freeze_embeddings, layers=config.freeze_layers)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = common.adam(params, decoupled=True, lr=config.lr, weight_decay=config.weight_decay)
-    if resume_from is not None:
-        common.restore_optimizer(optimizer, resume_from[1], resume_from[2])
+    if saved_optimizer is not None:
+        common.restore_optimizer(optimizer, *saved_optimizer)
+    return _Run(config, device, precision, pairs, base.spec.passage_prefix or "", model, optimizer, metrics, state,
+                counts, original_max_length)
 
-    timer = common.Timer()
-    steps_per_epoch = math.ceil(len(pairs) / config.batch_size)
-    for epoch in range(state["epoch"], config.epochs):
-        model.train()  # every epoch: saving a checkpoint (model.save) leaves the model in eval mode
-        # Order and dropout seeded per epoch, so a resumed run repeats an uninterrupted one exactly.
-        order = list(range(len(pairs)))
-        random.Random(config.seed + epoch).shuffle(order)
-        torch.manual_seed(config.seed + epoch)
-        bar = tqdm(range(steps_per_epoch), desc=f"sap epoch {epoch + 1}/{config.epochs}", disable=not show_progress)
-        epoch_losses: list[float] = []
-        for step in bar:
-            batch = [pairs[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
-            texts = [prefix + p.first for p in batch] + [prefix + p.second for p in batch]
-            labels = torch.tensor([p.concept for p in batch] * 2, device=device)
-            with autocast(precision, device):
-                vectors = common.embed(model, texts, device)  # (2 * batch, dim)
-            loss, mined = multi_similarity_loss(vectors.float(), labels, config.ms, mine=config.use_miner)
-            optimizer.zero_grad()
-            if mined:
-                loss.backward()
-                optimizer.step()
-            state["step"] += 1
-            value = float(loss.detach())
-            epoch_losses.append(value)
-            metrics.steps.append({"step": state["step"], "epoch": epoch + 1, "loss": round(value, 6),
-                                  "mined_pairs": mined, "seconds": timer.seconds})
-            if not show_progress and (step + 1) % max(1, steps_per_epoch // 10) == 0:  # ~10 log lines per epoch
-                log.info("%s epoch %d step %d/%d: loss %.4f (%.0fs)", "sap", epoch + 1, step + 1, steps_per_epoch,
-                         value, timer.seconds)
-            bar.set_postfix(loss=f"{value:.4f}")
-        metrics.epochs.append({"epoch": epoch + 1, "mean_loss": round(sum(epoch_losses) / len(epoch_losses), 6),
-                               "seconds": timer.seconds})
-        log.info("sap epoch %d: mean loss %.4f (%.0fs)", epoch + 1, metrics.epochs[-1]["mean_loss"], timer.seconds)
-        state["epoch"] = epoch + 1
-        if epoch + 1 < config.epochs:
-            common.save_checkpoint(out, model, optimizer, state, metrics)
 
-    model.max_seq_length = original_max_length
+def train_epoch(run: _Run, epoch: int, *, show_progress: bool = False) -> None:
+    """One pass over the pairs in seeded order, a step per batch; its record is appended to `run.metrics.epochs`."""
+    config, metrics = run.config, run.metrics
+    run.model.train()  # every epoch: saving a checkpoint (model.save) leaves the model in eval mode
+    # Order and dropout seeded per epoch, so a resumed run repeats an uninterrupted one exactly.
+    order = list(range(len(run.pairs)))
+    random.Random(config.seed + epoch).shuffle(order)
+    torch.manual_seed(config.seed + epoch)
+    steps_per_epoch = math.ceil(len(run.pairs) / config.batch_size)
+    bar = tqdm(range(steps_per_epoch), desc=f"sap epoch {epoch + 1}/{config.epochs}", disable=not show_progress)
+    epoch_losses: list[float] = []
+    for step in bar:
+        batch = [run.pairs[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
+        value, mined = _step(run, batch)
+        epoch_losses.append(value)
+        metrics.steps.append({"step": run.state["step"], "epoch": epoch + 1, "loss": round(value, 6),
+                              "mined_pairs": mined, "seconds": run.timer.seconds})
+        if not show_progress and (step + 1) % max(1, steps_per_epoch // 10) == 0:  # ~10 log lines per epoch
+            log.info("%s epoch %d step %d/%d: loss %.4f (%.0fs)", "sap", epoch + 1, step + 1, steps_per_epoch,
+                     value, run.timer.seconds)
+        bar.set_postfix(loss=f"{value:.4f}")
+    metrics.epochs.append({"epoch": epoch + 1, "mean_loss": round(sum(epoch_losses) / len(epoch_losses), 6),
+                           "seconds": run.timer.seconds})
+    log.info("sap epoch %d: mean loss %.4f (%.0fs)", epoch + 1, metrics.epochs[-1]["mean_loss"], run.timer.seconds)
+
+
+def _step(run: _Run, batch: list[SynonymPair]) -> tuple[float, int]:
+    """One optimiser step on the pairs `batch`: the multi-similarity loss of their 2 * batch names, labelled by
+    concept; (loss, mined pairs). No update when the miner finds no hard pair."""
+    config, device = run.config, run.device
+    texts = [run.prefix + p.first for p in batch] + [run.prefix + p.second for p in batch]
+    labels = torch.tensor([p.concept for p in batch] * 2, device=device)
+    with autocast(run.precision, device):
+        vectors = common.embed(run.model, texts, device)  # (2 * batch, dim)
+    loss, mined = multi_similarity_loss(vectors.float(), labels, config.ms, mine=config.use_miner)
+    run.optimizer.zero_grad()
+    if mined:
+        loss.backward()
+        run.optimizer.step()
+    run.state["step"] += 1
+    return float(loss.detach()), mined
+
+
+def finish_run(run: _Run, out: Path, *, encoder: str, spec, dict_path: Path, resume: bool) -> dict:
+    """The model folder: weights, the run's config and metrics; the summary `train_sap` returns."""
+    model, metrics, config = run.model, run.metrics, run.config
+    model.max_seq_length = run.original_max_length
     model.eval()
     metrics.extra.update({
-        "train_seconds": timer.seconds,
-        "pairs_per_second": round(len(pairs) * (config.epochs) / max(timer.seconds, 1e-9), 2),
-        "precision": precision,
-        "hardware": common.hardware(device, config.threads),
-        "parameters": counts,
+        "train_seconds": run.timer.seconds,
+        "pairs_per_second": round(len(run.pairs) * (config.epochs) / max(run.timer.seconds, 1e-9), 2),
+        "precision": run.precision,
+        "hardware": common.hardware(run.device, config.threads),
+        "parameters": run.parameters,
         "resumed": resume,
     })
     run_config = {
-        **common.run_header("sap", encoder, base.spec),
+        **common.run_header("sap", encoder, spec),
         "config": asdict(config),
         "data": {"dict": str(dict_path)},
         "data_sha256": common.data_hashes([dict_path]),
     }
     common.write_outputs(out, model, config=run_config, metrics=metrics)
-    return {"out": str(out), "steps": state["step"], **metrics.extra,
+    return {"out": str(out), "steps": run.state["step"], **metrics.extra,
             "first_loss": metrics.steps[0]["loss"] if metrics.steps else None,
             "last_epoch_loss": metrics.epochs[-1]["mean_loss"] if metrics.epochs else None}

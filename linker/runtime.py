@@ -1,0 +1,443 @@
+"""The query runtime: a BERT sentence encoder in plain numpy, for the shipped encoders at query time.
+
+`linker link` encodes a few mentions, and importing torch, transformers and sentence-transformers took 5-7 s of a
+7 s call (docs/performance.md, "Start-up"). For a plain BERT encoder (linker-en and minilm, linker-multi and
+e5-small: `plain_bert` says which folders qualify) this module does the same forward pass with numpy alone: the
+weights memory-mapped from the folder's ``model.safetensors`` (a shipped release's trained tensors on top), the
+tokens from its ``tokenizer.json`` with the `tokenizers` library, the model folder's pooling (mean or cls), the
+role's prefix, the same truncation and L2 normalisation as `linker.encoders.Encoder.encode`. It starts in a tenth
+of a second and its vectors match torch's within float rounding (tests/test_runtime.py; figures in
+docs/performance.md).
+
+`linker.encoders.load_query_encoder` picks it for fp32 queries on the CPU; everything else (index builds,
+training, bf16/int8, GPUs, other architectures) stays on torch, and so does one call with many texts
+(`TORCH_MIN_TEXTS`), which torch's kernels encode faster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import mmap
+import os
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from linker.errors import ConfigError, InputFormatError
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "model.safetensors"
+TOKENIZER = "tokenizer.json"
+# safetensors dtype -> numpy (little-endian). BF16 has no numpy type: such a folder stays on torch.
+DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "I64": np.dtype("<i8"),
+          "I32": np.dtype("<i4")}
+MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit on its JSON header
+# The modules a plain sentence-transformers BERT folder lists (modules.json), in order; Normalize is optional
+# (vectors are normalised anyway).
+PLAIN_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file as read-only numpy arrays over one memory map: nothing is copied, and a
+    page is read when a forward pass first touches it (e5-small's 384 MB of word embeddings: only the rows of the
+    tokens used). Refuses (InputFormatError) a header that is not the format's, a dtype numpy has no type for, and
+    offsets outside the file or not matching the shape."""
+    path = Path(path)
+    with path.open("rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        head = handle.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+            raise InputFormatError(path, "a safetensors file", f"a header length of {length} in {size} bytes")
+        try:
+            header = json.loads(handle.read(length))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise InputFormatError(path, "a safetensors JSON header", f"{type(exc).__name__}: {exc}") from None
+        data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + length else b""
+    if not isinstance(header, dict):
+        raise InputFormatError(path, "a safetensors JSON header (an object)", type(header).__name__)
+    start, tensors = 8 + length, {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = DTYPES[entry["dtype"]], tuple(entry["shape"]), entry["data_offsets"]
+            count = math.prod(shape)
+            if not (0 <= begin <= end <= size - start and end - begin == count * dtype.itemsize):
+                raise ValueError(f"offsets {begin}..{end} for {count} x {dtype.itemsize} bytes")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputFormatError(path, f"tensor {name!r} with a known dtype and offsets inside the file",
+                                   f"{str(entry)[:80]} ({type(exc).__name__}: {exc})") from None
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=start + begin).reshape(shape)
+        tensors[name] = array if array.flags.aligned else array.copy()  # BLAS wants aligned rows
+    return tensors
+
+
+@dataclass(frozen=True)
+class BertShape:
+    """What the forward pass needs from a BERT ``config.json``."""
+
+    layers: int
+    heads: int
+    hidden: int
+    eps: float
+    max_positions: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> BertShape:
+        return cls(int(config["num_hidden_layers"]), int(config["num_attention_heads"]), int(config["hidden_size"]),
+                   float(config.get("layer_norm_eps", 1e-12)), int(config["max_position_embeddings"]))
+
+
+def _read_json(folder: Path, name: str, expect: type = dict) -> dict | list | None:
+    """A JSON file of the model folder read as every model file is (`linker.index.manifest.read_folder_json`:
+    inside the folder, regular, bounded); None when it is not there."""
+    from linker.index.manifest import read_folder_json
+
+    if not (folder / name).is_file():
+        return None
+    return read_folder_json(folder, name, what=f"a model file {name}", expect=expect, fix="fix the model folder")
+
+
+def plain_bert(folder: str | Path, pooling: str | None = None) -> tuple[dict | None, str]:
+    """(the settings `BertEncoderRuntime` needs, "") when `folder` is a sentence-transformers folder of a plain
+    BERT that this runtime reproduces, else (None, why not). `pooling` overrides the folder's (``#cls``).
+
+    Plain means: modules Transformer, Pooling and optionally Normalize; config.json of model_type bert with
+    absolute positions and exact (erf) GELU; a ``tokenizer.json`` and a ``model.safetensors``; exactly one pooling
+    mode (cls or mean)."""
+    folder = Path(folder)
+    for name in (WEIGHTS, TOKENIZER, "config.json", "modules.json"):
+        if not (folder / name).is_file():
+            return None, f"no {name}"
+    modules = _read_json(folder, "modules.json", expect=list)
+    if not all(isinstance(m, dict) for m in modules):
+        return None, "modules.json entries are not objects"
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if tuple(kinds) not in (PLAIN_MODULES, PLAIN_MODULES[:2]) or modules[0].get("path", "") != "":
+        return None, f"modules {kinds}"
+    config = _read_json(folder, "config.json")
+    if not isinstance(config, dict) or config.get("model_type") != "bert":
+        return None, f"model_type {config.get('model_type') if isinstance(config, dict) else None!r}"
+    if config.get("hidden_act", "gelu") != "gelu" or config.get("position_embedding_type", "absolute") != "absolute":
+        return None, f"hidden_act {config.get('hidden_act')!r}, positions {config.get('position_embedding_type')!r}"
+    pooled = _read_json(folder, f"{modules[1].get('path', '')}/config.json") or {}
+    modes = sorted(k.removeprefix("pooling_mode_") for k, v in pooled.items() if k.startswith("pooling_mode_") and v)
+    mode = pooling or {"cls_token": "cls", "mean_tokens": "mean"}.get(modes[0] if len(modes) == 1 else "")
+    if mode not in ("cls", "mean"):
+        return None, f"pooling {modes}"
+    st_config = _read_json(folder, "sentence_bert_config.json") or {}
+    tokenizer_config = _read_json(folder, "tokenizer_config.json") or {}
+    try:
+        shape = BertShape.from_config(config)
+        # As sentence-transformers: its max_seq_length, else the tokenizer's, capped by the model's positions.
+        limit = st_config.get("max_seq_length") or tokenizer_config.get("model_max_length") or shape.max_positions
+        max_length = min(int(limit), shape.max_positions)
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, f"config.json ({type(exc).__name__}: {exc})"
+    return {"shape": shape, "pooling": mode, "max_length": max_length,
+            "lowercase": bool(st_config.get("do_lower_case", False))}, ""
+
+
+def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    variance = np.mean(centred * centred, axis=-1, keepdims=True)
+    return centred / np.sqrt(variance + eps) * weight + bias
+
+
+# Abramowitz & Stegun 7.1.26: erf within 1.5e-7 of the exact value (float32's own step at 1 is 1.2e-7), so GELU's
+# erf form is reproduced without scipy. The tanh form BERT is *not* trained with differs by up to ~1e-3.
+_AS_P = np.float32(0.3275911)
+_AS_A = tuple(np.float32(a) for a in (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592))
+# |x| / sqrt(2) is clipped here: erf is 1 in float32 from 3.9 on, and exp(-a * a) of a larger `a` is a subnormal
+# float, on which x86 arithmetic is some 100 times slower (it was half of a forward pass's time).
+_ERF_CLIP = np.float32(4.0)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + erf(x / sqrt 2)), the exact GELU of BERT's ``hidden_act: gelu``; float32 in, float32 out."""
+    a = np.abs(x) * np.float32(1 / math.sqrt(2))
+    np.minimum(a, _ERF_CLIP, out=a)
+    t = np.float32(1.0) + _AS_P * a
+    np.reciprocal(t, out=t)
+    poly = _AS_A[0] * t
+    for coefficient in _AS_A[1:]:
+        poly += coefficient
+        poly *= t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    poly *= a  # erfc(|x| / sqrt 2)
+    erf = np.float32(1.0) - poly
+    np.copysign(erf, x, out=erf)
+    erf += np.float32(1.0)
+    erf *= x
+    erf *= np.float32(0.5)
+    return erf
+
+
+# Token rows per block of the feed-forward part: 256 x 1,536 float32 activations (1.5 MB) stay in a core's cache
+# through GELU's dozen passes; all rows at once ran 1.7x slower (1,400 tokens, minilm).
+FFN_ROWS = 256
+
+
+class BertRuntime:
+    """A BERT encoder's forward pass in float32 numpy: token ids in, pooled (not normalised) vectors out."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], shape: BertShape, pooling: str) -> None:
+        self.shape, self.pooling = shape, pooling
+        prefix = "bert." if "bert.embeddings.word_embeddings.weight" in tensors else ""
+
+        def get(name: str) -> np.ndarray:
+            value = tensors.get(prefix + name)
+            if value is None:
+                raise InputFormatError(f"BERT weights: tensor {prefix + name}", "present", "missing")
+            return value if value.dtype == np.float32 else value.astype(np.float32)
+
+        self.word = get("embeddings.word_embeddings.weight")  # (vocab, hidden), memory-mapped
+        self.position = get("embeddings.position_embeddings.weight")
+        self.token_type = get("embeddings.token_type_embeddings.weight")[0]  # single texts: type 0 throughout
+        self.embed_norm = (get("embeddings.LayerNorm.weight"), get("embeddings.LayerNorm.bias"))
+        self.layers = []
+        for i in range(shape.layers):
+            def part(name: str, i=i) -> np.ndarray:
+                return get(f"encoder.layer.{i}.{name}")
+
+            # Query, key and value as one (hidden, 3 hidden) product: one BLAS call instead of three.
+            qkv = np.concatenate([part(f"attention.self.{n}.weight") for n in ("query", "key", "value")]).T.copy()
+            qkv_bias = np.concatenate([part(f"attention.self.{n}.bias") for n in ("query", "key", "value")])
+            self.layers.append((
+                qkv, qkv_bias,
+                part("attention.output.dense.weight").T, part("attention.output.dense.bias"),
+                (part("attention.output.LayerNorm.weight"), part("attention.output.LayerNorm.bias")),
+                part("intermediate.dense.weight").T, part("intermediate.dense.bias"),
+                part("output.dense.weight").T, part("output.dense.bias"),
+                (part("output.LayerNorm.weight"), part("output.LayerNorm.bias")),
+            ))
+        if self.word.shape[1] != shape.hidden or self.position.shape[0] < shape.max_positions:
+            raise InputFormatError("BERT weights", f"{shape.hidden}-d embeddings and {shape.max_positions} positions",
+                                   f"{self.word.shape} and {self.position.shape}")
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """(batch, hidden) pooled vectors of `ids` (batch, length) int64 with `mask` (batch, length) 0/1."""
+        batch, length = ids.shape
+        shape = self.shape
+        heads, width = shape.heads, shape.hidden // shape.heads
+        x = self.word[ids] + self.position[:length] + self.token_type  # (batch, length, hidden)
+        x = _layer_norm(x.reshape(batch * length, shape.hidden), *self.embed_norm, shape.eps)
+        # Padding as transformers masks it: the smallest float32 added to the scores of padded keys.
+        masked = ((1.0 - mask.astype(np.float32)) * np.finfo(np.float32).min)[:, None, None, :]
+        scale = np.float32(1 / math.sqrt(width))
+        for qkv, qkv_bias, out_w, out_b, norm1, up_w, up_b, down_w, down_b, norm2 in self.layers:
+            q, k, v = (x @ qkv + qkv_bias).reshape(batch, length, 3, heads, width).transpose(2, 0, 3, 1, 4)
+            scores = (q * scale) @ k.transpose(0, 1, 3, 2) + masked  # (batch, heads, length, length)
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            scores /= scores.sum(axis=-1, keepdims=True)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch * length, shape.hidden)
+            x = _layer_norm(context @ out_w + out_b + x, *norm1, shape.eps)
+            ffn = np.empty_like(x)
+            for start in range(0, len(x), FFN_ROWS):  # in blocks: the (rows, 4 hidden) activations stay in cache
+                part = x[start : start + FFN_ROWS] @ up_w
+                part += up_b
+                ffn[start : start + FFN_ROWS] = _gelu(part) @ down_w
+            ffn += down_b
+            ffn += x
+            x = _layer_norm(ffn, *norm2, shape.eps)
+        x = x.reshape(batch, length, shape.hidden)
+        if self.pooling == "cls":
+            return x[:, 0]
+        weights = mask.astype(np.float32)[:, :, None]
+        return (x * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), np.float32(1e-9))
+
+
+class RuntimeEncoder:
+    """A `linker.encoders.Encoder` for queries: the same `encode` (roles, prefixes, deduplication of texts with
+    equal token ids, length-sorted batches, truncation counted in `last_stats`), run by `BertRuntime`.
+
+    fp32 on the CPU only. A call with at least `torch_min_texts` texts goes to a torch `Encoder` of the same
+    spec, loaded on first need (`torch_loader`): torch's kernels are faster on big batches, and its import (seconds)
+    is then a small part of the call."""
+
+    precision = "fp32"
+    device = "cpu"
+    compiled = False
+    runtime = "numpy"
+
+    def __init__(self, spec, folder: Path, settings: dict, tensors: dict[str, np.ndarray], *,
+                 torch_loader: Callable[[], object] | None = None, torch_min_texts: int | None = None,
+                 threads: int | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        self.spec = spec
+        self.max_length = settings["max_length"]
+        self.lowercase = settings["lowercase"]
+        self.model = BertRuntime(tensors, settings["shape"], settings["pooling"])
+        self.dim = settings["shape"].hidden
+        self.tokenizer = Tokenizer.from_file(str(folder / TOKENIZER))
+        # tokenizer.json may carry its own padding and truncation (minilm's: both at 128); transformers sets them
+        # per call, so they are cleared here and applied as sentence-transformers does.
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self._folder = folder
+        self._cut = None  # a second tokenizer that truncates, made when a text first needs it
+        self._torch_loader = torch_loader
+        self.torch_min_texts = TORCH_MIN_TEXTS if torch_min_texts is None else torch_min_texts
+        self._torch = None
+        self.threads = threads or RUNTIME_THREADS
+        self.last_stats = None
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids with special tokens, before truncation (as `linker.encoders.token_ids`)."""
+        if self.lowercase:
+            texts = [t.lower() for t in texts]
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
+
+    def _truncating(self):
+        if self._cut is None:
+            from tokenizers import Tokenizer
+
+            cut = Tokenizer.from_file(str(self._folder / TOKENIZER))
+            cut.no_padding()
+            cut.enable_truncation(self.max_length)
+            self._cut = cut
+        return self._cut
+
+    def torch_encoder(self):
+        """The torch `Encoder` of the same spec (loaded once, on first call)."""
+        if self._torch is None:
+            if self._torch_loader is None:
+                raise ConfigError(f"encoder {self.spec.name!r}: no torch encoder to hand a large batch to")
+            self._torch = self._torch_loader()
+        return self._torch
+
+    def encode(self, texts: Sequence[str], *, role: str, batch_size: int | None = None, token_budget: int | None = None,
+               show_progress: bool = False, progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """(n, dim) float32, each row L2-normalised, in the order of `texts` (`linker.encoders.Encoder.encode`)."""
+        from linker.encoders import MAX_BATCH, TOKEN_BUDGET, EncodeStats, _token_batches
+
+        if len(texts) >= self.torch_min_texts and self._torch_loader is not None:
+            encoder = self.torch_encoder()
+            vectors = encoder.encode(texts, role=role, batch_size=batch_size, token_budget=token_budget or TOKEN_BUDGET,
+                                     show_progress=show_progress, progress=progress)
+            self.last_stats = encoder.last_stats
+            return vectors
+        token_budget = TOKEN_BUDGET if token_budget is None else token_budget
+        if token_budget < 1 or (batch_size is not None and batch_size < 1):
+            raise ConfigError(f"batch_size and token_budget must be >= 1, found {batch_size}, {token_budget}")
+        prefix = self.spec.prefix(role)
+        texts = [prefix + t for t in texts] if prefix else list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        started = time.perf_counter()
+        ids = self.token_ids(texts)
+        # Texts with equal token ids are encoded once and share one vector (why: `Encoder.encode`).
+        keys: dict[tuple, int] = {}
+        inverse = np.fromiter((keys.setdefault(tuple(x), len(keys)) for x in ids), dtype=np.int64, count=len(ids))
+        firsts = np.unique(inverse, return_index=True)[1]
+        copies = np.bincount(inverse)
+        all_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        limit = self.max_length
+        distinct = [ids[i] for i in firsts]
+        long = [i for i, row in enumerate(distinct) if len(row) > limit]
+        if long:  # cut as transformers cuts: the text's first tokens, then the closing special token
+            cut = self._truncating().encode_batch([texts[firsts[i]].lower() if self.lowercase else texts[firsts[i]]
+                                          for i in long], add_special_tokens=True)
+            for i, encoding in zip(long, cut):
+                distinct[i] = encoding.ids
+        tokenize_seconds = time.perf_counter() - started
+        clipped = np.minimum(all_lengths[firsts], limit)
+        order = np.argsort(clipped, kind="stable")
+        batches = _token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
+        out = np.empty((len(distinct), self.dim), dtype=np.float32)
+        padded = 0
+        with _blas_threads(self.threads):
+            for start, end in batches:
+                rows = order[start:end]
+                width = int(clipped[rows].max())
+                batch_ids = np.zeros((len(rows), width), dtype=np.int64)
+                mask = np.zeros((len(rows), width), dtype=np.int64)
+                for j, row in enumerate(rows.tolist()):
+                    batch_ids[j, : len(distinct[row])] = distinct[row]
+                    mask[j, : len(distinct[row])] = 1
+                padded += batch_ids.size
+                vectors = self.model(batch_ids, mask)  # (batch, dim)
+                # As torch.nn.functional.normalize: divided by max(norm, 1e-12).
+                out[rows] = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), np.float32(1e-12))
+                if progress is not None:
+                    progress(int(copies[rows].sum()))
+        truncated = int(np.sum(all_lengths > limit))
+        self.last_stats = EncodeStats(
+            texts=len(inverse), batches=len(batches), tokens=int(clipped.sum()), padded_tokens=padded,
+            max_length=limit, longest=int(all_lengths.max()), truncated=truncated,
+            tokenize_seconds=round(tokenize_seconds, 3), seconds=round(time.perf_counter() - started, 3),
+        )
+        if truncated:
+            log.warning("%d of %d texts are longer than the encoder's %d tokens and were truncated (longest %d)",
+                        truncated, len(inverse), limit, int(all_lengths.max()))
+        return out[inverse]
+
+    def __repr__(self) -> str:
+        return f"RuntimeEncoder({self.spec.name!r}, dim={self.dim}, numpy fp32)"
+
+
+# BLAS threads of a forward pass, unless the index's config sets them (`_blas_threads`: why one).
+RUNTIME_THREADS = 1
+# Texts in one encode call from which the torch encoder is faster than this runtime, its load included
+# (docs/performance.md, "Start-up": measured on the 2 cores).
+TORCH_MIN_TEXTS = 2048
+
+
+@contextmanager
+def _blas_threads(threads: int):
+    """numpy's BLAS limited to `threads` while a forward pass runs. A query batch's products are small (tens of
+    rows): OpenBLAS's hand-off between threads costs more than it saves, and on a busy machine far more (a 40 x 384
+    by 384 x 1,536 product: 0.9 ms on one thread, 114 ms on two while other jobs held the 2 cores)."""
+    try:
+        from threadpoolctl import threadpool_limits  # installed with scikit-learn, a base dependency
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    with threadpool_limits(threads, user_api="blas"):
+        yield
+
+
+def load_runtime(spec, *, torch_loader: Callable[[], object] | None = None,
+                 threads: int | None = None) -> RuntimeEncoder | None:
+    """The runtime encoder for an `EncoderSpec` whose folder is a plain BERT (`plain_bert`), with a shipped
+    release's tensors on top; None when the folder does not qualify (the reason is logged)."""
+    folder = Path(spec.path)
+    settings, why = plain_bert(folder, spec.pooling)
+    if settings is None:
+        log.debug("encoder %s: not run by the numpy runtime (%s)", spec.name, why)
+        return None
+    tensors = read_safetensors(folder / WEIGHTS)
+    if spec.release is not None:
+        tensors = {**tensors, **release_tensors(spec.release, tensors)}
+    return RuntimeEncoder(spec, folder, settings, tensors, torch_loader=torch_loader, threads=threads)
+
+
+def release_tensors(release_folder: str | Path, base: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A shipped release's trained tensors (fp16 on disk) as float32, each checked against the base's name and
+    shape as `linker.models.overlay` checks them. The release's files were checked against its manifest's
+    sha256 when its spec was resolved (`linker.models.read_release`)."""
+    from linker.models import WEIGHTS as RELEASE_WEIGHTS
+
+    path = Path(release_folder) / RELEASE_WEIGHTS
+    out = {}
+    for key, value in read_safetensors(path).items():
+        if key not in base or base[key].shape != value.shape:
+            found = base[key].shape if key in base else "no such tensor"
+            raise InputFormatError(path, f"tensor {key} {value.shape} of the base", f"{found} (a release for another base?)")
+        out[key] = value.astype(np.float32)
+    return out
+
+
+__all__ = ["BertRuntime", "RuntimeEncoder", "TORCH_MIN_TEXTS", "load_runtime", "plain_bert", "read_safetensors"]

@@ -1,0 +1,193 @@
+"""The numpy query runtime (`linker.runtime`): torch's vectors without torch, and when it steps aside."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linker.encoders import load_encoder, load_query_encoder
+from linker.errors import ConfigError, InputFormatError, UnknownNameError
+from linker.runtime import RuntimeEncoder, _gelu, plain_bert, read_safetensors
+
+pytest.importorskip("torch")
+
+TEXTS = ["hair loss", "Hair Loss", "hair loss", "broken leg bone", "fracture of femur", "myocardial infarction",
+         "perte de cheveux", "  fever  ", "x", "a1-b2 'c3'", "itch " * 70]  # the last: 72 tokens > the model's 64
+TOLERANCE = 1e-5  # float32 rounding between BLAS kernels; a vector's entries are ~0.2 in size
+
+
+@pytest.fixture(scope="module")
+def torch_encoder(tiny_encoder_dir):
+    return load_encoder(str(tiny_encoder_dir))
+
+
+def test_vectors_equal_torch(tiny_encoder_dir, torch_encoder):
+    fast = load_query_encoder(str(tiny_encoder_dir))
+    assert isinstance(fast, RuntimeEncoder) and fast.dim == torch_encoder.dim == 32
+    for role in ("query", "passage"):
+        np.testing.assert_allclose(fast.encode(TEXTS, role=role), torch_encoder.encode(TEXTS, role=role),
+                                   atol=TOLERANCE, rtol=0)
+    # the same statistics: truncation counted, duplicates (same token ids) encoded once
+    assert fast.last_stats.truncated == torch_encoder.last_stats.truncated == 1
+    assert (fast.last_stats.texts, fast.last_stats.tokens, fast.last_stats.longest) == (
+        torch_encoder.last_stats.texts, torch_encoder.last_stats.tokens, torch_encoder.last_stats.longest)
+
+
+def test_equal_token_ids_share_one_vector(tiny_encoder_dir):
+    vectors = load_query_encoder(str(tiny_encoder_dir)).encode(TEXTS, role="query")
+    assert np.array_equal(vectors[0], vectors[1]) and np.array_equal(vectors[0], vectors[2])  # uncased tokenizer
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+
+
+def test_prompts_and_cls_pooling_match_torch(tiny_e5_encoder_dir, tiny_encoder_dir):
+    for name in (str(tiny_e5_encoder_dir), f"{tiny_encoder_dir}#cls"):
+        fast, slow = load_query_encoder(name), load_encoder(name)
+        assert isinstance(fast, RuntimeEncoder)
+        for role in ("query", "passage"):
+            np.testing.assert_allclose(fast.encode(TEXTS[:6], role=role), slow.encode(TEXTS[:6], role=role),
+                                       atol=TOLERANCE, rtol=0)
+    query, passage = (load_query_encoder(str(tiny_e5_encoder_dir)).encode(["fever"], role=r) for r in ("query", "passage"))
+    assert not np.allclose(query, passage)  # "query: " and "passage: " were prepended
+
+
+def test_empty_input_and_bad_budget(tiny_encoder_dir):
+    fast = load_query_encoder(str(tiny_encoder_dir))
+    assert fast.encode([], role="query").shape == (0, 32)
+    with pytest.raises(ConfigError, match="token_budget"):
+        fast.encode(["fever"], role="query", token_budget=0)
+    with pytest.raises(UnknownNameError):
+        fast.encode(["fever"], role="mention")
+
+
+def test_small_batches_match_one_big_batch(tiny_encoder_dir):
+    fast = load_query_encoder(str(tiny_encoder_dir))
+    whole = fast.encode(TEXTS, role="query")
+    apart = fast.encode(TEXTS, role="query", batch_size=1)
+    np.testing.assert_allclose(whole, apart, atol=TOLERANCE, rtol=0)  # padding changes nothing but rounding
+
+
+def test_many_texts_go_to_torch(tiny_encoder_dir, torch_encoder):
+    fast = load_query_encoder(str(tiny_encoder_dir))
+    fast.torch_min_texts = 5
+    np.testing.assert_allclose(fast.encode(TEXTS[:4], role="query"), torch_encoder.encode(TEXTS[:4], role="query"),
+                               atol=TOLERANCE, rtol=0)
+    assert fast._torch is None
+    vectors = fast.encode(TEXTS, role="query")
+    assert fast._torch is not None and fast.last_stats.texts == len(TEXTS)
+    np.testing.assert_allclose(vectors, torch_encoder.encode(TEXTS, role="query"), atol=TOLERANCE, rtol=0)
+
+
+def test_runtime_choice(tiny_encoder_dir, monkeypatch):
+    assert type(load_query_encoder(str(tiny_encoder_dir), runtime="torch")).__name__ == "Encoder"
+    assert type(load_query_encoder(str(tiny_encoder_dir), precision="bf16")).__name__ == "Encoder"
+    monkeypatch.setenv("LINKER_RUNTIME", "torch")
+    assert type(load_query_encoder(str(tiny_encoder_dir))).__name__ == "Encoder"
+    monkeypatch.setenv("LINKER_RUNTIME", "jax")
+    with pytest.raises(UnknownNameError, match="encoder runtime.*auto, numpy, torch"):
+        load_query_encoder(str(tiny_encoder_dir))
+
+
+def _copy_with(folder: Path, tmp_path: Path, name: str, change) -> Path:
+    out = tmp_path / "model"
+    shutil.copytree(folder, out)
+    data = json.loads((out / name).read_text())
+    change(data)
+    (out / name).write_text(json.dumps(data))
+    return out
+
+
+@pytest.mark.parametrize("name, change, why", [
+    ("config.json", lambda c: c.update(hidden_act="relu"), "hidden_act"),
+    ("config.json", lambda c: c.update(model_type="roberta"), "model_type"),
+    ("config.json", lambda c: c.update(position_embedding_type="relative_key"), "positions"),
+    ("modules.json", lambda m: m.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
+                                           "type": "sentence_transformers.models.Dense"}), "modules"),
+    ("1_Pooling/config.json", lambda p: p.update(pooling_mode_max_tokens=True), "pooling"),
+])
+def test_other_models_stay_on_torch(tiny_encoder_dir, tmp_path, name, change, why):
+    folder = _copy_with(tiny_encoder_dir, tmp_path, name, change)
+    settings, reason = plain_bert(folder)
+    assert settings is None and why in reason
+    if name != "modules.json":  # a Dense module without its folder would not load in torch either
+        assert type(load_query_encoder(str(folder))).__name__ == "Encoder"
+    with pytest.raises(ConfigError, match="numpy runtime runs plain BERT folders"):
+        load_query_encoder(str(folder), runtime="numpy")
+
+
+def test_read_safetensors_equals_the_library(tiny_encoder_dir):
+    from safetensors.numpy import load_file
+
+    ours, theirs = read_safetensors(tiny_encoder_dir / "model.safetensors"), load_file(tiny_encoder_dir / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and np.array_equal(ours[key], theirs[key])
+        assert not ours[key].flags.writeable  # a view of the read-only map
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: data[:4],  # shorter than the length field
+    lambda data: (10**12).to_bytes(8, "little") + data[8:],  # header longer than the file
+    lambda data: len(b"[1]").to_bytes(8, "little") + b"[1]",  # not an object
+    lambda data: data[:-100],  # truncated: the last tensor's offsets run past the end
+    lambda data: data[:8] + data[8:].replace(b'"F32"', b'"BF16"', 1),  # a dtype numpy lacks
+])
+def test_damaged_safetensors_is_one_error(tiny_encoder_dir, tmp_path, damage):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(damage((tiny_encoder_dir / "model.safetensors").read_bytes()))
+    with pytest.raises(InputFormatError, match="model.safetensors"):
+        read_safetensors(path)
+
+
+def test_gelu_is_the_erf_form():
+    torch = pytest.importorskip("torch")
+    x = np.linspace(-30, 30, 600_001, dtype=np.float32)
+    exact = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
+    assert np.abs(_gelu(x) - exact).max() < 1e-6
+    assert np.abs(_gelu(x) - torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy()).max() > 1e-4
+
+
+def test_query_path_imports_no_torch(tiny_encoder_dir, tmp_path):
+    """A dense index built with the tiny encoder links, in a fresh process, without torch, transformers or
+    sentence-transformers ever imported."""
+    from index_tables import write_concepts
+    from linker.index import build_index
+    from linker.index.dense import DenseConfig
+
+    build_index(write_concepts(tmp_path / "concepts.parquet"), kind="dense", out=tmp_path / "idx",
+                config=DenseConfig(encoder=str(tiny_encoder_dir), precision="fp32"))
+    code = (
+        "import sys; from linker.link import Linker\n"
+        f"linker = Linker.load({str(tmp_path / 'idx')!r})\n"
+        "[result] = linker.link(['headache'], k=3)\n"
+        "assert result.candidates, result\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules)\n"
+        "print(type(linker.index.names.encoder).__name__, heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "RuntimeEncoder []"
+
+
+def test_links_as_torch_does(tiny_encoder_dir, tmp_path, monkeypatch):
+    from index_tables import write_concepts
+    from linker.index import build_index
+    from linker.index.dense import DenseConfig
+    from linker.link import Linker
+
+    build_index(write_concepts(tmp_path / "concepts.parquet"), kind="dense", out=tmp_path / "idx",
+                config=DenseConfig(encoder=str(tiny_encoder_dir), precision="fp32"))
+    mentions = ["headache", "hair loss", "heart attack", "kidney failure", "itchy skin rash", "high blood pressure"]
+    fast = Linker.load(tmp_path / "idx").link(mentions, k=5)
+    monkeypatch.setenv("LINKER_RUNTIME", "torch")
+    slow_linker = Linker.load(tmp_path / "idx")
+    assert type(slow_linker.index.names.encoder).__name__ == "Encoder"
+    slow = slow_linker.link(mentions, k=5)
+    for a, b in zip(fast, slow):
+        assert [c.concept_id for c in a.candidates] == [c.concept_id for c in b.candidates]
+        np.testing.assert_allclose([c.score for c in a.candidates], [c.score for c in b.candidates], atol=TOLERANCE)
