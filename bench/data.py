@@ -144,7 +144,7 @@ def pubtator_texts(split: str = "test") -> list[str]:
 def mention_names(specs: list[str], out: Path, *, lang: str | None = None, canonical=lambda code: code) -> Path:
     """Single-concept training mentions as `code<TAB>mention[<TAB>lang]` rows (a tsv source to add to a
     dictionary), each row once."""
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
     from linker.fileio import atomic_file
 
     rows = [f"{canonical(c)}\t{m.text}" + (f"\t{lang}" if lang else "")

@@ -47,7 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from bench.report import load
-from linker.dictionary import SourceSpec, build_dictionary, read_concept_table, sha256_file
+from linker.dictionary import SourceSpec, build_dictionary, read_concept_table
+from linker.folders import sha256_file
 from linker.sources import SourceOptions
 from linker.sources.default import (LAY_DEV, LAY_DEV_HELDOUT, LAY_DIR, LAY_HELDOUT, LAY_TEST, name_key,
                                     seeded_share)

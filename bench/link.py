@@ -322,7 +322,7 @@ def main() -> None:
         print(json.dumps(stage(args)))
         return
 
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)

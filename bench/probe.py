@@ -1,20 +1,15 @@
-"""Issue 44's hostile probe (round 3) as a before/after report: eval/reliability_probe/round3/report.{md,json}.
+"""Issue 44's hostile probe (round 3), before and after: eval/reliability_probe/round3/report.{md,json}.
 
-    python -m bench.probe --side before        # extracts commit 2bb6c2a to /tmp/linker-before if it is not there
-    python -m bench.probe --side after         # a copy of this working tree (linker/, tests/, recipes/)
-    python -m bench.probe --side after --cases 1,6  # some cases again (ids or their numbers)
-    python -m bench.probe render               # the report again from the cached sides
+    python -m bench.probe --side before           # commit 2bb6c2a, extracted to /tmp/linker-before when missing
+    python -m bench.probe --side after            # a copy of this working tree (linker/, tests/, recipes/)
+    python -m bench.probe --side after --cases 6,10:RAY_ADDRESS   # cases (or case:variant) again
+    python -m bench.probe render                  # the report again from the cached sides
 
-Each case runs one `python -m linker ...` of that side (PYTHONPATH = the side's tree, the .venv interpreter) in a
-fresh folder under /tmp, with relative paths as a user would, and records: exit code, first line of output,
-whether every input (and victim file) is byte-for-byte intact (sha256), files written, changed or removed in the
-case folder outside the command's output, peak RSS of the process tree (sampled every 50 ms under a watchdog that
-kills the tree at --rss-cap-gb or at the case's time limit), wall seconds, and the case's own facts; a case
-**held** when it passed the case's own check (listed in the report). Tiny fixtures are built by each side's own
-code (`dict build`, `index build --kind tfidf`, tests/conftest.py's tiny encoder). Shipped model folders are only
-ever touched in a per-case copy of the side's package. The sides are cached in round3/side_<name>.json, so they
-can run at different times and the report can be re-rendered alone. This module is issue 34's
-scripts/reliability_probe.py (commit 33b63a3, reports kept in eval/reliability_probe/) cut to its machinery.
+Each variant runs one `python -m linker ...` (PYTHONPATH = the side's tree) in a fresh folder under /tmp, with
+relative paths, and records the exit code, first line, sha256 of every input and victim file, files written outside
+its output, peak RSS under a watchdog (RSS cap, time limit), wall and CPU seconds, and the case's own facts. Fixtures
+are built by each side's own code; shipped model folders are only touched in a per-case copy of the package. Each
+side is cached in round3/side_<name>.json. The machinery is issue 34's scripts/reliability_probe.py (commit 33b63a3).
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ import shutil
 import signal
 import socket
 import stat
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -697,7 +691,7 @@ def c9_nul(d: Path, side: Side) -> Setup:
 
 def c10_newline(d: Path, side: Side) -> Setup:
     write(d / "nl.txt", "Patient developed severe\nnausea and vomiting after cisplatin. She had hair\nloss and skin\nrash.\n")
-    read_back = ("import sys\nfrom linker.formats.brat import read_brat\nprint(len(read_brat(sys.argv[1]).spans))\n")
+    read_back = ("import sys\nfrom linker.formats.brat import read_brat\nprint(len(read_brat(sys.argv[1]).entities))\n")
 
     def check(d: Path, run: Run) -> dict:
         if run.exit != 0:
@@ -1154,14 +1148,15 @@ def main(argv: list[str] | None = None) -> None:
                     all(v["held"] for v in result["variants"])
             data["cases"] = sorted([c for c in data["cases"] if c["id"] != case.id] + [result],
                                    key=lambda c: [x.id for x in CASES].index(c["id"]))
-            ran.append(case.id)
+            ran.append(case.id + (":" + ",".join(picked) if any(picked) else ""))
             save(data, args.side)
-        data["runs"] = [r for r in data["runs"] if set(r["cases"]) - set(ran)] + [{
+        covered = lambda c: c in ran or c.split(":")[0] in ran  # noqa: E731 - runs whose results were all replaced go
+        data["runs"] = [r for r in data["runs"] if not all(map(covered, r["cases"]))] + [{
             "code": code, "date": now(), "seconds": round(time.perf_counter() - started, 1), "cases": ran,
             "load_start": load_start, "load_end": [round(x, 2) for x in os.getloadavg()],
             "machine": f"{os.cpu_count()} CPU cores shared with other work, "
                        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, RSS cap {args.rss_cap_gb} GiB"}]
-            save(data, args.side)
+        save(data, args.side)
         write_report(cache)
     finally:
         shutil.rmtree(work, ignore_errors=True)

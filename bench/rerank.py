@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from bench.report import Report
-from linker.eval.datasets import load_dataset
+from linker.datasets import load_dataset
 from linker.eval.metrics import mention_hits
 from linker.eval.report import gold_matcher
 from linker.link import Linker

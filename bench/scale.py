@@ -91,7 +91,7 @@ def table_path(size: str) -> Path:
 def make_tables(sizes: list[str]) -> dict:
     """The union, and each padded size as the union plus generated variants (a prefix of the next size's)."""
     from linker.dictionary import SourceSpec, build_dictionary
-    from linker.models.release import RECIPES, data_root
+    from linker.train.release import RECIPES, data_root
     from linker.sources import SourceOptions
 
     WORK.mkdir(parents=True, exist_ok=True)
@@ -129,7 +129,7 @@ def make_tables(sizes: list[str]) -> dict:
 
 def queries() -> list[str]:
     """Distinct real mentions: the lay development slice and NCBI-disease's development set."""
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
 
     texts = [line.split("\t")[0] for line in (data.REPO / "linker/data/lay/lay_dev.tsv").read_text().splitlines()[1:]]
     if data.skip_reason("ncbi") is None:

@@ -146,7 +146,7 @@ def at_coverage(confidence: Sequence[float], correct: Sequence[bool], target: fl
 
 def read_calibration(folder: str | Path, manifest: dict) -> Calibration | None:
     """The index folder's calibration, if its manifest lists one (an unlisted file is ignored)."""
-    from linker.index.manifest import read_folder_json
+    from linker.folders import read_folder_json
 
     entry = manifest.get("calibration")
     if not entry:

@@ -8,7 +8,6 @@ with which options, by which library version). MedDRA's hierarchy goes to a sibl
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 from collections import Counter
@@ -22,7 +21,8 @@ import pyarrow.parquet as pq
 
 import linker
 from linker.errors import LinkerError, MissingInputError
-from linker.fileio import Input, atomic_file, check_output, mapped_blocks, native_read
+from linker.fileio import Input, atomic_file, check_output, native_read
+from linker.folders import sha256_file
 from linker.progress import bar
 from linker.schema import CONCEPT_SCHEMA, HIERARCHY_SCHEMA, ConceptName, HierarchyRow, validate_concept_table
 from linker.sources import SourceOptions, get_source
@@ -70,13 +70,6 @@ class ConceptTable:
 def hierarchy_path(path: str | Path) -> Path:
     path = Path(path)
     return path.with_name(path.name.removesuffix(".parquet") + ".hierarchy.parquet")
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    for block in mapped_blocks(path):
-        digest.update(block)
-    return digest.hexdigest()
 
 
 def _keep(name: ConceptName, options: SourceOptions) -> bool:

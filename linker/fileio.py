@@ -9,7 +9,6 @@ import functools
 import gzip
 import json
 import logging
-import mmap
 import os
 import re
 import shutil
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from linker.errors import ConfigError, InputFormatError, MissingInputError, shorten
+from linker.folders import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -88,36 +88,6 @@ def describe_path(path: str | Path) -> str:
         return "no such file"
     return "a folder" if path.is_dir() else "a regular file" if path.is_file() else \
         "a special file (device, pipe or socket)"
-
-
-def mapped_blocks(path: str | Path, offset: int = 0, end: int | None = None,
-                  block: int = 256 << 20) -> Iterator[memoryview]:
-    """The bytes offset..end (None: the file's end) of `path` as read-only views of a memory map, `block` bytes each;
-    once the next block is asked for, the pages of the one before are dropped from this process (they stay in the
-    page cache, and a view still held reads them back).
-
-    For reading GBs whole (checksums, finite checks): no copy into Python buffers, and a consumer that releases the
-    GIL (hashlib, numpy) takes it once per block. 1 MB reads beside a thread importing torch each waited up to the
-    5 ms switch interval for the GIL: hashing a 3.8 GB file took 5.9 s there, 3.4 s alone. The map is closed when
-    the last view is freed, not here: a caller may still hold one."""
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        end = size if end is None else min(end, size)
-        if end <= offset:
-            return
-        try:
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):  # a file system that cannot map it: read it
-            handle.seek(offset)
-            for start in range(offset, end, block):
-                yield memoryview(handle.read(min(block, end - start)))
-            return
-    view = memoryview(mapped)
-    for start in range(offset, end, block):
-        yield view[start : min(end, start + block)]
-        if hasattr(mapped, "madvise"):  # not on Windows
-            first = start - start % mmap.PAGESIZE
-            mapped.madvise(mmap.MADV_DONTNEED, first, min(end, start + block) - first)
 
 
 def read_failure(exc: BaseException, where: str | Path, *, line: int | None = None) -> InputFormatError:
@@ -305,14 +275,13 @@ def model_inputs(name: str | Path | None, option: str) -> list[Input]:
 
 
 def shipped_model_inputs(*, release: str | Path | None = None) -> list[Input]:
-    """The package's model folders (``linker/models``) and the model cache (`linker.encoders.cache_root`): inputs of
+    """The package's model folders (``linker/models``) and the model cache (`linker.folders.cache_root`): inputs of
     every command, whether or not it reads them, since an output there would replace weights that later runs load.
 
     `release`: the release folder a training command rewrites (`linker train extractor` / `release`, once
     `linker.models.check_release_out` found it of the same kind or absent); when it is one folder of the package's
     models, that folder alone is left out."""
-    from linker.encoders import cache_root  # lazily: encoders imports this module
-    from linker.models import MODELS_DIR
+    from linker.folders import MODELS_DIR  # looked up at each call: a test points it at a copy
 
     cache = Input(cache_root(), "the model cache")
     own = Path(release).resolve() if release is not None else None
@@ -713,11 +682,9 @@ def portable_paths(text: str, *, root: str | Path | None = None, data: str | Pat
     repository root become relative to it (the root itself ``.``), paths inside its sibling ``shared``
     folder (or under `data`, the shared data folder a script was given) become ``../shared/...``, and
     paths under `scratch` (a temporary folder gone once the run ends) ``<scratch>/...``, the encoder
-    cache (`linker.encoders.cache_root`, e5-small converted there) ``<linker-cache>/...``, and installed
+    cache (`linker.folders.cache_root`, e5-small converted there) ``<linker-cache>/...``, and installed
     packages (an encoder shipped on PyPI) ``<site-packages>/...``, wherever the environment lives.
     Other absolute paths are left as they are."""
-    from linker.encoders import cache_root  # lazily: encoders imports this module
-
     root = Path(root).resolve() if root is not None else repo_root()
     pairs: list[tuple[str, str]] = [(str(Path(scratch)), "<scratch>")] if scratch is not None else []
     pairs += [(str(cache_root()), "<linker-cache>")]

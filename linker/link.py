@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 from linker.dictionary import ConceptTable
 from linker.confidence import RETRIEVER_SCORER, read_calibration
 from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError, shorten
+from linker.folders import check_model_folder
 from linker.index import LoadedIndex, load_index, name_count, name_row_counts, read_prior
-from linker.index.manifest import check_model_folder
 from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
 from linker.retrieve import ConceptHits, ConceptIndex, top_concepts
 

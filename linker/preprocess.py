@@ -14,7 +14,7 @@ three rewrites of the query, which its published 91.1 Acc@1 depends on:
    concept ("breast cancer", "ovarian cancer") by coordination patterns, so that each part can be
    linked on its own; a mention no pattern fits stays whole.
 
-These are pure functions over strings; `linker.eval.datasets` applies them per document.
+These are pure functions over strings; `linker.datasets` applies them per document.
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
 """One registry style for the pluggable parts.
 
 Sources (`linker.sources.SOURCES`), index kinds (`linker.index.KINDS`), dataset formats
-(`linker.eval.datasets.LOADERS`), output formats (`linker.normalize.FORMATS`) and encoder aliases
-(`linker.encoders.ENCODERS`) are each one module-level `Registry`: name -> entry, filled by
-`register` (a decorator, or a call with the entry), read by `get(name)`, which names the choices
-when the name is unknown, and `names()`. A registry reads like a mapping (``name in registry``,
-``registry[name]``, iteration in registration order, ``len``), so it can be shown in help texts
-and error messages as it is.
+(`linker.datasets.LOADERS`), output formats (`linker.normalize.FORMATS`), encoder aliases
+(`linker.encoders.ENCODERS`) and the dense build's encoding engines (`linker.index.dense.ENCODING_ENGINES`) are
+each one module-level `Registry`: name -> entry, filled by `register` (a decorator, or a call with the entry), read
+by `get(name)`, which names the choices when the name is unknown, and `names()`. A registry reads like a mapping
+(``name in registry``, ``registry[name]``, iteration in registration order, ``len``), so it can be shown in help
+texts and error messages as it is.
 
 A registry whose entries register themselves when their modules are imported takes a `load`
 function, called once before the first read (the sources: importing every reader up front would
-slow ``import linker``). An entry that is expensive to make (an index kind pulls in torch) is
-registered as a factory and called by whoever reads it.
+slow ``import linker``; the encoding engines: the Ray engine lives above the index layer, which never imports it).
+An entry that is expensive to make (an index kind pulls in torch) is registered as a factory and called by whoever
+reads it.
 """
 
 from __future__ import annotations

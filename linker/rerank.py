@@ -92,7 +92,7 @@ class CrossEncoder:
         if not local and str(name_or_path).startswith((".", "/")):
             raise MissingInputError(f"{name_or_path}: no such re-ranker folder; train one with `linker train rerank`")
         if local:
-            from linker.index.manifest import check_model_folder
+            from linker.folders import check_model_folder
 
             # Before transformers reads it: every file inside the folder (links included), regular, bounded.
             check_model_folder(path, what="a re-ranker folder", fix="pass a folder written by `linker train rerank`")
@@ -100,8 +100,8 @@ class CrossEncoder:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from linker.dictionary import sha256_file
         from linker.encoders import _hub_offline
+        from linker.folders import sha256_file
 
         if not sys.stderr.isatty():
             hf_logging.disable_progress_bar()

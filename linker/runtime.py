@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from linker.batching import MAX_BATCH, TOKEN_BUDGET, EncodeStats, token_batches
 from linker.errors import ConfigError, InputFormatError
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,9 @@ class BertShape:
 
 
 def _read_json(folder: Path, name: str, expect: type = dict) -> dict | list | None:
-    """A JSON file of the model folder read as every model file is (`linker.index.manifest.read_folder_json`:
+    """A JSON file of the model folder read as every model file is (`linker.folders.read_folder_json`:
     inside the folder, regular, bounded); None when it is not there."""
-    from linker.index.manifest import read_folder_json
+    from linker.folders import read_folder_json
 
     if not (folder / name).is_file():
         return None
@@ -321,8 +322,6 @@ class RuntimeEncoder:
     def encode(self, texts: Sequence[str], *, role: str, batch_size: int | None = None, token_budget: int | None = None,
                show_progress: bool = False, progress: Callable[[int], None] | None = None) -> np.ndarray:
         """(n, dim) float32, each row L2-normalised, in the order of `texts` (`linker.encoders.Encoder.encode`)."""
-        from linker.encoders import MAX_BATCH, TOKEN_BUDGET, EncodeStats, _token_batches
-
         if len(texts) >= self.torch_min_texts and self._torch_loader is not None:
             encoder = self.torch_encoder()
             vectors = encoder.encode(texts, role=role, batch_size=batch_size, token_budget=token_budget or TOKEN_BUDGET,
@@ -355,7 +354,7 @@ class RuntimeEncoder:
         tokenize_seconds = time.perf_counter() - started
         clipped = np.minimum(all_lengths[firsts], limit)
         order = np.argsort(clipped, kind="stable")
-        batches = _token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
+        batches = token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
         out = np.empty((len(distinct), self.dim), dtype=np.float32)
         padded = 0
         with _blas_threads(self.threads):

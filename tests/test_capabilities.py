@@ -197,6 +197,23 @@ def test_generate_cases_is_deterministic_and_covers_every_kind(index_dir):
     assert max(sum(c.capability == cap for c in small) for cap in capabilities) == 1
 
 
+
+def test_generators_run_in_registration_order_and_a_new_one_changes_no_other_case(index_dir, monkeypatch):
+    import linker.eval.capabilities as capabilities
+    from linker.registry import Registry
+
+    table = read_concept_table(index_dir / "concepts.parquet").table
+    before = generate_cases(table, DATA, sample=50, seed=3)
+    order = list(dict.fromkeys(c.capability for c in before))
+    assert order[:2] == ["INV case_upper", "INV case_title"] and order[-1] == "DIR parent"
+    extended = Registry("capability generator")
+    for name in capabilities.CASE_GENERATORS:
+        extended.register(name, capabilities.CASE_GENERATORS[name])
+    extended.register("INV reversed", lambda ctx: capabilities._inv(ctx, "reversed", lambda n, rng, lang: (n[::-1], "r")))
+    monkeypatch.setattr(capabilities, "CASE_GENERATORS", extended)
+    after = generate_cases(table, DATA, sample=50, seed=3)
+    assert after[: len(before)] == before and {c.capability for c in after[len(before):]} == {"INV reversed"}
+
 def test_translations_per_language_pair(tmp_path, fixtures):
     obo = fixtures / "obo"
     build_dictionary([SourceSpec("obo", (obo / "hp_slice.obo", obo / "hp-es.babelon.tsv"))], tmp_path / "hpo.parquet")

@@ -346,3 +346,23 @@ def test_ray_options_need_the_ray_engine():
         DenseConfig(workers=2)
     with pytest.raises(UnknownNameError):
         DenseConfig(engine="spark")
+
+
+def test_builds_batch_by_a_smaller_token_budget_with_the_same_vectors(encoder, flat):
+    from linker.encoders import TOKEN_BUDGET
+    from linker.index.dense import BUILD_TOKEN_BUDGET
+
+    assert DenseConfig().token_budget == BUILD_TOKEN_BUDGET < TOKEN_BUDGET
+    # 3 tokens a batch at most: every name is a batch of its own, so padding and batch shapes all differ
+    small = DenseNameIndex.build(NAMES, encoder, config(token_budget=3))
+    np.testing.assert_allclose(small.embeddings, flat.embeddings, atol=1e-6)
+    assert small.params["encoding"]["padded_tokens"] == small.params["encoding"]["tokens"]
+
+
+def test_auto_compiles_bf16_builds_only(monkeypatch):
+    from linker import encoders
+
+    monkeypatch.setattr(encoders.shutil, "which", lambda name: "/usr/bin/g++" if name == "g++" else None)
+    assert encoders.should_compile("auto", 10**6, "bf16")
+    assert not encoders.should_compile("auto", 10**6, "fp32")  # an fp32 forward is matrix products: nothing gained
+    assert encoders.should_compile("on", 10**6, "fp32")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from linker.datasets import Mention, load_dataset, parse_spec
 from linker.errors import InputFormatError, MissingInputError, UnknownNameError
-from linker.eval.datasets import Mention, load_dataset, parse_spec
 
 
 def test_pubtator_composites_prefixes_and_no_id(fixtures):

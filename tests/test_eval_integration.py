@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from linker.eval.datasets import load_dataset
+from linker.datasets import load_dataset
 from linker.eval.filters import Normaliser, ReferenceSet, filter_indices
 
 pytestmark = pytest.mark.integration

@@ -197,7 +197,7 @@ def test_progress_bar_only_when_asked(index_dir, fixtures, capsys):
 
 
 def test_portable_paths_relativises_repo_and_shared(tmp_path):
-    from linker.encoders import cache_root
+    from linker.folders import cache_root
     from linker.fileio import portable_paths
 
     root = tmp_path / "wt" / "repo"

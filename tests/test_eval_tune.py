@@ -8,9 +8,9 @@ import pytest
 
 from index_tables import write_concepts
 from linker.cli.main import main
+from linker.datasets import load_dataset
 from linker.errors import ConfigError
 from linker.eval.tune import parse_grid, tune_sparse_weight, weight_scores
-from linker.eval.datasets import load_dataset
 from linker.index import build_index, load_index
 from linker.index.dense import DenseConfig
 from linker.index.hybrid import HybridConfig

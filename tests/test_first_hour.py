@@ -14,7 +14,8 @@ import pytest
 
 import linker
 from linker import progress
-from linker.cli.main import PIPELINE_ORDER, ShortDigests, cli_command, configure_logging, main
+from linker.cli._app import PIPELINE_ORDER
+from linker.cli.main import ShortDigests, cli_command, configure_logging, main
 from linker.errors import ConfigError, LinkerError, MissingInputError
 
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from linker.datasets import load_dataset
 from linker.errors import InputFormatError
-from linker.eval.datasets import load_dataset
 from linker.fileio import iter_lines
 from linker.formats import ReadLimits
 from linker.formats.brat import brat_sources, parse_brat, read_brat, read_source
@@ -201,8 +201,7 @@ def test_mapped_blocks_give_every_byte_once_and_sha256_file_hashes_them(tmp_path
     import hashlib
     import mmap
 
-    from linker.dictionary import sha256_file
-    from linker.fileio import mapped_blocks
+    from linker.folders import mapped_blocks, sha256_file
 
     payload = bytes(range(256)) * 40 + b"tail"  # 10,244 bytes: not a whole number of pages or blocks
     path = tmp_path / "blob.bin"

@@ -20,10 +20,10 @@ import pytest
 from index_tables import write_concepts
 from conftest import cli
 from linker.confidence import CALIBRATION, Calibration, write_calibration
-from linker.dictionary import sha256_file
 from linker.errors import LinkerError
+from linker.folders import check_model_folder, folder_file, sha256_file
 from linker.index import PRIOR, build_index, load_index
-from linker.index.manifest import MANIFEST, check_array, check_model_folder, folder_file, read_manifest
+from linker.index.manifest import MANIFEST, check_array, read_manifest
 from linker.index.tfidf import IDF, MATRIX, VOCABULARY
 from linker.link import Linker
 

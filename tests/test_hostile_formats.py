@@ -28,8 +28,8 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+from linker.datasets import load_dataset
 from linker.errors import ConfigError, InputFormatError, LinkerError
-from linker.eval.datasets import load_dataset
 from linker.fileio import iter_lines
 from linker.formats import ReadLimits, check_identifier, clean_label, read_document
 from linker.formats.ade_xml import read_ade_xml, write_ade_xml, write_reactions

@@ -8,8 +8,8 @@ import pytest
 
 import linker
 from index_tables import write_concepts
-from linker.dictionary import sha256_file
 from linker.errors import ConfigError, IndexMismatchError, MissingInputError
+from linker.folders import sha256_file
 from linker.index import build_index, load_index
 from linker.index import tfidf as tfidf_module
 from linker.index.manifest import MANIFEST

@@ -145,7 +145,7 @@ def test_the_split_is_reproducible_from_its_seed(tables):
 
 def test_training_leaves_out_every_test_and_dev_name():
     """The shipped encoders' training tables drop the held-out pairs and any name equal to a test or dev phrase."""
-    from linker.models.release import held_out_phrases
+    from linker.train.release import held_out_phrases
 
     pairs, phrases, files = held_out_phrases()
     assert read_name_pairs(LAY_HELDOUT) | read_name_pairs(LAY_DEV_HELDOUT) == pairs

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import assert_one_line_error, cli
+from linker.datasets import spec_inputs
 from linker.dictionary import SourceSpec, build_dictionary
 from linker.errors import ConfigError
-from linker.eval.datasets import spec_inputs
 from linker.fileio import Input, atomic_dir, atomic_file, check_output, input_relation, model_inputs, rename_no_replace
 from linker.index import build_index, load_index
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from linker import precision as prec
+from linker.batching import token_batches
 from linker.cli.main import main
-from linker.encoders import _token_batches, load_encoder
+from linker.encoders import load_encoder
 from linker.errors import ConfigError, UnknownNameError
 from linker.index import build_index, load_index
 from linker.index.dense import DenseConfig, DenseNameIndex, precision_check
@@ -86,17 +87,17 @@ def test_thread_budget_keeps_to_omp_num_threads_and_the_cpus(monkeypatch):
 
 def test_token_batches_respect_the_budget_and_the_count():
     lengths = np.array([2, 2, 3, 3, 3, 8, 20])
-    batches = _token_batches(lengths, token_budget=9, max_batch=10)
+    batches = token_batches(lengths, token_budget=9, max_batch=10)
     assert batches == [(0, 3), (3, 5), (5, 6), (6, 7)]  # 3 x 3 tokens fit 9; 20 > 9 goes alone
     # a large budget: batches still break where padding would exceed 1.25 x the shortest + 2
     spread = np.array([2, 3, 4, 5, 8, 9, 12, 30])
-    assert _token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=0) == [
+    assert token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=0) == [
         (0, 3), (3, 5), (5, 7), (7, 8)]
     # ...unless the batch stays small (a few mentions of a service call): one forward pass, 8 x 30 tokens
-    assert _token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=240) == [(0, 8)]
-    assert _token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=100) == [
+    assert token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=240) == [(0, 8)]
+    assert token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=100) == [
         (0, 7), (7, 8)]  # 7 x 12 = 84 fit, 8 x 30 = 240 does not
-    assert _token_batches(np.array([1] * 5), token_budget=100, max_batch=2) == [(0, 2), (2, 4), (4, 5)]
+    assert token_batches(np.array([1] * 5), token_budget=100, max_batch=2) == [(0, 2), (2, 4), (4, 5)]
 
 
 def test_encode_loop_matches_sentence_transformers_in_the_callers_order(fp32):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from linker.datasets import load_dataset
 from linker.errors import InputFormatError
-from linker.eval.datasets import load_dataset
 from linker.preprocess import expand_abbreviations, find_abbreviations, fix_typos, read_typos, split_composite
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from linker import datasets as dataset_module
 from linker.cli.main import main
-from linker.eval import datasets as dataset_module
 from linker.link import Linker
 from linker.recipe import Digests, Ledger, RecipeError, load_recipe, plan_recipe, run_recipe
 

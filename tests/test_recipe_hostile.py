@@ -18,9 +18,9 @@ import pytest
 
 from conftest import FIXTURES, ROOT, assert_one_line_error, cli
 from linker.dictionary import SourceSpec, build_dictionary
+from linker.folders import MODELS_DIR
 from linker.index import build_index, load_index
 from linker.link import Linker
-from linker.models import MODELS_DIR
 from linker.recipe import RecipeError, load_recipe, plan_recipe, run_recipe
 from linker.recipe.schema import MAX_INCLUDE_DEPTH
 

@@ -55,8 +55,8 @@ def test_load_runs_once_before_the_first_read_and_again_after_a_failure():
 
 
 def test_the_five_pluggable_parts_are_registries():
+    from linker.datasets import LOADERS, available_formats, parse_spec
     from linker.encoders import ENCODERS, resolve_encoder
-    from linker.eval.datasets import LOADERS, available_formats, parse_spec
     from linker.index import KINDS, available_kinds, get_kind
     from linker.normalize import FORMATS
     from linker.sources import SOURCES, available_sources, get_source
@@ -74,6 +74,21 @@ def test_the_five_pluggable_parts_are_registries():
                        (lambda: parse_spec("conll:x.txt"), "dataset format"), (lambda: FORMATS.get("csv"), "input format")):
         with pytest.raises(UnknownNameError, match=f"^unknown {kind} "):
             call()
+
+
+def test_encoding_engines_register_themselves_where_the_dense_build_looks():
+    """`DenseConfig.engine` names an entry of `ENCODING_ENGINES`. The Ray engine lives above the index layer and
+    registers itself (`linker.engine.encode`, imported by name on the first read: listing it needs no Ray)."""
+    from linker.index.dense import ENCODING_ENGINES, DenseConfig, LocalEncoding, local_encoding
+
+    assert isinstance(ENCODING_ENGINES, Registry) and list(ENCODING_ENGINES) == ["local", "ray"]
+    from linker.engine.encode import RayEncoding
+
+    assert ENCODING_ENGINES.get("local") is local_encoding and ENCODING_ENGINES.get("ray") is RayEncoding
+    runner = ENCODING_ENGINES.get("local")(None, DenseConfig(batch_size=7, token_budget=99))
+    assert isinstance(runner, LocalEncoding) and (runner.batch_size, runner.token_budget) == (7, 99)
+    with pytest.raises(UnknownNameError, match=r"^unknown encoding engine 'spark'; available: local, ray$"):
+        DenseConfig(engine="spark")
 
 
 def test_normalize_path_dispatches_through_the_registry(tmp_path):

@@ -1,7 +1,7 @@
 """Release folders under attack: shipped model folders are inputs of every command, a release is replaced only by
 one of its own kind, and a tagger's manifest is checked field by field and against its `decoding_sha256`.
 
-Every case runs on tmp_path copies (the package's linker/models copied, `linker.models.MODELS_DIR` pointed there)
+Every case runs on tmp_path copies (the package's linker/models copied, `linker.folders.MODELS_DIR` pointed there)
 and asserts that the victim's files keep their sha256. Nothing trains: each command is refused before any work."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, cli
 
-import linker.models
+import linker.folders
 from linker.models import DECODING_DIGEST, MANIFEST, decoding_digest, read_release, release_folder
 
 pytest.importorskip("torch")
@@ -30,7 +30,7 @@ def models(tmp_path, monkeypatch) -> Path:
     """A copy of the package's linker/models that the library takes for its own; the cache root beside it."""
     copy = tmp_path / "pkg" / "linker" / "models"
     shutil.copytree(release_folder("linker-en").parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(linker.models, "MODELS_DIR", copy)
+    monkeypatch.setattr(linker.folders, "MODELS_DIR", copy)
     monkeypatch.setenv("LINKER_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache" / "encoders").mkdir(parents=True)
     return copy

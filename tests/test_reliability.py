@@ -25,9 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, assert_one_line_error, cli
-from linker.dictionary import SourceSpec, build_dictionary, sha256_file
+from linker.dictionary import SourceSpec, build_dictionary
 from linker.errors import ConfigError, InputFormatError
 from linker.fileio import MARKER, atomic_dir, atomic_file, check_output, remove_stale_temporaries
+from linker.folders import sha256_file
 from linker.index import build_index, load_index
 
 FIX = Path(__file__).parent / "fixtures"

@@ -191,3 +191,40 @@ def test_links_as_torch_does(tiny_encoder_dir, tmp_path, monkeypatch):
     for a, b in zip(fast, slow):
         assert [c.concept_id for c in a.candidates] == [c.concept_id for c in b.candidates]
         np.testing.assert_allclose([c.score for c in a.candidates], [c.score for c in b.candidates], atol=TOLERANCE)
+
+
+# --- flat search without FAISS (`linker.index.dense.flat_search`)
+
+
+def test_flat_search_equals_faiss(monkeypatch):
+    faiss = pytest.importorskip("faiss")
+    from linker.index import dense
+
+    monkeypatch.setattr(dense, "FLAT_BLOCK", 1000)  # several blocks of names
+    monkeypatch.setattr(dense, "FLAT_BLOCK_SCORES", 7000)  # and of queries
+    rng = np.random.default_rng(0)
+    names = rng.standard_normal((4500, 16)).astype(np.float32)
+    names /= np.linalg.norm(names, axis=1, keepdims=True)  # as the encoders' vectors: a name's own score is the top
+    names[3000] = names[10]  # an exact tie across two blocks: the lower row first
+    names[2001] = names[2000]  # and inside one
+    queries = rng.standard_normal((23, 16)).astype(np.float32)
+    queries[0], queries[1] = names[10], names[2000]
+    index = faiss.IndexFlatIP(16)
+    index.add(names)
+    for k in (1, 2, 6, 4500):
+        want_scores, want_rows = index.search(queries, k)
+        scores, rows = dense.flat_search(queries, names, k)
+        np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+        for got, want, want_score in zip(rows, want_rows, want_scores):
+            # the same rows but for (near-)ties with the k-th, which FAISS orders as its own rounding falls
+            clear = want[want_score > want_score[-1] + 1e-4]
+            assert set(clear.tolist()) <= set(got.tolist())
+    _, rows = dense.flat_search(queries[:2], names, 2)
+    assert rows.tolist() == [[10, 3000], [2000, 2001]]
+
+
+def test_flat_search_fewer_names_than_k():
+    from linker.index.dense import flat_search
+
+    scores, rows = flat_search(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32), 5)
+    assert rows.shape == (3, 3) and rows[:, 0].tolist() == [0, 1, 2] and scores[:, 0].tolist() == [1.0, 1.0, 1.0]

@@ -35,7 +35,7 @@ def test_shipped_files_match_their_manifest(name):
 
 def test_shipped_size_budget():
     """At most 30 MB a model and 80 MB in all, every release folder of the package counted (the extractor too)."""
-    from linker.models import MODELS_DIR
+    from linker.folders import MODELS_DIR
 
     sizes = {folder.name: sum(f.stat().st_size for f in folder.iterdir())
              for folder in MODELS_DIR.iterdir() if (folder / MANIFEST).is_file()}

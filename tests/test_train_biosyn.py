@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from linker.datasets import Mention, load_dataset
 from linker.dictionary import SourceSpec, build_dictionary
 from linker.encoders import load_encoder
 from linker.errors import ConfigError, LinkerError, MissingInputError
-from linker.eval.datasets import Mention, load_dataset
 from linker.train.biosyn import (
     BiosynConfig, dense_top, load_dictionary, merge_candidates, train_biosyn, training_queries, watched_acc1,
 )
@@ -161,7 +161,7 @@ def test_cli_biosyn(tmp_path, tiny_encoder_dir, biosyn_dict, capsys):
           "--max-length", "12"])
     summary = json.loads(capsys.readouterr().out)
     # the same file twice (as train + dev would be): its mentions twice, deduplicated into the same queries
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
 
     assert summary["queries"]["mentions"] == 2 * len(load_dataset(TRAIN))
     assert summary["steps"] == 2 and (out / "biosyn.json").is_file()

@@ -88,7 +88,7 @@ def test_sap_training_improves_synonym_retrieval_and_writes_a_model(tmp_path, ti
     assert len(metrics["steps"]) == summary["steps"] == 18  # 12 pairs / 4 per batch * 6 epochs
     config_json = json.loads((out / "train_config.json").read_text())
     assert config_json["trainer"] == "sap" and config_json["config"]["lr"] == 1e-3
-    assert list(config_json["data_sha256"].values())[0] == __import__("linker").dictionary.sha256_file(path)
+    assert list(config_json["data_sha256"].values())[0] == __import__("linker.folders").folders.sha256_file(path)
     assert not (tmp_path / "models" / "sap.checkpoint").exists()  # removed once the model is final
     assert load_encoder(str(out)).dim == 32
 
@@ -159,9 +159,10 @@ def test_training_forward_runs_length_buckets_with_the_same_result(tiny_encoder_
     model.eval()  # no dropout: both forward passes must see the same network
     texts = ["a", "fever of unknown origin with night sweats and weight loss", "rash", "b12 deficiency anaemia",
              "x", "hereditary nonpolyposis colorectal cancer type 2 in a family"] * 20
-    from linker.encoders import MAX_BATCH, TOKEN_BUDGET, _token_batches, token_counts
+    from linker.batching import MAX_BATCH, TOKEN_BUDGET, token_batches
+    from linker.encoders import token_counts
 
-    assert len(_token_batches(np.sort(token_counts(model, texts)), TOKEN_BUDGET, MAX_BATCH)) > 1  # it does bucket
+    assert len(token_batches(np.sort(token_counts(model, texts)), TOKEN_BUDGET, MAX_BATCH)) > 1  # it does bucket
     bucketed = common.embed(model, texts, "cpu")
     features = _preprocess(model, texts)
     padded = model(features)["sentence_embedding"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import echo_json, rerank_k_option, rerank_option
-from linker.cli.main import app
 
 
 @app.command("calibrate")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import typer
@@ -61,7 +62,7 @@ def check_datasets(specs, option: str = "--dataset") -> None:
     """Each dataset spec (FORMAT:PATH[#OPTIONS]) parses and names a file or folder that exists, before the index
     loads; the same message as when the dataset is read."""
     from linker.errors import MissingInputError
-    from linker.eval.datasets import parse_spec
+    from linker.datasets import parse_spec
 
     for spec in specs:
         parsed = parse_spec(spec)
@@ -122,3 +123,70 @@ def rerank_k_option():
 
 def min_confidence_option():
     return typer.Option(None, "--min-confidence", help=MIN_CONFIDENCE_HELP)
+
+
+# --- options and checks of every command that links spans: normalize, normalize-ray, annotate, annotate-ray
+
+OVERWRITE_HELP = "Replace an existing output file, or an output folder that linker wrote."
+SHARDS_OUTPUT_HELP = "Output folder: one Parquet shard per input shard, then _SUCCESS."
+
+
+def index_option(help: str = "Index folder from `linker index build`."):
+    return typer.Option(..., "--index", "-i", help=help)
+
+
+def lang_option(help: str = "Restrict candidates to names in this language (a span's own lang wins)."):
+    return typer.Option(None, "--lang", help=help)
+
+
+def overwrite_option(help: str = OVERWRITE_HELP):
+    return typer.Option(False, "--overwrite", help=help)
+
+
+def max_line_option():
+    return typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP)
+
+
+def max_document_option():
+    return typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP)
+
+
+def workers_option():
+    return typer.Option(2, "--workers", help="Ray actors, each loading the index (and tagger) once.")
+
+
+def address_option():
+    return typer.Option(None, "--address", help="An existing Ray cluster (`auto`, host:port); default: start a local Ray.")
+
+
+def check_coded_output(fmt: str, k: int, db: str | None) -> None:
+    """brat and ade-xml write one concept per span; a brat database name is an identifier without ':'."""
+    from linker.errors import ConfigError
+    from linker.formats import check_identifier
+
+    if fmt in ("brat", "ade-xml") and k != 1:
+        raise ConfigError(f"--format {fmt} writes the best concept of each span; use --k 1 (found --k {k})")
+    if db is not None:  # checked where it enters, so a bad value is refused before any work, naming the option
+        check_identifier(db, "--db", forbid=":")
+
+
+def check_ray_job(command: str, input_spec: str, output: str, **linker_options) -> None:
+    """The checks of a Ray command before any work: the linking options, no stdin/stdout, Ray installed."""
+    from linker.engine.ray import import_ray
+    from linker.errors import ConfigError
+
+    check_linker_options(**linker_options)
+    if "-" in (input_spec, output):
+        raise ConfigError(f"{command} reads Parquet and JSONL shards into Parquet shards; `-` (stdin/stdout) works "
+                          "with `linker normalize --format jsonl` only")
+    import_ray()  # a missing Ray is one line before any work
+
+
+def echo_ray_summary(verb: str, summary, output: str, started: float) -> None:
+    m = summary.manifest
+    typer.echo(
+        f"{verb} {m['spans']:,} spans ({m['linked']:,} linked, {m['nil']:,} no link) in {m['shards']:,} shard(s), "
+        f"{summary.linked_now:,} done now, {m['shards'] - summary.linked_now:,} done before -> {output} "
+        f"in {time.perf_counter() - started:.1f}s",
+        err=True,
+    )

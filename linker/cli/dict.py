@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import MAX_DOCUMENT_HELP, MAX_LINE_HELP, echo_json, read_limits, split_csv
-from linker.cli.main import app
 from linker.dictionary import SourceSpec, build_dictionary, describe, merge_tables
 from linker.sources import SourceOptions, available_sources
 

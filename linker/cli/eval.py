@@ -7,11 +7,11 @@ from pathlib import Path
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import (
     LENIENT_HELP, MAX_DOCUMENT_HELP, MAX_LINE_HELP, QUERY_PRECISION_HELP, check_datasets, check_file, check_index,
     check_linker_options, read_limits, rerank_k_option, rerank_option, split_csv,
 )
-from linker.cli.main import app
 from linker.errors import ConfigError
 from linker.eval.capabilities import DEFAULT_SAMPLE, DEFAULT_SEED, capability_table, evaluate_capabilities
 from linker.eval.report import evaluate, markdown_table, trust_markdown

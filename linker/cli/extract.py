@@ -1,6 +1,6 @@
 """`linker extract`: adverse-event, drug and effect spans of texts; `linker annotate`: the same, each adverse event
 coded with an index (extract, then link); `linker annotate-ray`: annotate on Ray, shards of documents in, shards of
-coded spans out. The linking options and checks are `linker.cli.normalize`'s."""
+coded spans out. The linking options and checks are `linker.cli.common`'s, shared with `linker normalize`."""
 
 from __future__ import annotations
 
@@ -9,28 +9,26 @@ from pathlib import Path
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import (
-    check_file,
-    check_index,
-    check_linker_options,
-    min_confidence_option,
-    option_inputs,
-    read_limits,
-    rerank_k_option,
-    rerank_option,
-)
-from linker.cli.main import app
-from linker.cli.normalize import (
     SHARDS_OUTPUT_HELP,
     address_option,
     check_coded_output,
+    check_file,
+    check_index,
+    check_linker_options,
     check_ray_job,
     echo_ray_summary,
     index_option,
     lang_option,
     max_document_option,
     max_line_option,
+    min_confidence_option,
+    option_inputs,
     overwrite_option,
+    read_limits,
+    rerank_k_option,
+    rerank_option,
     workers_option,
 )
 from linker.errors import ConfigError

@@ -10,13 +10,12 @@ from typing import Any
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import echo_json
-from linker.cli.main import app
 from linker.errors import ConfigError
 from linker.index import available_kinds, build_index, get_kind
 from linker.index.dense import DenseConfig
 from linker.index.manifest import read_manifest, verify
-from linker.index.tfidf import TfidfConfig
 
 index_app = typer.Typer(help="Build and inspect index folders.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
@@ -45,7 +44,7 @@ def _parameters(config_type: type, parts: dict[type, Callable[[], Any]], own: di
 
 def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, normalization: str | None,
                   threads: int | None, exact_max_names: int | None, search: str | None = None) -> TfidfConfig:
-    from linker.index.tfidf import get_preset
+    from linker.index.tfidf import TfidfConfig, get_preset
 
     options: dict = {"analyzer": analyzer, "normalization": normalization}
     if ngram is not None:
@@ -100,6 +99,10 @@ def build_cli(
     prior: list[str] = typer.Option(None, "--prior", help="Labelled training data FORMAT:PATH[#OPTIONS] (repeatable): among concepts tied at equal scores, the one most often gold there for the matched name ranks first, then the one most often gold overall."),
 ) -> None:
     """Build an index folder (tfidf, dense or hybrid) over a concept table."""
+    # Here, not at the top: this module is imported by every `linker` command, and tf-idf's imports (scikit-learn,
+    # numba) took seconds of a dense `linker link`.
+    from linker.index.tfidf import TfidfConfig
+
     spec = get_kind(kind)
     dense_only = {"--encoder": encoder, "--faiss": faiss_index, "--storage": storage, "--engine": engine,
                   "--workers": workers, "--address": address, "--batch-size": batch_size}
@@ -122,7 +125,7 @@ def build_cli(
     }
     config = spec.config_from_dict(_parameters(spec.config_type, parts, own))
     if dev is not None:  # read after the build: the folder the build replaces may not hold it
-        from linker.eval.datasets import spec_inputs
+        from linker.datasets import spec_inputs
         from linker.fileio import check_output
 
         check_output(out, inputs=spec_inputs(dev, "--dev"), overwrite=overwrite, folder=True, option="--out")
@@ -170,7 +173,7 @@ def tune_cli(
     query_lang: bool = typer.Option(False, "--query-lang", help="Restrict candidates to names in each mention's language."),
 ) -> None:
     """Choose a hybrid index's sparse/dense weights on dev mentions by a grid; store them and the dev scores in its manifest."""
-    from linker.eval.datasets import spec_inputs
+    from linker.datasets import spec_inputs
     from linker.eval.tune import DEFAULT_GRID, parse_grid, tune_sparse_weight
     from linker.fileio import check_output
     from linker.index.manifest import MANIFEST

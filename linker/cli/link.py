@@ -7,11 +7,11 @@ from pathlib import Path
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import (
     MAX_LINE_HELP, QUERY_PRECISION_HELP, check_file, check_index, check_linker_options, echo_json, min_confidence_option,
     option_inputs, read_limits, rerank_k_option, rerank_option,
 )
-from linker.cli.main import app
 from linker.errors import InputFormatError
 from linker.link import Linker, LinkResult
 from linker.normalize import check_paths, normalize_jsonl_stream

@@ -28,33 +28,14 @@ try:
     from typer import _click as typer_click  # typer >= 0.26 vendors its own click
 except ImportError:  # an older typer runs on the click package it depends on
     import click as typer_click
-from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperOption
 
 import linker
 from linker import progress
+from linker.cli._app import app
 from linker.errors import InputFormatError, LinkerError
 
-# `linker --help` lists commands in the order a user runs them, not in registration order.
-PIPELINE_ORDER = ("dict", "index", "link", "extract", "annotate", "normalize", "normalize-ray", "annotate-ray", "serve",
-                  "eval", "capabilities", "train")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-class PipelineOrderGroup(TyperGroup):
-    def list_commands(self, ctx) -> list[str]:
-        names = super().list_commands(ctx)
-        rank = {name: i for i, name in enumerate(PIPELINE_ORDER)}
-        return sorted(names, key=lambda name: (rank.get(name, len(rank)), name))
-
-
-app = typer.Typer(
-    name="linker",
-    cls=PipelineOrderGroup,
-    help="Multilingual medical entity linking: dictionaries, indexes, linking, evaluation, training, service.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 
 
 class ShortDigests(logging.Formatter):
@@ -102,7 +83,8 @@ def _global_options(
 
 
 def _register() -> None:
-    # Each group lives in its own module; importing it adds its commands to `app`.
+    # Each group lives in its own module; importing it adds its commands to `app` (`linker.cli._app`, which no
+    # command module needs this one for).
     from linker.cli import calibrate as _calibrate  # noqa: F401
     from linker.cli import dict as _dict  # noqa: F401
     from linker.cli import eval as _eval  # noqa: F401

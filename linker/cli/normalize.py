@@ -1,6 +1,6 @@
 """`linker normalize`: link every span of a JSONL, brat or ADE-Eval/TAC-2017 XML input; `linker normalize-ray`: the
-same for Parquet / JSONL shards on Ray Data. The options and checks every command that links shares (`annotate`,
-`annotate-ray` in `linker.cli.extract`) are here, declared once."""
+same for Parquet / JSONL shards on Ray Data. The options and checks every command that links shares (with `annotate`
+and `annotate-ray` in `linker.cli.extract`) are declared once, in `linker.cli.common`."""
 
 from __future__ import annotations
 
@@ -9,23 +9,31 @@ from pathlib import Path
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import (
     LENIENT_HELP,
-    MAX_DOCUMENT_HELP,
-    MAX_LINE_HELP,
     QUERY_PRECISION_HELP,
+    SHARDS_OUTPUT_HELP,
+    address_option,
+    check_coded_output,
     check_file,
     check_index,
     check_linker_options,
+    check_ray_job,
+    echo_ray_summary,
+    index_option,
+    lang_option,
+    max_document_option,
+    max_line_option,
     min_confidence_option,
     option_inputs,
+    overwrite_option,
     read_limits,
     rerank_k_option,
     rerank_option,
+    workers_option,
 )
-from linker.cli.main import app
 from linker.errors import ConfigError
-from linker.formats import check_identifier
 from linker.link import Linker
 from linker.normalize import (
     BATCH,
@@ -35,69 +43,9 @@ from linker.normalize import (
     normalize_path,
 )
 
-OVERWRITE_HELP = "Replace an existing output file, or an output folder that linker wrote."
-SHARDS_OUTPUT_HELP = "Output folder: one Parquet shard per input shard, then _SUCCESS."
-
-
-def index_option(help: str = "Index folder from `linker index build`."):
-    return typer.Option(..., "--index", "-i", help=help)
-
-
-def lang_option(help: str = "Restrict candidates to names in this language (a span's own lang wins)."):
-    return typer.Option(None, "--lang", help=help)
-
-
-def overwrite_option(help: str = OVERWRITE_HELP):
-    return typer.Option(False, "--overwrite", help=help)
-
-
-def max_line_option():
-    return typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP)
-
-
-def max_document_option():
-    return typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP)
-
 
 def precision_option():
     return typer.Option(None, "--precision", help=QUERY_PRECISION_HELP)
-
-
-def workers_option():
-    return typer.Option(2, "--workers", help="Ray actors, each loading the index (and tagger) once.")
-
-
-def address_option():
-    return typer.Option(None, "--address", help="An existing Ray cluster (`auto`, host:port); default: start a local Ray.")
-
-
-def check_coded_output(fmt: str, k: int, db: str | None) -> None:
-    """brat and ade-xml write one concept per span; a brat database name is an identifier without ':'."""
-    if fmt in ("brat", "ade-xml") and k != 1:
-        raise ConfigError(f"--format {fmt} writes the best concept of each span; use --k 1 (found --k {k})")
-    if db is not None:  # checked where it enters, so a bad value is refused before any work, naming the option
-        check_identifier(db, "--db", forbid=":")
-
-
-def check_ray_job(command: str, input_spec: str, output: str, **linker_options) -> None:
-    """The checks of a Ray command before any work: the linking options, no stdin/stdout, Ray installed."""
-    from linker.engine.ray import import_ray
-
-    check_linker_options(**linker_options)
-    if "-" in (input_spec, output):
-        raise ConfigError(f"{command} reads Parquet and JSONL shards into Parquet shards; `-` (stdin/stdout) works "
-                          "with `linker normalize --format jsonl` only")
-    import_ray()  # a missing Ray is one line before any work
-
-
-def echo_ray_summary(verb: str, summary, output: str, started: float) -> None:
-    m = summary.manifest
-    typer.echo(
-        f"{verb} {m['spans']:,} spans ({m['linked']:,} linked, {m['nil']:,} no link) in {m['shards']:,} shard(s), "
-        f"{summary.linked_now:,} done now, {m['shards'] - summary.linked_now:,} done before -> {output} "
-        f"in {time.perf_counter() - started:.1f}s",
-        err=True,
-    )
 
 
 @app.command("normalize")

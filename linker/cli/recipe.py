@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from linker.cli.main import app
+from linker.cli._app import app
 
 recipe_app = typer.Typer(help="Run a whole system from one recipe file (recipes/*.toml).", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import (
     QUERY_PRECISION_HELP, check_linker_options, min_confidence_option, rerank_k_option, rerank_option,
 )
-from linker.cli.main import app
 from linker.errors import ConfigError
 
 

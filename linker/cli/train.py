@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from linker.cli._app import app
 from linker.cli.common import echo_json
-from linker.cli.main import app
 from linker.progress import on_terminal
 
 train_app = typer.Typer(help="Train dense encoders (BioSyn, SapBERT-style self-alignment) and cross-encoder re-rankers.", no_args_is_help=True)
@@ -113,7 +113,7 @@ def release_cli(
 ) -> None:
     """Retrain a model that ships with linker, exactly as shipped, and write its release (weights, card, manifest)."""
     _check_train_extra("linker train release")
-    from linker.models.release import RECIPES, train_release
+    from linker.train.release import RECIPES, train_release
 
     if name not in RECIPES:
         from linker.errors import UnknownNameError

@@ -1,7 +1,8 @@
 """Ray engine for index builds: the name chunks of a dense build encoded by Ray actors.
 
 `linker index build --engine ray` (`DenseConfig(engine="ray")`) hands `linker.index.dense.encode_names`
-a `RayEncoding` instead of encoding in its own process. Each actor loads the encoder once, by the
+a `RayEncoding` instead of encoding in its own process: this module registers it as the ``ray`` entry of
+`linker.index.dense.ENCODING_ENGINES`, where the build looks engines up by name. Each actor loads the encoder once, by the
 name the build resolved (a shipped or builtin name, or an absolute folder that every node must
 see), in the build's precision, on one CPU; the driver keeps two chunks in flight per actor and
 writes each returned chunk into its memmap and ``progress.json``, as a local build does. So:
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import LinkerError
+from linker.index.dense import ENCODING_ENGINES, STAT_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,6 @@ class _EncodeWorker:
         self.batch_size, self.token_budget = batch_size, token_budget
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, dict]:
-        from linker.index.dense import STAT_FIELDS
-
         vectors = self.encoder.encode(texts, role="passage", batch_size=self.batch_size, token_budget=self.token_budget)
         stats = self.encoder.last_stats
         return vectors, {field: getattr(stats, field) for field in STAT_FIELDS}
@@ -103,3 +103,6 @@ class RayEncoding:
                 advance(rows)
                 yield chunk, vectors, stats
                 submit(actor)
+
+
+ENCODING_ENGINES.register("ray", RayEncoding)

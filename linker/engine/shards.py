@@ -41,11 +41,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from linker.dictionary import sha256_file
 from linker.engine.arrow import OUTPUT_SCHEMA, link_arrow, nil_count
 from linker.errors import ConfigError, InputFormatError, MissingInputError, shorten
 from linker.fileio import MARKER, READ_ERRORS, FileNamer, Input, atomic_file, check_inputs, check_output, \
     is_temporary, model_inputs, native_read, read_failure, remove_stale_temporaries
+from linker.folders import sha256_file
 from linker.formats import DEFAULT_LIMITS, ReadLimits
 from linker.formats.jsonl import jsonl_source, read_jsonl
 from linker.index.manifest import MANIFEST, read_manifest

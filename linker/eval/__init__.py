@@ -1,1 +1,1 @@
-"""Evaluation: datasets, Medical Crossing filters, Acc@k metrics, reports."""
+"""Evaluation: Medical Crossing filters, Acc@k metrics, reports (the labelled datasets: `linker.datasets`)."""

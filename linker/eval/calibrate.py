@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from linker.confidence import CALIBRATION, expected_calibration_error, fit_isotonic, raw_probability, write_calibration
+from linker.datasets import load_dataset, spec_inputs
 from linker.errors import ConfigError
-from linker.eval.datasets import load_dataset, spec_inputs
 from linker.eval.metrics import mention_hits
 from linker.eval.report import Ranked, gold_matcher, predict, top_of
 from linker.fileio import check_output, model_inputs

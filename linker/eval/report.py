@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import linker
+from linker.datasets import Mention, load_dataset, spec_inputs
 from linker.errors import ConfigError, UnknownNameError
-from linker.eval.datasets import Mention, load_dataset, spec_inputs
 from linker.eval.filters import FILTERS, Normaliser, ReferenceSet, filter_indices, read_abbreviations
 from linker.eval.metrics import (
     BOOTSTRAP_RESAMPLES,

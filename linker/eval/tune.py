@@ -22,8 +22,8 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from linker.datasets import Mention, load_dataset
 from linker.errors import ConfigError
-from linker.eval.datasets import Mention, load_dataset
 from linker.eval.metrics import mention_hits
 from linker.eval.report import gold_matcher, predict
 

@@ -3,7 +3,7 @@
 - BioSyn's processed ``*.concept`` files: ``doc||start|end||type||mention||cui``.
 - ``id<TAB>mention[<TAB>lang]`` (``tsv``) and ``id||mention`` (``query``) lists.
 
-Ids are kept as written (``A|B+C``); `linker.eval.datasets` reads alternatives and parts from them.
+Ids are kept as written (``A|B+C``); `linker.datasets` reads alternatives and parts from them.
 
 The writers refuse (one line naming the field) what a line cannot hold: a line break or another
 control character, the separator (a tab, or ``||`` and a ``|`` at either end of a field of the

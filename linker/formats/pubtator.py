@@ -3,7 +3,7 @@ annotation ``doc<TAB>start<TAB>end<TAB>mention<TAB>type<TAB>ids[<TAB>part texts]
 documents. BC5CDR's relation lines ``doc<TAB>CID<TAB>id<TAB>id`` carry no mention and are skipped.
 
 The reader leaves the ids as written (``MESH:D…``, ``A|B``, ``-1``): what they mean is the
-evaluation's business (`linker.eval.datasets`).
+evaluation's business (`linker.datasets`).
 
 PubTator has no escapes. The writer refuses (one line naming the field) a document id that is not
 one token or holds ``|``, a title, abstract or annotation field that holds a line break or another

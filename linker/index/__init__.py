@@ -34,8 +34,8 @@ import linker
 from linker.dictionary import ConceptTable, hierarchy_path, read_concept_table
 from linker.errors import ConfigError, IndexMismatchError, InputFormatError
 from linker.fileio import Input, atomic_dir, check_output, model_inputs
-from linker.index.manifest import (CONCEPTS, HIERARCHY, INDEX_FORMAT, JSON_MAX_BYTES, LARGE_MAX_BYTES, MANIFEST,
-                                   folder_file, read_folder_json, read_manifest, verify, write_manifest)
+from linker.folders import JSON_MAX_BYTES, LARGE_MAX_BYTES, folder_file, read_folder_json
+from linker.index.manifest import CONCEPTS, HIERARCHY, INDEX_FORMAT, MANIFEST, read_manifest, verify, write_manifest
 from linker.precision import check_precision
 from linker.registry import Registry
 from linker.text import code_key, normalize
@@ -160,7 +160,7 @@ def build_index(
     if not isinstance(config, spec.config_type):
         raise ConfigError(f"index kind {kind!r} takes a {spec.config_type.__name__}, found {type(config).__name__}")
     out = Path(out)
-    from linker.eval.datasets import spec_inputs  # eval's spec reader; imported here, index sits below eval
+    from linker.datasets import spec_inputs  # the dataset readers: needed by a build with --prior only
 
     # Every path the build reads is an input the index folder may not touch: the table, its side table,
     # the re-ranker and encoder folders, the prior's datasets and the files their options name.
@@ -228,7 +228,7 @@ def write_prior(table: ConceptTable, specs: Sequence[str], folder: Path) -> dict
     shows in the manifest instead of silently doing nothing. Per text (`prior_key`, mentions with one gold part):
     the name tie order of `linker.link` (Cantemist's annotators coded "neoplásica" 8000/1 36 times and 8000/3 5 times,
     while 8000/3 is the most annotated code overall)."""
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
 
     by_key = {code_key(cid): cid for cid in table.table.column("concept_id").unique().to_pylist()}
     counts: Counter[str] = Counter()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -51,23 +52,28 @@ from pathlib import Path
 
 import numpy as np
 
-from linker.encoders import TOKEN_BUDGET, check_compile_choice, should_compile
+from linker.encoders import check_compile_choice, should_compile
 from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError
 from linker.extras import check as check_extra, require
 from linker.progress import bar, note
 from linker.fileio import native_read
-from linker.index.manifest import LARGE_MAX_BYTES, folder_file, read_folder_array, read_folder_json, typed_parameters
+from linker.folders import LARGE_MAX_BYTES, folder_file, read_folder_json
+from linker.index.manifest import read_folder_array, typed_parameters
 from linker.precision import check_precision, resolve_precision
+from linker.registry import Registry
 
 log = logging.getLogger(__name__)
 DENSE_MODULES = ("torch", "sentence_transformers", "faiss")  # the `dense` extra
+# What loading a dense index for queries imports, preloaded while its files are checked (`linker.index.IndexKind`):
+# the numpy runtime's tokenizer (`linker.runtime`). torch comes in only for models that runtime does not run, and
+# FAISS only for the non-flat kinds: importing them in the background slowed the first answer of every other index.
+QUERY_MODULES = ("tokenizers",)
 
 FAISS_KINDS = ("flat", "hnsw", "ivf-sq8", "ivf-pq", "ivf-pqfs")
 # `faiss_kind="auto"`: flat (exact) up to this many names, ivf-pqfs with exact re-scoring above. On 2 cores a flat
 # search over 200,000 names answers ~1,000 queries/s, about what the encoder does (eval/scale/report.md).
 AUTO_FLAT_MAX_NAMES = 200_000
 STORAGES = ("auto", "fp32", "fp16")  # dtype of dense/embeddings.npy; auto = fp16 for the IVF kinds, fp32 otherwise
-ENGINES = ("local", "ray")
 SUBDIR = "dense"
 EMBEDDINGS = f"{SUBDIR}/embeddings.npy"
 FAISS_FILE = f"{SUBDIR}/index.faiss"
@@ -76,6 +82,11 @@ PROGRESS = "progress.json"
 WORK_EMBEDDINGS = "embeddings.npy"
 STORED_FP16 = "embeddings-fp16.npy"
 STORAGE_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+# Tokens per batch of a build (padding included): a quarter of `linker.encoders.TOKEN_BUDGET`. A batch's feed-forward
+# activations (2,048 x 1,536 float32, 12.6 MB) then stay in a 32 MB L3 cache, and batches cut from names of similar
+# length pad less (5% of the tokens against 14%). Default-dictionary names, linker-en fp32, alternating in one
+# process: 165 names per CPU-second against 134 at 8,192, the same vectors within 3e-7 (docs/performance.md).
+BUILD_TOKEN_BUDGET = 2048
 MISSING_SCORE = -np.inf  # score reported beside row -1 (fewer than k names found)
 
 
@@ -86,13 +97,13 @@ class DenseConfig:
     encoder: str = "minilm"
     precision: str = "auto"  # auto|fp32|bf16|int8 (linker.precision); an index records the one it used
     batch_size: int = 512  # most names per batch; batches are filled by token_budget (linker.encoders)
-    token_budget: int = TOKEN_BUDGET  # tokens per batch, padding included
+    token_budget: int = BUILD_TOKEN_BUDGET  # tokens per batch, padding included
     parity_sample: int = 512  # names encoded in fp32 and in the chosen precision to check it (0 = no check)
-    compile: str = "auto"  # torch.compile the encoder: auto (large CPU builds), on, off (linker.encoders)
+    compile: str = "auto"  # torch.compile the encoder: auto (large CPU builds in bf16), on, off (linker.encoders)
     chunk_rows: int = 8192  # names encoded between two progress checkpoints (~12 MB at 384-d)
     faiss_kind: str = "auto"  # auto = flat up to AUTO_FLAT_MAX_NAMES names, ivf-pqfs above; the index records its choice
     storage: str = "auto"  # dtype of the stored vectors: fp32, fp16; auto = fp16 for the IVF kinds
-    engine: str = "local"  # who encodes the chunks: this process, or Ray actors (linker.engine.encode)
+    engine: str = "local"  # who encodes the chunks (`ENCODING_ENGINES`): this process, or Ray actors
     workers: int = 0  # ray: encoding actors (0 = one per CPU of the Ray cluster)
     address: str = ""  # ray: the cluster to join ("" = start a local Ray)
     hnsw_m: int = 32  # the lead's 1M-name measurement: recall@1 0.9 at ~3k q/s
@@ -117,8 +128,7 @@ class DenseConfig:
             raise UnknownNameError("FAISS index kind", self.faiss_kind, ("auto", *FAISS_KINDS))
         if self.storage not in STORAGES:
             raise UnknownNameError("vector storage", self.storage, STORAGES)
-        if self.engine not in ENGINES:
-            raise UnknownNameError("encoding engine", self.engine, ENGINES)
+        ENCODING_ENGINES.get(self.engine)  # an unknown engine names the registered ones
         if self.workers < 0:
             raise ConfigError(f"workers must be >= 0 (0 = one per CPU of the Ray cluster), found {self.workers}")
         if self.engine == "local" and (self.workers or self.address):
@@ -190,6 +200,28 @@ class LocalEncoding:
             yield chunk, vectors, {field: getattr(stats, field) for field in STAT_FIELDS}
 
 
+def local_encoding(encoder, config: DenseConfig) -> LocalEncoding:
+    """The ``local`` engine: the build's own process encodes, in the config's batches."""
+    return LocalEncoding(encoder, batch_size=config.batch_size, token_budget=config.token_budget)
+
+
+# Who encodes a build's chunks, by `DenseConfig.engine`: name -> (encoder, config) -> a runner like `LocalEncoding`
+# (``run(jobs, advance)`` yields (chunk, vectors, stats); ``describe()``, where it has one, goes into the manifest).
+# An engine above the index layer registers itself when its module is imported (``ray``: `linker.engine.encode`).
+# The registry's loader imports `ENGINE_MODULES` by name before the first read, as `linker.sources` loads its
+# readers, so that this module never imports them.
+ENGINE_MODULES = ("linker.engine.encode",)
+
+
+def _load_engines() -> None:
+    for module in ENGINE_MODULES:
+        importlib.import_module(module)
+
+
+ENCODING_ENGINES: Registry[Callable[..., LocalEncoding]] = Registry("encoding engine", load=_load_engines)
+ENCODING_ENGINES.register("local", local_encoding)
+
+
 def length_chunks(names: Sequence[str], chunk_rows: int) -> list[np.ndarray]:
     """Name rows in chunks of `chunk_rows`, by length (characters) across the whole list, so that each chunk holds
     names of similar length and its batches pad little; rows sorted within a chunk (the memmap is written front to
@@ -205,7 +237,7 @@ def encode_names(
     work_dir: Path,
     *,
     batch_size: int = 512,
-    token_budget: int = TOKEN_BUDGET,
+    token_budget: int = BUILD_TOKEN_BUDGET,
     chunk_rows: int = 8192,
     show_progress: bool | None = None,
     progress: Callable[[int], None] | None = None,
@@ -214,7 +246,7 @@ def encode_names(
     """Encode `names` (passage role) into ``work_dir/embeddings.npy``, resuming a partial run.
 
     Chunks come from `length_chunks`; `runner` encodes them (`LocalEncoding` with `encoder` when None;
-    `linker.engine.encode.RayEncoding` spreads them over Ray actors). After each chunk the memmap is
+    `ENCODING_ENGINES`' ``ray``, `linker.engine.encode.RayEncoding`, spreads them over Ray actors). After each chunk the memmap is
     flushed and ``progress.json`` lists the chunks done with the sha256 of their vectors; a rerun with the
     same names, encoder and chunk size (same key) encodes only the others and the listed chunks whose vectors do
     not hash to their sha256 (`_verified_chunks`). Returns the memmap (read-only) and the encoding
@@ -372,6 +404,48 @@ def exact_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, block: int =
     return best_scores, best_rows
 
 
+# Names per block of `flat_search`, and the most (query, name) scores a block holds at once (32 MB of float32).
+FLAT_BLOCK = 65536
+FLAT_BLOCK_SCORES = 8 << 20
+
+
+def flat_search(queries: np.ndarray, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top k of each query over all rows of `embeddings` (FAISS's IndexFlatIP search, without
+    FAISS), by (score desc, row asc): the products of a block of names with a block of queries in one BLAS call, then
+    the k best of each query, rows tied with the k-th kept until the order by row settles them (FAISS orders a tie
+    as its own rounding falls). Returns (scores (q, k) float32, rows (q, k) int64)."""
+    q, n = len(queries), len(embeddings)
+    k = min(k, n)
+    best_scores = np.full((q, 0), MISSING_SCORE, dtype=np.float32)
+    best_rows = np.zeros((q, 0), dtype=np.int64)
+    step = max(1, FLAT_BLOCK_SCORES // FLAT_BLOCK)
+    for start in range(0, n, FLAT_BLOCK):
+        names = np.asarray(embeddings[start : start + FLAT_BLOCK], dtype=np.float32)  # (block, dim)
+        found_scores, found_rows = [], []
+        for first in range(0, q, step):
+            scores = queries[first : first + step] @ names.T  # (queries, block)
+            found = _top_with_ties(scores, k)
+            found_scores.append(np.take_along_axis(scores, found, axis=1))
+            found_rows.append(found + start)
+        best_scores, best_rows = _merge(best_scores, best_rows, np.concatenate(found_scores),
+                                        np.concatenate(found_rows), k)
+        release(embeddings)
+    return best_scores, best_rows
+
+
+def _top_with_ties(scores: np.ndarray, k: int) -> np.ndarray:
+    """Column numbers of each row's k largest scores, the lowest columns among those tied with the k-th: (rows, k)."""
+    if scores.shape[1] <= k:
+        return np.broadcast_to(np.arange(scores.shape[1]), scores.shape).copy()
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1 : k]  # each row's k-th largest
+    rows, columns = np.nonzero(scores >= kth)  # k or more a row (ties with the k-th), by row then column
+    order = np.lexsort((columns, -scores[rows, columns], rows))
+    rows, columns = rows[order], columns[order]
+    starts = np.searchsorted(rows, np.arange(len(scores)))
+    rank = np.arange(len(rows)) - starts[rows]
+    return columns[rank < k].reshape(len(scores), k)
+
+
 def _merge(s1, r1, s2, r2, k):
     scores = np.concatenate([s1, s2], axis=1)
     rows = np.concatenate([r1, r2], axis=1)
@@ -523,24 +597,23 @@ class DenseNameIndex:
     kind = "dense"
 
     def __init__(self, encoder, config: DenseConfig, embeddings: np.ndarray, faiss_index=None, params: dict | None = None):
-        faiss = require("faiss", extra="dense", what="a dense index")
-
         self.encoder = encoder
         self.config = config
         self.embeddings = embeddings  # (n, dim) float32 or float16 (config.storage), usually a read-only memmap
         self.params = dict(params or {})
-        # Below this many queries FAISS scans the vectors once per query, one thread per query; above,
-        # one matrix product per block reads them once for all queries on every thread. A service links
-        # a few mentions per call: on the 77,830-name MEDIC index (minilm, 2 cores) the product made
-        # `Linker.link` 1.62x faster for 1 mention and 1.22x for 10 (scratch timing, same top-1), and
-        # the service 1.21x at ten mentions per request (eval/service/service_load_medic_dense_vs_tfidf.md).
-        # The setting is FAISS's, process-wide.
-        faiss.cvar.distance_compute_blas_threshold = 1
-        if faiss_index is None:
-            faiss_index = faiss.IndexFlatIP(embeddings.shape[1])
-            for start in range(0, len(embeddings), 65536):
-                faiss_index.add(np.ascontiguousarray(embeddings[start : start + 65536], dtype=np.float32))
+        # None for flat: `flat_search` multiplies the memory-mapped vectors directly. A FAISS IndexFlatIP held a
+        # copy of them (230 MB for the default index, copied at every load) and cost the import of FAISS, for the
+        # same product and the same hits.
         self.faiss_index = faiss_index
+        if faiss_index is not None:
+            faiss = require("faiss", extra="dense", what="a dense index")
+            # Below this many queries FAISS scans the vectors once per query, one thread per query; above,
+            # one matrix product per block reads them once for all queries on every thread. A service links
+            # a few mentions per call: on the 77,830-name MEDIC index (minilm, 2 cores) the product made
+            # `Linker.link` 1.62x faster for 1 mention and 1.22x for 10 (scratch timing, same top-1), and
+            # the service 1.21x at ten mentions per request (eval/service/service_load_medic_dense_vs_tfidf.md).
+            # The setting is FAISS's, process-wide (an IVF index searches its centroids with it).
+            faiss.cvar.distance_compute_blas_threshold = 1
         self._work_dir: tempfile.TemporaryDirectory | None = None  # owns a temporary build folder
         self._work_path: Path | None = None
 
@@ -651,7 +724,10 @@ class DenseNameIndex:
         fetch = min(self.size, candidates(self.config, k) if rerank else k)
         # One extra hit so that ties at the k-th place are resolved by row, not by FAISS order.
         fetch = min(self.size, fetch + 1)
-        scores, rows = self.faiss_index.search(vectors, fetch)
+        if self.faiss_index is None:
+            scores, rows = flat_search(vectors, self.embeddings, fetch)
+        else:
+            scores, rows = self.faiss_index.search(vectors, fetch)
         # A config still at "auto" was never built by `build`: the constructor made a flat index for it.
         if rerank or self.config.faiss_kind in ("flat", "auto"):
             # A flat search is a blocked matrix product whose rounding depends on where a name falls
@@ -698,8 +774,6 @@ class DenseNameIndex:
         load_query_encoder(params' encoder name) in `precision` (None: the precision the index was
         encoded in, `linker.precision.resolve_precision`). Refuses an encoder other than the one
         it was built with."""
-        faiss = require("faiss", extra="dense", what="a dense index")
-
         folder = Path(folder)
         if params is None:
             params = read_folder_json(folder, PARAMS, what="dense index parameters (JSON)", fix=REBUILD)
@@ -726,6 +800,7 @@ class DenseNameIndex:
                                    f"dtype {embeddings.dtype}", fix=REBUILD)
         faiss_index = None
         if "faiss" in files:
+            faiss = require("faiss", extra="dense", what="a dense index")
             with native_read(folder / files["faiss"], "a FAISS index file", fix=REBUILD):
                 # IVF lists are memory-mapped read-only (IO_FLAG_MMAP): the workers of a machine share their
                 # pages; linker never adds to a loaded index. (FAISS 1.15 still reads HNSW/flat storage.)
@@ -734,6 +809,8 @@ class DenseNameIndex:
                 raise IndexMismatchError(f"{folder / files['faiss']}: {faiss_index.ntotal} vectors of {faiss_index.d} "
                                          f"dimensions, expected {rows} of {dim}; rebuild the index")
             _tune(faiss_index, config)
+            if config.threads:
+                faiss.omp_set_num_threads(config.threads)
         if encoder is None:
             from linker.encoders import load_query_encoder  # numpy for the shipped BERTs in fp32 (linker.runtime)
 
@@ -741,7 +818,6 @@ class DenseNameIndex:
                                          precision=resolve_precision(precision, recorded=config.precision))
         if encoder.precision != config.precision:
             log.info("%s: names encoded in %s, queries in %s", folder, config.precision, encoder.precision)
-        _set_threads(config.threads)
         if (encoder.spec.revision, encoder.dim) != (built["revision"], built["dim"]):
             raise IndexMismatchError(
                 f"{folder}: built with encoder {built['name']!r} ({built['revision']}, {built['dim']}-d), "
@@ -890,11 +966,7 @@ def build_dense(names: Sequence[str], config: DenseConfig, folder: Path) -> dict
     # compiling it would cost the driver ~14 CPU-seconds for nothing.
     encoder, precision = precision_encoder(names, replace(config, compile="off") if config.engine == "ray" else config)
     work = partial_dir(Path(folder).parent, names, encoder)
-    runner = None
-    if config.engine == "ray":
-        from linker.engine.encode import RayEncoding
-
-        runner = RayEncoding(encoder, config)
+    runner = ENCODING_ENGINES.get(config.engine)(encoder, config)
     index = DenseNameIndex.build(names, encoder, config, work_dir=work, runner=runner)
     index.params["precision"] = precision
     params = index.save(folder)
@@ -909,4 +981,4 @@ def dense_kind():
     def load(folder: Path, config: DenseConfig, manifest: dict, precision: str | None = None):
         return DenseNameIndex.load(folder, listed_params(folder, manifest), precision=precision)
 
-    return IndexKind("dense", DenseConfig, build_dense, load, DenseConfig.from_dict, preload=DENSE_MODULES)
+    return IndexKind("dense", DenseConfig, build_dense, load, DenseConfig.from_dict, preload=QUERY_MODULES)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError
-from linker.index.dense import DENSE_MODULES, DenseConfig, DenseNameIndex, build_dense, exact_scores, listed_params
+from linker.index.dense import QUERY_MODULES, DenseConfig, DenseNameIndex, build_dense, exact_scores, listed_params
 from linker.index.manifest import typed_parameters
 from linker.index.tfidf import TfidfConfig, TfidfNameIndex, config_from_manifest
 
@@ -143,4 +143,4 @@ def hybrid_kind():
         dense = DenseNameIndex.load(folder, listed_params(folder, manifest), precision=precision)
         return HybridNameIndex(sparse, dense, config.sparse_weight, config.dense_weight)
 
-    return IndexKind("hybrid", HybridConfig, build, load, HybridConfig.from_dict, preload=DENSE_MODULES)
+    return IndexKind("hybrid", HybridConfig, build, load, HybridConfig.from_dict, preload=QUERY_MODULES)

@@ -17,7 +17,6 @@ import logging
 import math
 import mmap
 import os
-import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,9 +24,10 @@ from pathlib import Path
 import numpy as np
 
 import linker
-from linker.dictionary import sha256_file
 from linker.errors import IndexMismatchError, InputFormatError, LinkerError, MissingInputError
-from linker.fileio import atomic_file, is_temporary, mapped_blocks
+from linker.fileio import atomic_file, is_temporary
+from linker.folders import (LARGE_MAX_BYTES, REBUILD_FIX, cache_root, error_text, folder_file, mapped_blocks,
+                            read_folder_bytes, relative_name, sha256_file)
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def check_manifest(path: Path, manifest: dict) -> None:
     if manifest.get("prior"):
         named["prior.file"] = manifest["prior"].get("file")
     for field, name in named.items():
-        _relative_name(path.parent, name, "a file", f"{path}: field {field!r}", REBUILD_FIX)
+        relative_name(path.parent, name, "a file", f"{path}: field {field!r}", REBUILD_FIX)
         if name not in manifest["files"]:
             raise InputFormatError(path, f"field {field!r} naming one of the files the manifest lists",
                                    f"{name!r}, which 'files' does not list (its checksum is unknown)", fix=REBUILD_FIX)
@@ -257,8 +257,6 @@ class VerifiedStamp:
 
     @classmethod
     def of(cls, folder: Path, manifest: dict, files: dict[str, Path]) -> VerifiedStamp:
-        from linker.encoders import cache_root  # lazily: encoders reads model folders through this module
-
         digest = hashlib.sha256(json.dumps(manifest, sort_keys=True, ensure_ascii=True, default=str).encode()).hexdigest()
         key = f"{Path(folder).resolve()}\0{digest}"
         name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32] + ".json"
@@ -306,121 +304,13 @@ def _prune_stamps(folder: Path) -> None:
         old.unlink(missing_ok=True)
 
 
-# ----------------------------------------------------------------------------- files of a folder
+# ----------------------------------------------------------------------------- arrays of a folder
 #
-# Every file that an index or model folder names is read through `folder_file`: the name must be a
-# relative path that resolves (symlinks included) inside the folder to a regular file of bounded
-# size. So a hostile or damaged folder is refused in one line before a reader sees the file, instead
-# of reading /etc/passwd, blocking on a fifo or filling memory from /dev/zero. The caps are by kind
-# of file and generous (ten times and more what the largest real folders hold); they bound what a
-# load can cost, the manifest's sizes and checksums check the content.
+# Read through `linker.folders.folder_file`, like every file a folder names (its caps and checks).
 
-# Metadata JSON (manifest, dense params, calibration, prior, a model's config and tokenizer files):
-# parsed whole into Python objects, which take several times the file's bytes. The largest we know
-# are a prior counted from a large training set (a few MB) and XLM-R's 17 MB tokenizer.json.
-JSON_MAX_BYTES = 64 << 20
 # Arrays read into memory (the tf-idf idf vector: 8 bytes per n-gram; a multilingual UMLS has a few
 # million n-grams, so 1 GiB is over a hundred million).
 ARRAY_MAX_BYTES = 1 << 30
-# Files memory-mapped or streamed (tf-idf matrix, embeddings, FAISS, parquet, model weights): their
-# pages are shared and read on demand, so the cap only refuses absurd (sparse) files; 100M names x
-# 384 floats is 154 GB.
-LARGE_MAX_BYTES = 256 << 30
-# Files of a model folder walked by `check_model_folder` (a model repository holds tens).
-MODEL_MAX_FILES = 10_000
-REBUILD_FIX = "rebuild the index with `linker index build`"
-
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _kind_of(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def _relative_name(folder: Path, name: object, what: str, named_by: str | None, fix: str) -> Path:
-    """`name` as a relative path with no '..' (the check on the text, before the file system is asked)."""
-    if not isinstance(name, str) or not name or "\0" in name:
-        found = f"{type(name).__name__} {str(name)[:60]!r}"
-    elif Path(name).is_absolute() or ".." in Path(name).parts:
-        found = repr(name[:120])
-    else:
-        return Path(name)
-    raise InputFormatError(named_by or folder, f"{what} named by a relative path inside {folder}", found, fix=fix)
-
-
-def folder_file(folder: str | Path, name: object, *, max_bytes: int, what: str, named_by: str | None = None,
-                fix: str = REBUILD_FIX) -> Path:
-    """The resolved path of file `name` of `folder`, after refusing what a load must not read.
-
-    Refused in one line (InputFormatError naming the file): a name that is not a relative path
-    without '..'; a path that resolves outside the folder (a symlink included); anything but a regular
-    file (a folder, fifo, device, socket); a file over `max_bytes`. A missing file is a
-    MissingInputError. `what` says what the file should be; `named_by` where the name came from
-    (``manifest.json field 'prior.file'``), for a bad name."""
-    folder = Path(folder)
-    path = folder / _relative_name(folder, name, what, named_by, fix)
-    try:
-        root, resolved = folder.resolve(), path.resolve()
-    except (OSError, RuntimeError) as exc:  # a link loop (RuntimeError before Python 3.13)
-        raise InputFormatError(path, what, f"a path that does not resolve ({exc})", fix=fix) from None
-    if resolved != root and root not in resolved.parents:
-        raise InputFormatError(path, f"{what} inside {folder}", f"a link to {resolved}, outside it", fix=fix)
-    try:
-        info = os.stat(resolved)
-    except FileNotFoundError:
-        raise MissingInputError(f"{path}: missing (expected {what}); {fix}") from None
-    except OSError as exc:
-        raise InputFormatError(path, what, f"a file that cannot be read ({exc.strerror})", fix=fix) from None
-    if not stat.S_ISREG(info.st_mode):
-        shown = _kind_of(info.st_mode) + (f" (a link to {resolved})" if os.path.islink(path) else "")
-        raise InputFormatError(path, f"{what} (a regular file)", shown, fix=fix)
-    if info.st_size > max_bytes:
-        raise InputFormatError(path, f"{what} of at most {max_bytes:,} bytes", f"{info.st_size:,} bytes", fix=fix)
-    return resolved
-
-
-def read_folder_bytes(folder: str | Path, name: object, *, what: str, max_bytes: int = JSON_MAX_BYTES,
-                      named_by: str | None = None, fix: str = REBUILD_FIX) -> bytes:
-    """The bytes of `folder_file`, read from a descriptor that is checked again (a regular file; never
-    more than `max_bytes` even if the file grows or is swapped after the check)."""
-    path = folder_file(folder, name, max_bytes=max_bytes, what=what, named_by=named_by, fix=fix)
-    shown = Path(folder) / str(name)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputFormatError(shown, f"{what} (a regular file)", "a file replaced while it was read", fix=fix)
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise InputFormatError(shown, f"{what} of at most {max_bytes:,} bytes", "a longer file", fix=fix)
-    return data
-
-
-def read_folder_json(folder: str | Path, name: object, *, what: str, expect: type = dict,
-                     max_bytes: int = JSON_MAX_BYTES, named_by: str | None = None, fix: str = REBUILD_FIX):
-    """`read_folder_bytes` parsed as JSON whose top level is an `expect` (one line when it is not)."""
-    data = read_folder_bytes(folder, name, what=what, max_bytes=max_bytes, named_by=named_by, fix=fix)
-    shown = Path(folder) / str(name)
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InputFormatError(shown, f"{what} (JSON)", _error_text(exc), fix=fix) from None
-    if not isinstance(value, expect):
-        raise InputFormatError(shown, f"{what} (a JSON {_JSON_NAMES.get(expect, expect.__name__)})",
-                               f"a JSON {_JSON_NAMES.get(type(value), type(value).__name__)}", fix=fix)
-    return value
-
-
-def _error_text(exc: BaseException) -> str:
-    """A foreign reader's exception as one short line."""
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
-
-
-_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean",
-               type(None): "null"}
 
 
 def npy_header(handle, where: str | Path, available: int, *,
@@ -434,7 +324,7 @@ def npy_header(handle, where: str | Path, available: int, *,
         shape, fortran, dtype = (np.lib.format.read_array_header_1_0(handle) if version == (1, 0)
                                  else np.lib.format.read_array_header_2_0(handle, max_header_size=1 << 16))
     except (ValueError, OSError, SyntaxError, TypeError) as exc:
-        raise InputFormatError(where, "a numpy .npy array", _error_text(exc), fix=fix) from None
+        raise InputFormatError(where, "a numpy .npy array", error_text(exc), fix=fix) from None
     if dtype.hasobject:
         raise InputFormatError(where, "a numeric array", "an object array (it would need pickle)", fix=fix)
     offset = handle.tell() - start
@@ -503,37 +393,8 @@ def read_folder_array(folder: str | Path, name: object, *, what: str, shape: tup
     try:
         array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise InputFormatError(shown, what, _error_text(exc), fix=fix) from None
+        raise InputFormatError(shown, what, error_text(exc), fix=fix) from None
     return check_array(shown, array, what=what, shape=shape, kinds=kinds, fix=fix)
-
-
-def check_model_folder(folder: str | Path, *, what: str, fix: str) -> list[str]:
-    """Refuse a model folder (an encoder, a re-ranker) that a loader must not read: every entry, walked
-    without following links, must resolve inside the folder; every file must be a regular file, of at
-    most `JSON_MAX_BYTES` when a loader parses it whole (.json, .txt, .model: configs, vocabularies,
-    tokenizers) and `LARGE_MAX_BYTES` otherwise (weights are memory-mapped); at most `MODEL_MAX_FILES`.
-    Names starting with '.' (``.git``, ``.cache``) are skipped: no loader reads them.
-    Returns the files' relative paths."""
-    folder = Path(folder)
-    root = folder.resolve()
-    files: list[str] = []
-    for current, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        here = Path(current)
-        for entry in dirs:  # os.walk does not follow a linked folder, so its target must lie inside
-            resolved = (here / entry).resolve()
-            if resolved != root and root not in resolved.parents:
-                raise InputFormatError(here / entry, f"a folder inside {what} {folder}",
-                                       f"a link to {resolved}, outside it", fix=fix)
-        for entry in sorted(n for n in names if not n.startswith(".")):
-            relative = (here / entry).relative_to(folder).as_posix()
-            cap = JSON_MAX_BYTES if Path(entry).suffix in (".json", ".txt", ".model") else LARGE_MAX_BYTES
-            folder_file(folder, relative, max_bytes=cap, what=f"a file of {what}", fix=fix)
-            files.append(relative)
-            if len(files) > MODEL_MAX_FILES:
-                raise InputFormatError(folder, f"{what} of at most {MODEL_MAX_FILES:,} files",
-                                       "more files", fix=fix)
-    return files
 
 
 _PARAMETER_TYPES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}

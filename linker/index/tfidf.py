@@ -62,8 +62,8 @@ from sparse_dot_topn import sp_matmul_topn
 
 from linker.errors import ConfigError, InputFormatError, UnknownNameError
 from linker.index import maxscore
-from linker.index.manifest import (LARGE_MAX_BYTES, folder_file, npy_header, read_folder_array, read_folder_json,
-                                   typed_parameters)
+from linker.folders import LARGE_MAX_BYTES, folder_file, read_folder_json
+from linker.index.manifest import npy_header, read_folder_array, typed_parameters
 from linker.progress import track
 from linker.fileio import native_read
 from linker.text import MODES, normalize

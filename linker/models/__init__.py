@@ -11,7 +11,7 @@ safetensors, and names the base it goes on top of (one of the offline encoders t
 - ``weights.safetensors``: the trained tensors (fp16), keys as in the base transformer's ``state_dict``;
 - ``MODEL_CARD.md``: training data and licences, command, times, metrics, intended use and limits.
 
-`linker.models.release` trains and writes them (``linker train release NAME``); `linker.encoders` resolves the
+`linker.train.release` trains and writes them (``linker train release NAME``); `linker.encoders` resolves the
 short names (``--encoder linker-en``) through `SHIPPED`.
 """
 
@@ -22,12 +22,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from linker.dictionary import sha256_file
 from linker.errors import ConfigError, InputFormatError, MissingInputError
 from linker.fileio import describe_path
+from linker.folders import read_folder_json, sha256_file
 
 FORMAT = "linker-release/1"
-MODELS_DIR = Path(__file__).resolve().parent
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 CARD = "MODEL_CARD.md"
@@ -58,6 +57,8 @@ class Release:
 
 
 def release_folder(name: str) -> Path:
+    from linker.folders import MODELS_DIR  # looked up at each call: a test points it at a copy
+
     return MODELS_DIR / name
 
 
@@ -118,7 +119,6 @@ def read_manifest_json(folder: Path) -> dict:
     at most `MAX_MANIFEST_BYTES`) and nested at most `linker.formats.jsonl.MAX_DEPTH` levels: one error line,
     never a RecursionError, for a hostile 100,000-deep array."""
     from linker.formats.jsonl import _check_structure
-    from linker.index.manifest import read_folder_json
 
     manifest = read_folder_json(folder, MANIFEST, what="a release manifest", max_bytes=MAX_MANIFEST_BYTES, fix=FIX)
     _check_structure(manifest, str(Path(folder) / MANIFEST), None)

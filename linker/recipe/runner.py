@@ -290,7 +290,7 @@ def _train_in_work(ctx: _Context, stage: Stage, tmp: Path, train: Callable[[Path
 
 def _run_dictionary(ctx: _Context, stage: Stage, tmp: Path) -> dict:
     from linker.dictionary import SourceSpec, build_dictionary, hierarchy_path, merge_tables
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
     from linker.formats import ReadLimits
     from linker.sources import SourceOptions
     from linker.text import icd10cm_code
@@ -371,7 +371,7 @@ def _choose_biosyn(ctx: _Context, stage: Stage, base, encoder: str, dictionary: 
     """Each point trained on the choice's training sets and scored by dense Acc@1 of the dev mentions after every
     epoch (`train_biosyn`'s monitor); the best after the last epoch, or with `epochs` the best epoch of any point
     (ties: fewer epochs, then the point listed first). Finished points are kept in the work folder."""
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
     from linker.train.biosyn import train_biosyn
     from linker.train.common import checkpoint_dir
 
@@ -412,7 +412,7 @@ def _choose_biosyn(ctx: _Context, stage: Stage, base, encoder: str, dictionary: 
 
 
 def _run_biosyn(ctx: _Context, stage: Stage, tmp: Path) -> dict:
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
     from linker.train.biosyn import train_biosyn
 
     b = ctx.recipe.biosyn
@@ -588,7 +588,7 @@ def _fix_paths(tmp: Path, final: Path) -> None:
 def recipe_inputs(recipe: Recipe) -> list[Input]:
     """Every path the recipe reads, as inputs that its output folder may not equal, contain or lie inside: the
     recipe file, each dataset's files, dictionary sources, the abbreviation list and encoder folders."""
-    from linker.eval.datasets import spec_inputs
+    from linker.datasets import spec_inputs
 
     inputs = [Input(recipe.path, "the recipe")]
     for name, dataset in recipe.datasets.items():

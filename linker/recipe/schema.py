@@ -335,7 +335,7 @@ def _recipe_name(r: _Reader, meta: dict) -> str:
 
 
 def _dataset(r: _Reader, name: str, value: Any) -> Dataset:
-    from linker.eval.datasets import LOADERS, PATH_OPTIONS
+    from linker.datasets import LOADERS, PATH_OPTIONS
 
     key = f"datasets.{name}"
     if isinstance(value, str):  # FORMAT:PATH[#OPTIONS], as `linker eval --dataset`

@@ -41,7 +41,7 @@ from linker.extras import check as _check_extra
 _check_extra(("fastapi",), extra="service", what="linker's HTTP service")  # one line, not an ImportError, without it
 
 from linker.service.app import DOCS_FILES_URL, create_app, swagger_files  # noqa: E402
-from linker.service.batcher import LoadedIndex, MentionBatcher, Tagger, load_indexes  # noqa: E402
+from linker.service.batcher import CallCost, InferencePool, LoadedIndex, MentionBatcher, Tagger, load_indexes  # noqa: E402
 from linker.service.guards import (  # noqa: E402
     SCAN_MAX_DEPTH, SCAN_MAX_ITEMS, BodyLimit, BusyError, RequestFieldError, ScannedJSONRoute, ServiceLimits,
     scan_json, scan_max_tokens,
@@ -53,7 +53,8 @@ from linker.service.schemas import (  # noqa: E402
 
 __all__ = [
     "DOCS_FILES_URL", "SCAN_MAX_DEPTH", "SCAN_MAX_ITEMS", "AnnotateRequest", "AnnotateResponse", "BodyLimit",
-    "BusyError", "CandidateOut", "DocumentOut", "ErrorOut", "LinkRequest", "LinkResponse", "LoadedIndex",
-    "MentionBatcher", "MentionIn", "MentionOut", "RequestFieldError", "ScannedJSONRoute", "ServiceLimits", "SpanOut",
-    "Tagger", "TextIn", "create_app", "load_indexes", "scan_json", "scan_max_tokens", "swagger_files",
+    "BusyError", "CallCost", "CandidateOut", "DocumentOut", "ErrorOut", "InferencePool", "LinkRequest",
+    "LinkResponse", "LoadedIndex", "MentionBatcher", "MentionIn", "MentionOut", "RequestFieldError",
+    "ScannedJSONRoute", "ServiceLimits", "SpanOut", "Tagger", "TextIn", "create_app", "load_indexes", "scan_json",
+    "scan_max_tokens", "swagger_files",
 ]

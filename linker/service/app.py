@@ -20,7 +20,7 @@ import linker
 from linker.errors import LinkerError
 from linker.extras import available, install_hint
 from linker.index.manifest import public_manifest
-from linker.service.batcher import LoadedIndex, Tagger, load_indexes
+from linker.service.batcher import InferencePool, LoadedIndex, Tagger, load_indexes
 from linker.service.guards import (
     BodyLimit, BusyError, RequestFieldError, ScannedJSONRoute, ServiceLimits, busy, check_annotate, check_link,
     error_response, field_name, is_json, printable, short,
@@ -37,7 +37,8 @@ ERROR_STATUSES = (400, 404, 405, 413, 415, 422, 429)
 def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = ServiceLimits(), *,
                linker_options: dict | None = None) -> FastAPI:
     """The FastAPI app with `index_dirs` loaded (LinkerError here, before serving, if one is bad)."""
-    indexes = load_indexes(index_dirs, limits.max_pending_mentions, linker_options)
+    pool = InferencePool()  # every model call of this app: as many threads as cores, one core's math each
+    indexes = load_indexes(index_dirs, limits.max_pending_mentions, linker_options, pool)
     app = FastAPI(
         title="linker",
         version=linker.__version__,
@@ -48,7 +49,8 @@ def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = Service
     _add_docs(app)
     app.state.indexes = indexes
     app.state.limits = limits
-    app.state.tagger = Tagger(limits.max_pending_chars)  # /annotate's, shared by every index
+    app.state.pool = pool
+    app.state.tagger = Tagger(limits.max_pending_chars, pool=pool)  # /annotate's, shared by every index
     app.state.internal_errors = 0  # requests answered by `internal_error`; tests assert it stays 0
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.router.route_class = ScannedJSONRoute  # every route added below that takes a body is scanned before parsing

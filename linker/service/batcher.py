@@ -1,5 +1,6 @@
-"""The service's workers: a `MentionBatcher` per index links the mentions of concurrent requests together, and one
-`Tagger` tags /annotate's texts. Each owns one thread and a bounded queue; requests await them without holding one."""
+"""The service's workers: one `InferencePool` of threads, as many as the cores, runs every model call; a
+`MentionBatcher` per index links the mentions of concurrent requests in shared calls, and one `Tagger` tags
+/annotate's texts. Each queue is bounded; requests await their results without holding a thread."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -17,23 +19,10 @@ from typing import Any
 
 from linker.errors import ConfigError
 from linker.link import Linker
+from linker.precision import available_cpus
 from linker.service.guards import BusyError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Job:
-    """One request's mentions; the worker links them a share at a time, interleaved with others."""
-
-    texts: list[str]
-    langs: list[str | None]
-    k: int
-    on_done: Callable[[_Job], None]
-    results: list = field(default_factory=list)
-    next: int = 0  # first mention not yet handed to the linker
-    error: BaseException | None = None
-    finished: bool = False
 
 
 async def _completion(submit: Callable[[Callable[[Any], None]], object]) -> Any:
@@ -57,36 +46,167 @@ async def _completion(submit: Callable[[Callable[[Any], None]], object]) -> Any:
     return await future
 
 
-class MentionBatcher:
-    """Links the mentions of concurrent requests together, fairly, on one worker thread per index.
+# ----------------------------------------------------------------------------- the inference threads
 
-    Each round the worker takes an equal share of one call's worth of mentions from every waiting
-    request (at least one each, oldest first, the rest next round) and links them in one call per
-    (k, lang). A call is sized to take about `CALL_SECONDS`, from the measured cost per mention
-    (it differs by index kind, text length and the machine's load): a sparse product or an encoder
-    pass over dozens of queries costs little more than over one, so small concurrent requests share
-    work, and a request of 1,000 long mentions is cut into slices, so a one-mention request that
-    arrives behind it waits for about two calls, not for all of it. That worker is the only thread
-    that touches its `Linker`, which keeps the Linker's lazy caches safe.
+
+class InferencePool:
+    """The threads that run the service's models: every index's `MentionBatcher` and the `Tagger` take turns here.
+
+    `threads` defaults to the cores this process may use (`available_cpus`), and each call runs its math on
+    `math_threads` = cores // threads of them (FAISS's OpenMP threads, set per pool thread; torch's for the tagger;
+    the numpy query encoder uses one already), so the models never run more threads than there are cores: before,
+    each index and the tagger had a thread of its own and each call used every core, so a tagger's 2 torch threads,
+    an index's encoder and FAISS's 2 threads time-sliced 2 cores. A queue runs on one thread at a time (a `Linker`
+    is not thread-safe) and one step at a time (a call, or a slice of tagging), then goes to the back of the line,
+    so two busy queues share the pool by turns and a third waits for the first free thread.
+    """
+
+    def __init__(self, threads: int | None = None, name: str = "linker-inference") -> None:
+        cores = available_cpus()
+        self.threads = threads or cores
+        self.math_threads = max(1, cores // self.threads)
+        self.name = name
+        self._ready: deque = deque()  # queues with work and no thread on them
+        self._scheduled: set[int] = set()  # ids of the queues waiting in _ready or running on a thread
+        self._cond = threading.Condition()
+        self._started = False
+
+    def wake(self, source: Any) -> None:
+        """`source` (a MentionBatcher or Tagger) has work: line it up for a thread unless it is lined up or running.
+        The threads start at the first call, after the indexes loaded (their math libraries then exist)."""
+        with self._cond:
+            if not self._started:
+                self._started = True
+                for i in range(self.threads):
+                    threading.Thread(target=self._run, name=f"{self.name}-{i}", daemon=True).start()
+            if id(source) not in self._scheduled:
+                self._scheduled.add(id(source))
+                self._ready.append(source)
+                self._cond.notify()
+
+    def _run(self) -> None:
+        _limit_math_threads(self.math_threads)
+        while True:
+            with self._cond:
+                while not self._ready:
+                    self._cond.wait()
+                source = self._ready.popleft()
+            try:
+                source.step()
+            except Exception:  # noqa: BLE001 - a step hands its errors to its requests; this is a bug
+                log.exception("%s: a step of %s failed", self.name, type(source).__name__)
+            with self._cond:
+                if source.has_work():  # checked under the lock that `wake` takes: no wake-up is lost
+                    self._ready.append(source)
+                    self._cond.notify()
+                else:
+                    self._scheduled.discard(id(source))
+
+
+def _limit_math_threads(threads: int) -> None:
+    """FAISS's OpenMP threads for calls from this thread (OpenMP keeps the setting per calling thread); torch's
+    are set when the tagger loads (`_load_tagger`)."""
+    faiss = sys.modules.get("faiss")  # a dense index imported it before the pool started; tf-idf never does
+    if faiss is not None:
+        faiss.omp_set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- linking: MentionBatcher
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request's mentions; the worker links them a share at a time, interleaved with others."""
+
+    texts: list[str]
+    langs: list[str | None]
+    k: int
+    on_done: Callable[[_Job], None]
+    results: list = field(default_factory=list)
+    next: int = 0  # first mention not yet handed to the linker
+    error: BaseException | None = None
+    finished: bool = False
+    queued: float = field(default_factory=time.perf_counter)
+
+
+class CallCost:
+    """The seconds of a `Linker.link` call of n mentions, fitted as ``fixed + per_mention * n`` over the last calls.
+
+    A dense index pays a fixed part per call whatever its size (the query encoder's set-up, and below 20 queries
+    FAISS scans every name vector once per query, ~25 ms at 150,749 names) beside ~1.2 ms a mention; tf-idf's
+    fixed part is ~0. Fitted by least squares when the last calls differ in size; when they are all alike, only
+    the machine's load changed, and both parts are scaled to the latest call.
+    """
+
+    WINDOW = 16  # calls: enough sizes to tell the two parts apart, recent enough to follow a change of load
+
+    def __init__(self, per_mention: float) -> None:
+        self.fixed, self.per_mention = 0.0, per_mention
+        self._calls: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)
+
+    def predict(self, n: int) -> float:
+        return self.fixed + self.per_mention * n
+
+    def add(self, n: int, seconds: float) -> None:
+        self._calls.append((n, seconds))
+        sizes, times = zip(*self._calls)
+        mean_n, mean_t = sum(sizes) / len(sizes), sum(times) / len(times)
+        var = sum((s - mean_n) ** 2 for s in sizes)
+        cov = sum((s - mean_n) * (t - mean_t) for s, t in self._calls)
+        if var > 0 and cov > 0:
+            # a fixed part between 0 and the cheapest call's time: noise on a loaded machine moves the fit a lot
+            self.fixed = min(max(0.0, mean_t - cov / var * mean_n), min(times))
+            self.per_mention = max((mean_t - self.fixed) / mean_n, 1e-7)
+        else:
+            scale = seconds / max(self.predict(n), 1e-9)
+            self.fixed, self.per_mention = self.fixed * scale, max(self.per_mention * scale, 1e-7)
+
+
+class MentionBatcher:
+    """Links the mentions of concurrent requests in shared `Linker.link` calls, fairly, one call at a time.
+
+    A call of many mentions costs little more than a call of one (the encoder's set-up, a scan of the name vectors:
+    `CallCost`), so concurrent requests share calls, as Triton's and Ray Serve's dynamic batchers do:
+
+    - Batch size: a call takes about `CALL_SECONDS` at the fitted cost, so that a request of 1,000 mentions is cut
+      into slices and a one-mention request that arrives behind it waits for about two calls; but it is never so
+      small that the fixed part passes a `FIXED_SHARE` of the call (on a loaded machine, 16 mentions of a dense
+      index took ~0.5 s, 0.15 s of it fixed: sized by time alone, calls shrank until most of a call was set-up).
+    - Shares: each waiting request gets an equal share of the call (max-min fair: a request that needs less than
+      its share is taken whole and leaves the rest to the others); a request not finished goes to the back.
+    - Waiting: when the last call served several requests, a call that is not full waits for as many requests as
+      the last one had, up to the fixed cost of a call after the oldest arrived: what running the latecomers in a
+      call of their own would cost. Concurrent clients answered by one call come back within a few ms of each
+      other; without the wait, the first to come back rode alone and the others waited a whole call for the next.
+      A lone client never waits.
+
+    Runs on an `InferencePool` (its own one-thread pool when none is given), one thread at a time: that thread
+    is the only one that touches its `Linker` then, which keeps the Linker's lazy caches safe.
     """
 
     CALL_SECONDS = 0.2  # per Linker.link call: ~10% of it is per-call overhead at tf-idf's ~3 ms a mention
     # At most 256 mentions a call; at least 16, which keeps the per-call overhead (~8 mentions' worth for tf-idf)
     # at most about a third of a call even when the machine is so loaded that 16 take longer than CALL_SECONDS.
     MIN_BATCH, MAX_BATCH = 16, 256
+    FIXED_SHARE = 0.2  # the fixed part at most a fifth of a call: a call linked at >= 80% of the batched rate
 
-    def __init__(self, linker: Linker, name: str, max_pending: int = 20_000) -> None:
+    def __init__(self, linker: Linker, name: str, max_pending: int = 20_000, pool: InferencePool | None = None) -> None:
         self.linker = linker
         self.max_pending = max_pending
+        self.pool = pool or InferencePool(1, name=f"linker-batcher-{name}")
+        self.cost = CallCost(0.003)  # the first guess: tf-idf's cost a mention; the fit takes over after one call
         self._pending = 0  # mentions admitted and not yet finished
-        self._seconds_per_mention = 0.003  # running estimate, updated after every call
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name=f"linker-batcher-{name}", daemon=True).start()
+        self._active: deque[_Job] = deque()  # admitted jobs with mentions left, oldest first (the pool's thread's)
+        self._expected = 1  # requests in the last call: how many a call that is not full waits for
 
     def batch_size(self) -> int:
-        """Mentions in the next call: as many as take about CALL_SECONDS at the measured cost."""
-        return max(self.MIN_BATCH, min(self.MAX_BATCH, int(self.CALL_SECONDS / max(self._seconds_per_mention, 1e-6))))
+        """Mentions in the next call: as many as take about CALL_SECONDS, and enough to make the fixed part small."""
+        per_mention = max(self.cost.per_mention, 1e-6)
+        by_time = (self.CALL_SECONDS - self.cost.fixed) / per_mention
+        by_share = self.cost.fixed * (1 - self.FIXED_SHARE) / self.FIXED_SHARE / per_mention
+        return max(self.MIN_BATCH, min(self.MAX_BATCH, int(max(by_time, by_share))))
 
     def submit(self, texts: list[str], langs: list[str | None], k: int, on_done: Callable[[_Job], None]) -> _Job:
         """Queue `texts`; `on_done(job)` runs on the worker thread with job.results or job.error set."""
@@ -96,6 +216,7 @@ class MentionBatcher:
             self._pending += len(texts)
         job = _Job(texts, langs, k, on_done, [None] * len(texts))
         self._queue.put(job)
+        self.pool.wake(self)
         return job
 
     async def link(self, texts: list[str], langs: list[str | None], k: int) -> list:
@@ -103,36 +224,72 @@ class MentionBatcher:
         job = await _completion(lambda done: self.submit(texts, langs, k, done))
         return job.results
 
-    def _run(self) -> None:
-        active: deque[_Job] = deque()
+    def has_work(self) -> bool:
+        return bool(self._active) or not self._queue.empty()
+
+    def step(self) -> None:
+        """One call: gather the waiting requests, link a share of each, answer the requests that are done."""
+        batch = self.batch_size()
+        self._gather(batch)
+        if not self._active:
+            return
+        round_ = self._shares(batch)
+        self._expected = len(round_)
+        self._link_round(round_)
+        for job, _start, _stop in round_:
+            if not job.finished and (job.error is not None or job.next == len(job.texts)):
+                self._finish(job)
+        if any(job.finished for job in self._active):
+            self._active = deque(job for job in self._active if not job.finished)
+
+    def _gather(self, batch: int) -> None:
+        """Move the queued requests to `_active`; wait for more while the call is not full (see the class)."""
         while True:
-            if not active:
-                active.append(self._queue.get())
-            while True:
-                try:
-                    active.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            batch = self.batch_size()
-            share = max(1, batch // len(active))
-            round_: list[tuple[_Job, int, int]] = []
-            size = 0
-            for _ in range(len(active)):
-                if size >= batch:
-                    break
-                job = active.popleft()
-                stop = min(job.next + share, len(job.texts), job.next + batch - size)
-                round_.append((job, job.next, stop))
-                size += stop - job.next
-                job.next = stop
-                if stop < len(job.texts):
-                    active.append(job)  # back of the line: the others get their share first
-            self._link_round(round_)
-            for job, _start, _stop in round_:
-                if not job.finished and (job.error is not None or job.next == len(job.texts)):
-                    self._finish(job)
-            if any(job.finished for job in active):
-                active = deque(job for job in active if not job.finished)
+            try:
+                self._active.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if not self._active:
+            return
+        waiting = sum(len(job.texts) - job.next for job in self._active)
+        deadline = min(job.queued for job in self._active) + self.cost.fixed
+        while waiting < batch and len(self._active) < self._expected:
+            timeout = deadline - time.perf_counter()
+            if timeout <= 0:
+                return
+            try:
+                job = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                return
+            self._active.append(job)
+            waiting += len(job.texts)
+
+    def _shares(self, batch: int) -> list[tuple[_Job, int, int]]:
+        """(job, start, stop) of each request in the next call: max-min fair shares of `batch` mentions, oldest
+        first when there are more requests than mentions; served jobs not finished go to the back of the line."""
+        jobs = list(self._active)
+        left = {id(job): len(job.texts) - job.next for job in jobs}
+        level, room = 0, batch
+        for i, need in enumerate(sorted(left.values())):
+            share = room // (len(jobs) - i)
+            if need > share:
+                level = max(share, 1)
+                break
+            room -= need
+        else:
+            level = batch
+        round_, size = [], 0
+        for job in jobs:
+            take = min(left[id(job)], level, batch - size)
+            if take <= 0:
+                break
+            round_.append((job, job.next, job.next + take))
+            size += take
+            job.next += take
+        served = {id(job) for job, _, _ in round_}
+        self._active = deque([job for job in jobs if id(job) not in served]
+                             + [job for job in jobs if id(job) in served])
+        return round_
 
     def _link_round(self, round_: list[tuple[_Job, int, int]]) -> None:
         groups: dict[tuple[int, str | None], list[tuple[_Job, int]]] = {}
@@ -146,9 +303,7 @@ class MentionBatcher:
         started = time.perf_counter()
         try:
             results = self.linker.link([job.texts[i] for job, i in items], k=k, lang=lang)
-            # a moving average: follows a change of load within a few calls, ignores one slow call
-            cost = (time.perf_counter() - started) / len(items)
-            self._seconds_per_mention = 0.7 * self._seconds_per_mention + 0.3 * cost
+            self.cost.add(len(items), time.perf_counter() - started)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, never lost
             jobs = list(dict.fromkeys(job for job, _ in items))
             if len(jobs) > 1:  # one request's input must not fail the others: retry each alone
@@ -170,6 +325,9 @@ class MentionBatcher:
             log.exception("linker batcher: a request's completion callback failed")
 
 
+# ----------------------------------------------------------------------------- tagging: Tagger
+
+
 @dataclass(eq=False)
 class TagJob:
     """One /annotate request's texts; the tagger's worker tags them a slice at a time, interleaved with others."""
@@ -184,33 +342,35 @@ class TagJob:
     error: BaseException | None = None
 
 
-def _load_tagger() -> Any:
+def _load_tagger(threads: int) -> Any:
     from linker.extract import load_extractor  # torch: imported on the first /annotate, not at start-up
 
-    return load_extractor()
+    return load_extractor(threads=threads)  # torch's threads: the pool's share of the cores for one call
 
 
 class Tagger:
-    """Runs the /annotate tagger (linker-ae) on one worker thread of its own, behind a queue bounded in characters.
+    """Runs the /annotate tagger (linker-ae) on the inference pool, behind a queue bounded in characters.
 
-    Its own thread, not the shared threadpool: the tagger is one torch model behind a lock, so from the threadpool
-    40 waiting /annotate requests held all 40 threads and /link waited for one (48 texts of 8,000 characters at
-    once: /link up to 7.5 s, the last /annotate 43.6 s, no 429). Here a waiting request is a queued job that holds
-    no thread, and one that would take the characters waiting past `max_pending` is refused at once (BusyError).
-    Each turn tags the next slice of one request (its next texts up to SLICE_CHARS, at least one) and sends it to
-    the back of the line, so a short document is not held behind a long one. The tagger loads on the worker at
-    the first request: a service never asked to annotate never imports torch.
+    Not on the server's threadpool: the tagger is one torch model behind a lock, so from the threadpool 40 waiting
+    /annotate requests held all 40 threads and /link waited for one (48 texts of 8,000 characters at once: /link up
+    to 7.5 s, the last /annotate 43.6 s, no 429). Here a waiting request is a queued job that holds no thread, and
+    one that would take the characters waiting past `max_pending` is refused at once (BusyError). Each step tags the
+    next slice of one request (its next texts up to SLICE_CHARS, at least one) and sends it to the back of the
+    line, so a short document is not held behind a long one; on a pool of 2 threads, an index's calls go on beside
+    it. The tagger loads at the first request: a service never asked to annotate never imports torch.
     """
 
     SLICE_CHARS = 2_000  # ~0.2-0.5 s of tagging on 2 shared cores; a text is never cut (the tagger windows it)
 
-    def __init__(self, max_pending: int, load: Callable[[], Any] = _load_tagger) -> None:
+    def __init__(self, max_pending: int, load: Callable[[], Any] | None = None,
+                 pool: InferencePool | None = None) -> None:
         self.max_pending = max_pending
-        self._load = load
+        self.pool = pool or InferencePool(1, name="linker-tagger")
+        self._load = load or (lambda: _load_tagger(self.pool.math_threads))
         self._pending = 0  # characters admitted and not yet finished
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[TagJob] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="linker-tagger", daemon=True).start()
+        self._active: deque[TagJob] = deque()  # admitted jobs with texts left (the pool's thread's)
 
     def submit(self, texts: list[str], threshold: float | None, style: str,
                on_done: Callable[[TagJob], None]) -> TagJob:
@@ -222,6 +382,7 @@ class Tagger:
             self._pending += chars
         job = TagJob(texts, threshold, style, on_done)
         self._queue.put(job)
+        self.pool.wake(self)
         return job
 
     async def extract(self, texts: list[str], *, threshold: float | None, style: str) -> TagJob:
@@ -229,25 +390,31 @@ class Tagger:
         holding a thread."""
         return await _completion(lambda done: self.submit(texts, threshold, style, done))
 
-    def _run(self) -> None:
-        active: deque[TagJob] = deque()
+    def has_work(self) -> bool:
+        return bool(self._active) or not self._queue.empty()
+
+    def step(self) -> None:
+        """Tag the next slice of the oldest request in line; requests that came meanwhile go before its next one."""
+        self._take_queued()
+        if not self._active:
+            return
+        job = self._active.popleft()
+        try:
+            self._tag_slice(job)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, never lost
+            job.error = exc
+        self._take_queued()
+        if job.error is None and job.next < len(job.texts):
+            self._active.append(job)  # back of the line: the others get their slice first
+        else:
+            self._finish(job)
+
+    def _take_queued(self) -> None:
         while True:
-            if not active:
-                active.append(self._queue.get())
-            job = active.popleft()
             try:
-                self._tag_slice(job)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, never lost
-                job.error = exc
-            while True:  # requests that came during this slice go before its next one
-                try:
-                    active.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if job.error is None and job.next < len(job.texts):
-                active.append(job)  # back of the line: the others get their slice first
-            else:
-                self._finish(job)
+                self._active.append(self._queue.get_nowait())
+            except queue.Empty:
+                return
 
     def _tag_slice(self, job: TagJob) -> None:
         extractor = self._load()
@@ -267,6 +434,9 @@ class Tagger:
             log.exception("linker tagger: a request's completion callback failed")
 
 
+# ----------------------------------------------------------------------------- the indexes served
+
+
 @dataclass
 class LoadedIndex:
     """An index the service serves: its Linker, the batcher (the only thread that calls it), its languages."""
@@ -278,19 +448,21 @@ class LoadedIndex:
 
 
 def load_indexes(index_dirs: Sequence[str | Path], max_pending: int = 20_000,
-                 linker_options: dict | None = None) -> dict[str, LoadedIndex]:
-    """Load each index folder once; its name is the folder name (which must be unique).
+                 linker_options: dict | None = None, pool: InferencePool | None = None) -> dict[str, LoadedIndex]:
+    """Load each index folder once; its name is the folder name (which must be unique). Their batchers share
+    `pool` (one pool of their own when None).
 
     `linker_options`: keyword arguments of `Linker.load` (rerank, rerank_k, min_confidence) for every index.
     """
     if not index_dirs:
         raise ConfigError("no index given; pass --index DIR (one or more)")
+    pool = pool or InferencePool()
     loaded: dict[str, LoadedIndex] = {}
     for folder in index_dirs:
         name = Path(folder).resolve().name
         if name in loaded:
             raise ConfigError(f"two indexes named {name!r}; index folders must have distinct names")
         lk = Linker.load(folder, **(linker_options or {}))
-        loaded[name] = LoadedIndex(name, lk, MentionBatcher(lk, name, max_pending), frozenset(lk.languages))
+        loaded[name] = LoadedIndex(name, lk, MentionBatcher(lk, name, max_pending, pool), frozenset(lk.languages))
         log.info("loaded index %s (%s)", name, lk.version)
     return loaded

@@ -122,7 +122,7 @@ def load_dictionary(path: str | Path) -> Dictionary:
 def training_queries(mentions, config: BiosynConfig) -> tuple[list[Query], dict]:
     """BioSyn's training queries: composite mentions dropped, duplicates (text, gold) dropped.
 
-    `mentions` are `linker.eval.datasets.Mention`s; gold is a tuple of parts, each a tuple of
+    `mentions` are `linker.datasets.Mention`s; gold is a tuple of parts, each a tuple of
     alternative ids. A seeded sample of `max_queries` is kept when set.
     """
     queries: list[Query] = []
@@ -163,7 +163,7 @@ def watched_acc1(model: str | Path, dictionary: str | Path, spec: str, config: B
     `dictionary`, texts cut at the training max_length), computed afresh from a model folder as it is on this
     machine: a model trained on a lent GPU and carried back in fp16 is checked against the number it logged."""
     from linker.encoders import load_encoder
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
 
     names = load_dictionary(dictionary)
     queries = watched_queries(load_dataset(spec), names, config)
@@ -223,7 +223,7 @@ def train_biosyn(
 ) -> dict:
     """Fine-tune `encoder` BioSyn-style on the mentions of `train_spec`; write a model folder to `out`.
 
-    `train_spec` is a dataset spec for `linker.eval.datasets.load_dataset` ("FORMAT:PATH"), or
+    `train_spec` is a dataset spec for `linker.datasets.load_dataset` ("FORMAT:PATH"), or
     several (train and dev); `mentions` may pass already loaded mentions instead (the specs are
     then only recorded). An existing `out` is replaced only with `overwrite` (and only a folder
     that linker wrote). `monitor` (mentions, e.g. a held-out split) gets its dense Acc@1 against the
@@ -357,7 +357,7 @@ def training_data(dict_path: Path, train_specs: Sequence[str], config: BiosynCon
     and find their tf-idf candidates."""
     dictionary = load_dictionary(dict_path)
     if mentions is None:
-        from linker.eval.datasets import load_dataset
+        from linker.datasets import load_dataset
 
         mentions = [m for spec in train_specs for m in load_dataset(spec)]
     queries, query_stats = training_queries(mentions, config)

@@ -33,9 +33,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import linker
-from linker.dictionary import sha256_file
 from linker.errors import ConfigError, InputFormatError, MissingInputError
 from linker.fileio import atomic_dir, check_output, native_read
+from linker.folders import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def check_train_output(
     the training sets, the base encoder's folder); an existing model folder is replaced only with
     `overwrite` and only if linker wrote it."""
     from linker.dictionary import hierarchy_path
-    from linker.eval.datasets import spec_inputs
+    from linker.datasets import spec_inputs
     from linker.fileio import Input, model_inputs
 
     inputs = [Input(Path(dict_path), "--dict"), Input(hierarchy_path(dict_path), "--dict's hierarchy side table"),

@@ -140,7 +140,7 @@ def _labelled_queries(specs: Sequence[str], concepts: ConceptIndex, xrefs: dict[
                       ) -> tuple[list[_Query], dict]:
     """Single-concept labelled mentions; a gold id may be a concept id or one of its xrefs (NCBI's OMIM ids
     are alternative ids of MEDIC's MeSH concepts)."""
-    from linker.eval.datasets import load_dataset
+    from linker.datasets import load_dataset
 
     code_of = {code_key(cid): i for i, cid in enumerate(concepts.ids)}
     for i, cid in enumerate(concepts.ids):

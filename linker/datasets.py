@@ -1,4 +1,7 @@
-"""Evaluation datasets: annotated corpora -> a flat list of `Mention`s with gold concept ids.
+"""Labelled datasets: annotated corpora -> a flat list of `Mention`s with gold concept ids.
+
+Read by evaluation (`linker.eval`), training (`linker.train`) and index priors (`linker.index.build_index(prior=...)`)
+alike, so this module sits below all three and imports none of them.
 
 A dataset is named by a spec ``FORMAT:PATH[#OPTIONS]``; OPTIONS are ``&``-separated flags or
 ``key=value`` pairs (``brat:Mantra-GSC-brat.zip#lang=es``, ``codiesp:testX.tsv#P``).

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from linker.errors import ConfigError, MissingInputError
-from linker.dictionary import sha256_file
+from linker.folders import sha256_file
 from linker.models import SHIPPED, WEIGHTS, release_folder, write_release
 from linker.train.sap import SapConfig
 
