@@ -3,7 +3,7 @@
     python -m bench.extract [--model linker-ae] [--out eval/extract] [--per-template 40]
 
 - TAC 2017 development split (the labels the release's manifest lists as held out): AdverseReaction mention F1,
-  exact and relaxed; then end-to-end coding (`linker.extract.annotate_spans`) with a closed-world MedDRA-format
+  exact and relaxed; then end-to-end coding (`linker.extract.annotate_documents`) with a closed-world MedDRA-format
   dictionary built from the Normalization elements of the training-split labels only, scored with the ADE Eval
   use cases (`linker.eval.ade_eval`), beside the same dictionary coding the gold mentions.
 - PHEE test: Effect EM_F1 / Token_F1 beside the PHEE paper's rows. Scored once per release: the count is kept in
@@ -69,7 +69,7 @@ def closed_world_linker(train_files: list[Path], tmp: Path):
 def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
     """Mention scores, end-to-end ADE Eval and throughput of each of `RUNS` on the TAC dev labels."""
     from linker.eval.ade_eval import score_paths
-    from linker.extract import AE, annotate_spans
+    from linker.extract import AE, annotate_documents
     from linker.extract.data import read_tac
     from linker.extract.io import read_inputs, write_output
     from linker.extract.metrics import mention_scores
@@ -85,7 +85,7 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
         for style, assertion in RUNS:
             key = f"{style}/{assertion}"
             t0 = time.perf_counter()
-            predicted = extractor.extract([d.text for d in sections], style=style, assertion=assertion)
+            predicted = annotate_documents([d.text for d in sections], model=extractor, style=style, assertion=assertion)
             extract_seconds = time.perf_counter() - t0
             spans = {"all": [[(s.start, s.end) for s in p if s.label == AE] for p in predicted],
                      "positive": [[(s.start, s.end) for s in p if s.label == AE and s.status == "positive"]
@@ -95,7 +95,7 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
             t0, n_spans = time.perf_counter(), 0
             for doc in docs:
                 texts = [text for _, text in doc.sections]
-                doc.spans = annotate_spans(linker, texts, extractor.extract(texts, style=style, assertion=assertion))
+                doc.spans = annotate_documents(texts, model=extractor, linker=linker, style=style, assertion=assertion)
                 n_spans += sum(len(s) for s in doc.spans)
             seconds = time.perf_counter() - t0
             write_output(docs, tmp / key, "ade-xml", coded=True)

@@ -329,7 +329,10 @@ def c2(d: Path, side: Side) -> Setup:
     for path in d.rglob("progress.json"):
         saved = json.loads(path.read_text())
         chunks = math.ceil(saved.get("rows", len(rows)) / saved.get("chunk_rows", 8192))
-        path.write_text(json.dumps({**saved, "done": list(range(chunks))}))
+        done = saved.get("done")  # the format's own shape: a list of chunks, or chunk -> digest (copied from chunk 0)
+        forged = {str(c): next(iter(done.values())) for c in range(chunks)} if isinstance(done, dict) and done \
+            else list(range(chunks))
+        path.write_text(json.dumps({**saved, "done": forged}))
         tampered.append({"file": path.relative_to(d).as_posix(), "done_before": saved.get("done"), "chunks": chunks})
 
     def check(d: Path, run: Run) -> dict:
@@ -1009,7 +1012,7 @@ def render(cache: dict) -> list[str]:
                          f"{', '.join(run['cases'])} (fixtures' set-up included); load average {run['load_start']} at "
                          f"the start, {run['load_end']} at the end; {run['machine']}.")
     lines += ["", "Each variant runs one command (listed under the table) in a fresh folder. Columns, before / after: "
-              "exit code (negative: killed by that signal; none: a service case); first line of output (stderr "
+              "exit code (negative: killed by that signal; n/a: a service case); first line of output (stderr "
               "without log lines, else stdout; a traceback's last line; the watchdog's kill first); inputs intact = "
               "the sha256 of every input and victim file unchanged; written outside = files created, changed or "
               "removed in the case folder outside the command's output; peak RSS = the largest process's high-water "
@@ -1028,7 +1031,7 @@ def render(cache: dict) -> list[str]:
             key = (case.id, label)
             firsts = [f"`{cell(first_of(by[n][key]), 110)}`" if key in by[n] else "not run" for n in ("before", "after")]
             lines.append("| " + " | ".join([
-                f"{case.id} {case.title}" if i == 0 else "", label, both(key, ran(lambda r, v: str(r["exit"]))), *firsts,
+                f"{case.id} {case.title}" if i == 0 else "", label, both(key, ran(lambda r, v: "n/a" if r["exit"] is None else str(r["exit"]))), *firsts,
                 both(key, ran(lambda r, v: "yes" if v["intact"] else "**no**")),
                 cell(both(key, ran(lambda r, v: ", ".join(v["outside"][:2]) or "none")), 80),
                 both(key, ran(lambda r, v: f"{r['peak_process_mib']:,.0f}")),

@@ -187,7 +187,7 @@ def child_serve(index: Path, recall: bool) -> None:
               "pass_seconds": [round(t, 2) for t in times], "pass_cpu_seconds": [round(t, 2) for t in cpu],
               "first_answer_cpu_seconds": round(first_cpu, 2), "rss_after_load_mib": after_load, "rss_mib": rss()}
     dense = getattr(linker.index.names, "dense", linker.index.names)
-    if recall and hasattr(dense, "encode_queries") and dense.config.faiss_kind != "flat":
+    if recall and dense.kind == "dense" and dense.config.faiss_kind != "flat":
         from linker.index.dense import recall_against_exact
 
         started = time.perf_counter()

@@ -1,19 +1,24 @@
-"""Load test of `linker serve` and `linker normalize`; writes eval/service/service_load.{md,json}.
+"""Load test of `linker serve` beside the library it serves, and of `linker normalize`; writes eval/service/NAME.{md,json}.
 
-    python -m bench.service_load --index indexes/default [--seconds 10] [--sizes 1,10] [--clients 8] [--spans 10000]
+    python -m bench.service_load --index indexes/default [--seconds 10] [--sizes 1,10] [--clients 8] [--rounds 3]
+        [--baseline DIR] [--library-batch 500] [--spans 10000] [--out eval/service/service_load]
 
-1. Starts `linker serve` on 127.0.0.1 (a free port, loopback only), waits for /health, then
-   `--clients` concurrent clients POST /link for `--seconds` per request size (1 and 10
-   mentions per request by default); reports requests/s, mentions/s, p50/p99 latency, failed
-   requests, and the server's RSS sampled every second (start / 1/4 / 1/2 / end / max) to show
-   whether memory is steady. The server is stopped at the end.
-2. Writes `--spans` spans (dictionary names of the index, perturbed: case, a dropped or swapped
-   character, word order, a plural s; seed 0) to a JSONL file and times `linker normalize` on it
-   end to end (index loading included), with the process's peak RSS; it also reports how many
-   perturbed names came back with their own concept at rank 1 (a sanity check, not an evaluation).
+1. Starts `linker serve` of this checkout on 127.0.0.1 (a free port, loopback only) and, with `--baseline DIR`, the
+   same command run from the source tree DIR (`git archive COMMIT | tar -x -C DIR`): before beside after, on one
+   index, machine and load. Waits for /health, then warms each server up (its first calls load lazy parts).
+2. `--rounds` rounds, each: for every request size, the library's batched rate (one `Linker.link` call of
+   `--library-batch` mentions in this process, at its default threads and at one BLAS thread, the service's), then
+   every server with `--clients` closed-loop clients for `--seconds` (requests/s, mentions/s, p50/p99 latency,
+   failed requests); then one client sending one mention at a time to every server, and the library's one-mention
+   call. Servers take turns first from round to round; the 1-minute load average is recorded at every measurement.
+   The report gives medians over rounds and, per round, the service's mentions/s over the library's best.
+3. The server's RSS is sampled every second (start / 1/4 / 1/2 / end / max) to show whether memory is steady.
+4. Writes `--spans` spans (dictionary names of the index, perturbed: case, a dropped or swapped character, word
+   order, a plural s; seed 0) to a JSONL file and times `linker normalize` on it end to end (index loading
+   included), with the process's peak RSS and how many perturbed names came back with their own concept at rank 1
+   (a sanity check, not an evaluation). `--spans 0` skips it.
 
-Everything stops by itself. Timings depend on the machine's load: the load average before and
-after is recorded next to the figures.
+Everything stops by itself. Timings depend on the machine's load: compare rows of one run.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import socket
 import statistics
@@ -29,7 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -37,7 +45,10 @@ import pyarrow.parquet as pq
 
 from bench.report import REPO as ROOT
 from bench.report import Report
+
 SEED = 0
+WARM_UP_SECONDS = 5  # per server, not measured: the first calls load the index's lazy parts
+STARTUP_LIMIT = 900  # seconds; a dense index's server starts in ~15 s on a quiet machine, minutes on a loaded one
 
 
 def free_port() -> int:
@@ -92,9 +103,83 @@ class RssSampler(threading.Thread):
                 return
             self.stopped.wait(self.interval)
 
+    def summary(self) -> dict:
+        # "start" is the idle server right after /health answered; a leak would keep growing from the first
+        # quarter to the end, a warm-up (allocator arenas, the Linker's preferred-name cache) levels off.
+        rss = [r for _, r in self.samples] or [0]
+        return {"start": mib(rss[0]), "quarter": mib(rss[len(rss) // 4]), "middle": mib(rss[len(rss) // 2]),
+                "end": mib(rss[-1]), "max": mib(max(rss)), "samples": len(rss)}
+
 
 def mib(n: int) -> float:
     return round(n / 2**20, 1)
+
+
+def load1() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+@dataclass
+class Server:
+    """A running `linker serve`: its label ("before" / "after"), process, URL and RSS sampler."""
+
+    label: str
+    tree: Path
+    proc: subprocess.Popen
+    base: str
+    startup_seconds: float
+    log: Any = None
+    sampler: RssSampler | None = None
+    runs: list = field(default_factory=list)
+
+
+def start_server(index: Path, label: str = "after", tree: Path = ROOT) -> Server:
+    """`linker serve` of `index` run from the source tree `tree`, once /health answers. Its stderr goes to a
+    temporary file (a pipe nobody reads could fill and block it)."""
+    port = free_port()
+    started = time.perf_counter()
+    log = tempfile.TemporaryFile()
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree != ROOT else None
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "linker", "serve", "--index", str(index.resolve()), "--host", "127.0.0.1",
+         "--port", str(port)],
+        cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=log,
+    )
+    server = Server(label, tree, proc, f"http://127.0.0.1:{port}", 0.0, log)
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise SystemExit(f"server ({label}, {tree}) exited: {log.read().decode(errors='replace')}")
+        try:
+            if httpx.get(f"{server.base}/health", timeout=1).status_code == 200:
+                server.startup_seconds = round(time.perf_counter() - started, 1)
+                server.sampler = RssSampler(proc.pid)
+                server.sampler.start()
+                return server
+        except httpx.TransportError:
+            time.sleep(0.2)
+        if time.perf_counter() - started > STARTUP_LIMIT:
+            stop_server(server)
+            raise SystemExit(f"server ({label}) did not answer /health within {STARTUP_LIMIT} s")
+
+
+def stop_server(server: Server) -> None:
+    if server.sampler is not None:
+        server.sampler.stopped.set()
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
 
 
 async def drive(base: str, texts: list[str], clients: int, seconds: float, per_request: int) -> tuple[list[float], int]:
@@ -105,7 +190,7 @@ async def drive(base: str, texts: list[str], clients: int, seconds: float, per_r
     async def client(worker: int) -> None:
         nonlocal failures
         i = worker
-        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             while time.monotonic() < deadline:
                 mentions = [{"text": texts[(i + j) % len(texts)], "id": i + j} for j in range(per_request)]
                 i += clients * per_request
@@ -122,102 +207,141 @@ async def drive(base: str, texts: list[str], clients: int, seconds: float, per_r
     return latencies, failures
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-STARTUP_LIMIT = 900  # seconds; a dense index's server starts in ~15 s on a quiet machine, minutes on a loaded one
-
-
-def start_server(index: Path) -> tuple[subprocess.Popen, str, float]:
-    """`linker serve` of `index`; returns (process, base URL, start-up seconds) once /health answers. Its stderr
-    goes to a temporary file (a pipe nobody reads could fill and block it)."""
-    port = free_port()
-    started = time.perf_counter()
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "linker", "serve", "--index", str(index.resolve()), "--host", "127.0.0.1",
-         "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-    )
-    proc.log = log
-    base = f"http://127.0.0.1:{port}"
-    while True:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise SystemExit(f"server exited: {log.read().decode(errors='replace')}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return proc, base, time.perf_counter() - started
-        except httpx.TransportError:
-            time.sleep(0.2)
-        if time.perf_counter() - started > STARTUP_LIMIT:
-            stop_server(proc)
-            raise SystemExit(f"server did not answer /health within {STARTUP_LIMIT} s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def drive_sizes(base: str, texts: list[str], clients: int, seconds: float, sizes: list[int]) -> list[dict]:
-    """A run of `seconds` per request size: throughput and latency percentiles."""
-    runs = []
-    for size in sizes:
-        wall = time.perf_counter()
-        latencies, failures = asyncio.run(drive(base, texts, clients, seconds, size))
-        wall = time.perf_counter() - wall
-        runs.append({
-            "mentions_per_request": size,
-            "seconds": round(wall, 1),
-            "requests": len(latencies),
-            "failed_requests": failures,
-            "requests_per_second": round(len(latencies) / wall, 1),
-            "mentions_per_second": round(size * len(latencies) / wall, 1),
-            "latency_ms": {
-                "p50": round(1000 * statistics.median(latencies), 1),
-                "p99": round(1000 * percentile(latencies, 0.99), 1),
-                "max": round(1000 * max(latencies), 1),
-            },
-        })
-    return runs
-
-
-def service_phase(index: Path, texts: list[str], clients: int, seconds: float, sizes: list[int]) -> dict:
-    """One server process; a run of `seconds` per request size in `sizes`; RSS sampled across all runs."""
-    proc, base, startup = start_server(index)
-    try:
-        sampler = RssSampler(proc.pid)
-        sampler.start()
-        runs = drive_sizes(base, texts, clients, seconds, sizes)
-        sampler.stopped.set()
-        sampler.join()
-    finally:
-        stop_server(proc)
-    rss = [r for _, r in sampler.samples]
+def service_run(server: Server, texts: list[str], clients: int, seconds: float, size: int) -> dict:
+    """`clients` closed-loop clients of `size` mentions a request for `seconds`."""
+    load = load1()
+    wall = time.perf_counter()
+    latencies, failures = asyncio.run(drive(server.base, texts, clients, seconds, size))
+    wall = time.perf_counter() - wall
     return {
-        "clients": clients,
-        "k": 5,
-        "startup_seconds": round(startup, 1),
-        "runs": runs,
-        # "start" is the idle server right after /health answered; a leak would keep growing
-        # from the first quarter to the end, a warm-up (allocator arenas of the threadpool,
-        # the Linker's preferred-name cache) levels off.
-        "server_rss_mib": {
-            "start": mib(rss[0]),
-            "quarter": mib(rss[len(rss) // 4]),
-            "middle": mib(rss[len(rss) // 2]),
-            "end": mib(rss[-1]),
-            "max": mib(max(rss)),
-            "samples": len(rss),
-        },
+        "server": server.label, "mentions_per_request": size, "clients": clients, "load": load,
+        "seconds": round(wall, 1), "requests": len(latencies), "failed_requests": failures,
+        "requests_per_second": round(len(latencies) / wall, 1),
+        "mentions_per_second": round(size * len(latencies) / wall, 1),
+        "latency_ms": {"p50": round(1000 * statistics.median(latencies), 1),
+                       "p99": round(1000 * percentile(latencies, 0.99), 1),
+                       "max": round(1000 * max(latencies), 1)},
     }
+
+
+# ----------------------------------------------------------------------------- the library, in this process
+
+
+class Library:
+    """The index's `Linker` in this process: the rate a caller gets from one batched call, and one mention's call."""
+
+    def __init__(self, index: Path, texts: list[str]) -> None:
+        from linker.link import Linker
+
+        self.linker = Linker.load(index)
+        self.texts = texts
+        self._next = 0
+
+    def _take(self, n: int) -> list[str]:
+        """The next `n` texts of the pool, so that calls do not repeat the last call's texts."""
+        out = [self.texts[(self._next + i) % len(self.texts)] for i in range(n)]
+        self._next = (self._next + n) % len(self.texts)
+        return out
+
+    def batched(self, n: int) -> dict:
+        """mentions/s of one `Linker.link` call of `n` mentions: at the library's default threads, and with numpy's
+        BLAS on one thread (as the service runs its calls)."""
+        from threadpoolctl import threadpool_limits
+
+        out = {"load": load1(), "mentions": n}
+        for setting, threads in (("default_threads", None), ("one_blas_thread", 1)):
+            texts = self._take(n)
+            with threadpool_limits(threads, user_api="blas"):
+                started = time.perf_counter()
+                self.linker.link(texts, k=5)
+                out[setting] = round(n / (time.perf_counter() - started), 1)
+        out["mentions_per_second"] = max(out["default_threads"], out["one_blas_thread"])
+        return out
+
+    def one(self, seconds: float) -> dict:
+        """Latency of one-mention calls, back to back, for `seconds`."""
+        load, latencies = load1(), []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            [text] = self._take(1)
+            started = time.perf_counter()
+            self.linker.link([text], k=5)
+            latencies.append(time.perf_counter() - started)
+        return {"load": load, "calls": len(latencies), "p50_ms": round(1000 * statistics.median(latencies), 1),
+                "p99_ms": round(1000 * percentile(latencies, 0.99), 1)}
+
+
+def run_rounds(servers: list[Server], library: Library, texts: list[str], args: argparse.Namespace) -> dict:
+    """Library and servers measured in turns, `args.rounds` times (see the module docstring)."""
+    library_runs, sequential, library_one = [], [], []
+    for number in range(args.rounds):
+        order = servers[number % len(servers):] + servers[: number % len(servers)]  # who goes first takes turns
+        for size in args.sizes:
+            library_runs.append({"round": number, "size": size, **library.batched(args.library_batch)})
+            for server in order:
+                server.runs.append({"round": number, **service_run(server, texts, args.clients, args.seconds, size)})
+                print(f"round {number} size {size} {server.label}: {server.runs[-1]['mentions_per_second']} "
+                      f"mentions/s (library {library_runs[-1]['mentions_per_second']})", file=sys.stderr)
+        library_one.append({"round": number, **library.one(args.seconds)})
+        for server in order:
+            sequential.append({"round": number, **service_run(server, texts, 1, args.seconds, 1)})
+    return {"library_batched": library_runs, "library_one_mention": library_one, "sequential": sequential}
+
+
+def summarise(servers: list[Server], rounds: dict, sizes: list[int]) -> list[dict]:
+    """Per server and size: medians over rounds, and the median of each round's service / library ratio."""
+    rows = []
+    for server in servers:
+        for size in sizes:
+            runs = [r for r in server.runs if r["mentions_per_request"] == size]
+            library = {r["round"]: r["mentions_per_second"] for r in rounds["library_batched"] if r["size"] == size}
+            ratios = [r["mentions_per_second"] / library[r["round"]] for r in runs]
+            rows.append({
+                "server": server.label, "mentions_per_request": size,
+                "mentions_per_second": statistics.median(r["mentions_per_second"] for r in runs),
+                "p50_ms": statistics.median(r["latency_ms"]["p50"] for r in runs),
+                "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in runs),
+                "failed_requests": sum(r["failed_requests"] for r in runs),
+                "library_mentions_per_second": statistics.median(library.values()),
+                "of_library": round(statistics.median(ratios), 3),
+                "load": [min(r["load"] for r in runs), max(r["load"] for r in runs)],
+            })
+        seq = [r for r in rounds["sequential"] if r["server"] == server.label]
+        rows.append({"server": server.label, "mentions_per_request": 1, "clients": 1,
+                     "p50_ms": statistics.median(r["latency_ms"]["p50"] for r in seq),
+                     "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in seq),
+                     "failed_requests": sum(r["failed_requests"] for r in seq),
+                     "library_p50_ms": statistics.median(r["p50_ms"] for r in rounds["library_one_mention"]),
+                     "load": [min(r["load"] for r in seq), max(r["load"] for r in seq)]})
+    return rows
+
+
+def service_phase(index: Path, texts: list[str], args: argparse.Namespace) -> dict:
+    """The servers (this checkout's, and the baseline's) and the library, measured in turns."""
+    servers = [start_server(index, "after")]
+    try:
+        if args.baseline is not None:
+            servers.insert(0, start_server(index, "before", args.baseline))
+        for server in servers:
+            service_run(server, texts, args.clients, WARM_UP_SECONDS, max(args.sizes))
+        library = Library(index, texts)
+        library.batched(min(args.library_batch, 50))  # its first call loads lazy parts too
+        rounds = run_rounds(servers, library, texts, args)
+    finally:
+        for server in servers:
+            stop_server(server)
+    return {
+        "clients": args.clients, "k": 5, "rounds": args.rounds, "seconds_per_run": args.seconds,
+        "library_batch": args.library_batch,
+        "servers": {s.label: {"tree": "this checkout" if s.tree == ROOT else str(s.tree),
+                              "startup_seconds": s.startup_seconds, "server_rss_mib": s.sampler.summary(),
+                              "runs": s.runs} for s in servers},
+        **rounds,
+        "summary": summarise(servers, rounds, args.sizes),
+    }
+
+
+# ----------------------------------------------------------------------------- batch (`linker normalize`)
 
 
 def batch_phase(index: Path, spans: list[dict]) -> dict:
@@ -240,43 +364,59 @@ def batch_phase(index: Path, spans: list[dict]) -> dict:
             raise SystemExit(f"linker normalize failed: {err.decode(errors='replace')}")
         records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     top1 = sum(1 for r in records if r["candidates"] and r["candidates"][0]["concept_id"] == r["source_concept"])
-    rss = [r for _, r in sampler.samples]
     return {
         "spans": len(spans),
         "output_lines": len(records),
         "linked": sum(1 for r in records if r["candidates"]),
         "seconds_total": round(wall, 1),
         "spans_per_second_incl_index_load": round(len(spans) / wall, 1),
-        "peak_rss_mib": mib(max(rss)) if rss else None,
+        "peak_rss_mib": sampler.summary()["max"] if sampler.samples else None,
         "perturbed_name_top1_own_concept": round(top1 / len(records), 4),
     }
 
 
-def write_report(report: Report, result: dict) -> None:
-    s, b = result["service"], result["batch"]
+# ----------------------------------------------------------------------------- report
+
+
+def service_lines(s: dict) -> list[str]:
+    rows = [r for r in s["summary"] if "clients" not in r]
+    seq = [r for r in s["summary"] if "clients" in r]
+    load = lambda r: f"{r['load'][0]}-{r['load'][1]}"  # noqa: E731
     lines = [
-        f"Index `{result['index']}` ({result['index_version']}).",
-        "",
         f"## HTTP service (`linker serve`, {s['clients']} concurrent clients on loopback, k={s['k']})",
         "",
-        "| mentions/request | seconds | requests | failed | requests/s | mentions/s | p50 ms | p99 ms | max ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *[
-            f"| {r['mentions_per_request']} | {r['seconds']} | {r['requests']:,} | {r['failed_requests']} | "
-            f"{r['requests_per_second']} | {r['mentions_per_second']} | {r['latency_ms']['p50']} | "
-            f"{r['latency_ms']['p99']} | {r['latency_ms']['max']} |"
-            for r in s["runs"]
-        ],
+        f"Medians of {s['rounds']} rounds of {s['seconds_per_run']} s per server and size; the library's rate is one "
+        f"`Linker.link` call of {s['library_batch']} mentions in the bench's process, the better of its default "
+        "threads and one BLAS thread, measured in the same round; *of library* is the median of each round's ratio.",
+        "",
+        "| server | mentions/request | mentions/s | p50 ms | p99 ms | failed | library mentions/s | of library | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        *[f"| {r['server']} | {r['mentions_per_request']} | {r['mentions_per_second']} | {r['p50_ms']} | {r['p99_ms']} | "
+          f"{r['failed_requests']} | {r['library_mentions_per_second']} | {r['of_library']:.0%} | {load(r)} |"
+          for r in rows],
+        "",
+        "One client, one mention a request, one after another (the library: one-mention `Linker.link` calls):",
+        "",
+        "| server | p50 ms | p99 ms | failed | library p50 ms | load |",
+        "|---|---:|---:|---:|---:|---|",
+        *[f"| {r['server']} | {r['p50_ms']} | {r['p99_ms']} | {r['failed_requests']} | {r['library_p50_ms']} | "
+          f"{load(r)} |" for r in seq],
         "",
         "Server RSS (MiB), sampled every second over all runs: idle after start-up, then at 1/4, 1/2 and the end:",
         "",
-        "| start | 1/4 | 1/2 | end | max |",
-        "|---:|---:|---:|---:|---:|",
-        "| " + " | ".join(str(s["server_rss_mib"][key]) for key in ("start", "quarter", "middle", "end", "max")) + " |",
-        "",
-        f"Server start-up (index load and verification) took {s['startup_seconds']} s.",
+        "| server | start | 1/4 | 1/2 | end | max | start-up s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *[f"| {label} ({v['tree']}) | " + " | ".join(str(v["server_rss_mib"][key]) for key in
+                                                   ("start", "quarter", "middle", "end", "max"))
+          + f" | {v['startup_seconds']} |" for label, v in s["servers"].items()],
         "",
     ]
+    return lines
+
+
+def write_report(report: Report, result: dict) -> None:
+    lines = [f"Index `{result['index']}` ({result['index_version']}).", "", *service_lines(result["service"])]
+    b = result["batch"]
     if b is not None:
         lines += [
             f"## Batch (`linker normalize --format jsonl --k 1`, {b['spans']:,} perturbed dictionary names)",
@@ -292,23 +432,28 @@ def write_report(report: Report, result: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--index", type=Path, default=ROOT / "indexes" / "default")
-    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per request size")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per server, size and round")
     parser.add_argument("--sizes", default="1,10", help="mentions per request, one run each (comma-separated)")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of library and servers in turns")
+    parser.add_argument("--baseline", type=Path, help="a source tree whose `linker serve` is measured as 'before'")
+    parser.add_argument("--library-batch", type=int, default=500, help="mentions in the library's batched call")
     parser.add_argument("--spans", type=int, default=10_000, help="batch spans; 0 skips the batch phase")
     parser.add_argument("--out", type=Path, default=Path("eval/service/service_load"), help="the report's path stem")
     args = parser.parse_args()
+    args.sizes = [int(x) for x in args.sizes.split(",")]
     if not (args.index / "manifest.json").is_file():
         raise SystemExit(f"{args.index}: no index folder; build it first with `make indexes/default`")
+    if args.baseline is not None and not (args.baseline / "linker" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline {args.baseline}: expected a source tree with linker/__init__.py")
     report = Report(args.out.name, out=args.out.parent, title="Service and batch load test")
     manifest = json.loads((args.index / "manifest.json").read_text())
     spans = make_spans(args.index, args.spans or 1000)  # the service phase needs texts too
     result = {
         "index": args.index.name,
         "index_version": f"{manifest['kind']} built {manifest['built_at']}, {manifest['counts']['names']:,} names",
+        "service": service_phase(args.index, [s["text"] for s in spans], args),
     }
-    result["service"] = service_phase(args.index, [s["text"] for s in spans], args.clients, args.seconds,
-                                      [int(x) for x in args.sizes.split(",")])
     result["batch"] = batch_phase(args.index, spans) if args.spans else None
     write_report(report, result)
 

@@ -25,7 +25,7 @@ from linker.fileio import Input, atomic_file, check_output, native_read
 from linker.folders import sha256_file
 from linker.progress import bar
 from linker.schema import CONCEPT_SCHEMA, HIERARCHY_SCHEMA, ConceptName, HierarchyRow, validate_concept_table
-from linker.sources import SourceOptions, get_source
+from linker.sources import SourceOptions, SourceOutput, get_source
 
 log = logging.getLogger(__name__)
 
@@ -119,47 +119,14 @@ def build_dictionary(
         raise LinkerError("no source given; pass --source NAME PATH...")
     _check_table_output(out, [p for spec in sources for p in spec.paths], overwrite, option="--source",
                         extra=[Input(Path(p), "--exclude-names") for p in options.exclude_names])
-    outputs = []
-    for spec in sources:
-        reader = get_source(spec.name)
-        for path in spec.paths:
-            if not Path(path).exists():
-                raise MissingInputError(f"{path}: no such file or folder (source {spec.name})")
-        outputs.append((spec, reader(list(spec.paths), options)))
-
-    seen: set[int] = set()
+    outputs = _open_sources(sources, options)
     concepts: set[str] = set()
     counts = Counter()
     hierarchy: list[HierarchyRow] = []
-
     reporter = bar(desc=f"reading {', '.join(spec.name for spec in sources)}", unit="name")
-
-    def kept() -> Iterator[ConceptName]:
-        read = 0
-        for _spec, output in outputs:
-            for name in output.names:
-                read += 1
-                if read % PROGRESS_STEP == 0:  # per name would cost more than the filtering itself
-                    reporter.update(PROGRESS_STEP)
-                if not _keep(name, options):
-                    counts["filtered"] += 1
-                    continue
-                key = hash((name.concept_id, name.name, name.lang))
-                if key in seen:
-                    counts["duplicates"] += 1
-                    continue
-                seen.add(key)
-                concepts.add(name.concept_id)
-                counts["rows"] += 1
-                yield name
-            if output.hierarchy is not None:
-                hierarchy.extend(output.hierarchy())
-        reporter.update(read % PROGRESS_STEP)
-        reporter.close()
-
     with atomic_file(out) as tmp:
         with pq.ParquetWriter(tmp, CONCEPT_SCHEMA, compression="zstd") as writer:
-            for batch in _batches(kept()):
+            for batch in _batches(_kept_names(outputs, options, counts, concepts, hierarchy, reporter)):
                 writer.write_batch(batch)
             # Sources fill their description (counts, skipped rows) while streaming, so the
             # metadata goes into the footer once every name has been read.
@@ -197,11 +164,60 @@ def build_dictionary(
     return summary
 
 
+def _open_sources(sources: Sequence[SourceSpec], options: SourceOptions) -> list[tuple[SourceSpec, SourceOutput]]:
+    """`build_dictionary`'s readers, one per source, each over its paths (checked to exist first)."""
+    outputs = []
+    for spec in sources:
+        reader = get_source(spec.name)
+        for path in spec.paths:
+            if not Path(path).exists():
+                raise MissingInputError(f"{path}: no such file or folder (source {spec.name})")
+        outputs.append((spec, reader(list(spec.paths), options)))
+    return outputs
+
+
+def _kept_names(outputs: list[tuple[SourceSpec, SourceOutput]], options: SourceOptions, counts: Counter,
+                concepts: set[str], hierarchy: list[HierarchyRow], reporter) -> Iterator[ConceptName]:
+    """`build_dictionary`'s names: those `options` keep, the first of each (concept_id, name, lang). Counts the rows
+    kept, filtered and duplicate in `counts`, collects the concepts and each source's side table once its names
+    are read, and reports progress."""
+    seen: set[int] = set()  # one 8-byte key per kept row: memory grows with the output, never with the input
+    read = 0
+    for _spec, output in outputs:
+        for name in output.names:
+            read += 1
+            if read % PROGRESS_STEP == 0:  # per name would cost more than the filtering itself
+                reporter.update(PROGRESS_STEP)
+            if not _keep(name, options):
+                counts["filtered"] += 1
+                continue
+            key = hash((name.concept_id, name.name, name.lang))
+            if key in seen:
+                counts["duplicates"] += 1
+                continue
+            seen.add(key)
+            concepts.add(name.concept_id)
+            counts["rows"] += 1
+            yield name
+        if output.hierarchy is not None:
+            hierarchy.extend(output.hierarchy())
+    reporter.update(read % PROGRESS_STEP)
+    reporter.close()
+
+
 def _hierarchy_table(rows: list[HierarchyRow]) -> pa.Table:
     unique = list(dict.fromkeys(rows))
     return pa.Table.from_pydict(
         {f.name: [getattr(r, f.name) for r in unique] for f in HIERARCHY_SCHEMA}, schema=HIERARCHY_SCHEMA
     )
+
+
+def _read_parquet(path: Path) -> tuple[pa.Table, dict | None]:
+    """A parquet file's rows (without the footer's key-value metadata, as `pq.read_table` gives them) and that
+    metadata. Through `pq.ParquetFile`: `pq.read_table` goes through pyarrow.dataset, which imports pandas, a second
+    of a `linker link` start-up on a busy machine."""
+    with pq.ParquetFile(path) as parquet:
+        return parquet.read().replace_schema_metadata(None), parquet.metadata.metadata
 
 
 def read_concept_table(path: str | Path) -> ConceptTable:
@@ -218,17 +234,17 @@ def read_concept_table(path: str | Path) -> ConceptTable:
             f"`train --dict` take the concept table from `linker dict build`{copy}"
         )
     with native_read(path, "a parquet concept table"):
-        table = pq.read_table(path)
+        table, raw_meta = _read_parquet(path)
         # The footer's key-value metadata: `build_dictionary` adds it after streaming the rows, where
         # the Arrow schema stored in the file can no longer carry it.
-        raw_meta = (pq.read_metadata(path).metadata or {}).get(META_KEY)
+        raw_meta = (raw_meta or {}).get(META_KEY)
         meta = json.loads(raw_meta) if raw_meta else {}
     table = validate_concept_table(table, str(path))
     side = hierarchy_path(path)
     hierarchy = None
     if side.exists():
         with native_read(side, "a parquet hierarchy table"):
-            hierarchy = pq.read_table(side)
+            hierarchy = _read_parquet(side)[0]
     return ConceptTable(path=path, table=table, meta=meta, hierarchy=hierarchy)
 
 

@@ -395,10 +395,6 @@ class Encoder:
         per batch, padding included. `progress(n)` is called after each batch with the number
         of texts it finished (for a progress bar); `show_progress` reports through `linker.progress`.
         """
-        import torch
-
-        from linker.precision import autocast
-
         prefix = self.spec.prefix(role)
         texts = [prefix + t for t in texts] if prefix else list(texts)
         if not texts:
@@ -407,18 +403,7 @@ class Encoder:
             raise ConfigError(f"batch_size and token_budget must be >= 1, found {batch_size}, {token_budget}")
         started = time.perf_counter()
         ids = token_ids(self.model, texts)
-        # Texts the tokenizer reads as the same ids ("Cystic fibrosis" and "cystic fibrosis" for an
-        # uncased model, or plain duplicates) are encoded once and share one vector. Encoded apart,
-        # in different batches, they differ by float rounding, and a tie between them (a mention
-        # with their ids scores ~1 against each) was decided by that rounding, differently in each
-        # precision and compiled or eager build (28 NCBI-disease test mentions flipped between two
-        # builds: scripts/ncbi_dense_ties.py). Bit-identical, they tie exactly and search breaks
-        # the tie by row, the same in every build. (Within one call: an index build encodes chunks
-        # of names sorted by length, so texts that differ only in case land in the same chunk.)
-        keys: dict[tuple, int] = {}
-        inverse = np.fromiter((keys.setdefault(tuple(x), len(keys)) for x in ids), dtype=np.int64, count=len(ids))
-        firsts = np.unique(inverse, return_index=True)[1]  # keys are numbered in order of first appearance
-        copies = np.bincount(inverse)  # texts per distinct one, for progress counts
+        inverse, firsts, copies = _distinct_ids(ids)
         all_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokenize_seconds = time.perf_counter() - started
         texts = [texts[i] for i in firsts]
@@ -426,15 +411,40 @@ class Encoder:
         clipped = np.minimum(all_lengths[firsts], limit)
         order = np.argsort(clipped, kind="stable")
         batches = token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
         bar = None
         if show_progress:
             from linker.progress import bar as progress_bar
 
             bar = progress_bar(len(inverse), desc="encoding", unit="text")
+        try:
+            out, padded, seconds = self._encode_batches(texts, order, batches, copies, bar, progress)
+        finally:
+            if bar is not None:
+                bar.close()
+        tokenize_seconds += seconds
+        truncated = int(np.sum(all_lengths > limit))
+        self.last_stats = EncodeStats(
+            texts=len(inverse), batches=len(batches), tokens=int(clipped.sum()), padded_tokens=padded,
+            max_length=limit, longest=int(all_lengths.max()), truncated=truncated,
+            tokenize_seconds=round(tokenize_seconds, 3), seconds=round(time.perf_counter() - started, 3),
+        )
+        if truncated:
+            log.warning("%d of %d texts are longer than the encoder's %d tokens and were truncated (longest %d)",
+                        truncated, len(inverse), limit, int(all_lengths.max()))
+        return out[inverse]
+
+    def _encode_batches(self, texts: list[str], order: np.ndarray, batches: list[tuple[int, int]], copies: np.ndarray,
+                        bar, progress: Callable[[int], None] | None) -> tuple[np.ndarray, int, float]:
+        """`encode`'s forward passes over `texts` in `batches` of `order` (length order): (vectors (n, dim), padded
+        tokens, seconds spent tokenising). `copies[i]`: the texts that text i stands for, counted in the progress."""
+        import torch
+
+        from linker.precision import autocast
+
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
         was_training = self.model.training
         self.model.eval()
-        padded = 0
+        padded, tokenize_seconds = 0, 0.0
         try:
             with torch.inference_mode(), autocast(self.precision, self.device), self._forward_mode():
                 for start, end in batches:
@@ -454,22 +464,28 @@ class Encoder:
                         progress(done)
         finally:
             self.model.train(was_training)
-            if bar is not None:
-                bar.close()
-        truncated = int(np.sum(all_lengths > limit))
-        self.last_stats = EncodeStats(
-            texts=len(inverse), batches=len(batches), tokens=int(clipped.sum()), padded_tokens=padded,
-            max_length=limit, longest=int(all_lengths.max()), truncated=truncated,
-            tokenize_seconds=round(tokenize_seconds, 3), seconds=round(time.perf_counter() - started, 3),
-        )
-        if truncated:
-            log.warning("%d of %d texts are longer than the encoder's %d tokens and were truncated (longest %d)",
-                        truncated, len(inverse), limit, int(all_lengths.max()))
-        return out[inverse]
+        return out, padded, tokenize_seconds
 
     def __repr__(self) -> str:
         compiled = ", compiled" if self.compiled else ""
         return f"Encoder({self.spec.name!r}, dim={self.dim}, precision={self.precision!r}{compiled})"
+
+
+def _distinct_ids(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(inverse: each text's distinct number, firsts: each distinct one's first text, copies: texts per distinct one).
+
+    Texts the tokenizer reads as the same ids ("Cystic fibrosis" and "cystic fibrosis" for an
+    uncased model, or plain duplicates) are encoded once and share one vector. Encoded apart,
+    in different batches, they differ by float rounding, and a tie between them (a mention
+    with their ids scores ~1 against each) was decided by that rounding, differently in each
+    precision and compiled or eager build (28 NCBI-disease test mentions flipped between two
+    builds: scripts/ncbi_dense_ties.py). Bit-identical, they tie exactly and search breaks
+    the tie by row, the same in every build. (Within one call: an index build encodes chunks
+    of names sorted by length, so texts that differ only in case land in the same chunk.)"""
+    keys: dict[tuple, int] = {}
+    inverse = np.fromiter((keys.setdefault(tuple(x), len(keys)) for x in ids), dtype=np.int64, count=len(ids))
+    firsts = np.unique(inverse, return_index=True)[1]  # keys are numbered in order of first appearance
+    return inverse, firsts, np.bincount(inverse)
 
 
 def in_length_buckets(lengths: np.ndarray, run: Callable[[np.ndarray], Any]):

@@ -28,7 +28,7 @@ from linker.errors import ConfigError, IndexMismatchError, InputFormatError, Unk
 from linker.folders import check_model_folder
 from linker.index import LoadedIndex, load_index, name_count, name_row_counts, read_prior
 from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
-from linker.retrieve import ConceptHits, ConceptIndex, top_concepts
+from linker.retrieve import ConceptHits, ConceptIndex, arrow_numpy, top_concepts
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class Linker:
         self._langs, self._lang_codes = self._encode(table.column("lang"))
         self._sources, self._source_codes = self._encode(table.column("source"))
         self._types, self._type_codes = self._encode(table.column("term_type"))
-        self._preferred = table.column("preferred").to_numpy()
+        self._preferred = arrow_numpy(table.column("preferred"))
         codes = self._concepts.codes
         self._by_concept = np.argsort(codes, kind="stable")  # name rows grouped by concept, table order within
         self._starts = np.searchsorted(codes[self._by_concept], np.arange(len(self._concepts) + 1))
@@ -274,7 +274,7 @@ class Linker:
     @staticmethod
     def _encode(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
         encoded = pc.dictionary_encode(column).combine_chunks()
-        return encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
+        return encoded.dictionary.to_pylist(), arrow_numpy(encoded.indices)
 
     @staticmethod
     def _read_hierarchy(table: pa.Table | None) -> dict[str, list[dict]]:
@@ -333,13 +333,23 @@ class Linker:
     @property
     def precision(self) -> str | None:
         """The precision mentions are encoded in (fp32, bf16, int8); None for a tf-idf index."""
-        names = self.index.names
-        encoder = getattr(getattr(names, "dense", names), "encoder", None)
-        return None if encoder is None else encoder.precision
+        return self.index.names.query_precision
 
     @property
     def languages(self) -> list[str]:
         return sorted(self._langs)
+
+    def usable_langs(self, langs: Sequence[str | None]) -> list[str | None]:
+        """The one fallback rule for a language the index lacks: it becomes None (any language), with one warning
+        naming it, so a Spanish span against the English default is linked against all names instead of failing
+        its whole batch. `link` applies it to `langs` (one language per mention, from the data); `lang` (one for a
+        whole call, the caller's own choice) is refused instead when the index lacks it."""
+        known = set(self._langs)
+        missing = sorted({lang for lang in langs if lang is not None and lang not in known})
+        if missing:
+            log.warning("index has no names in %s; those spans are linked against all languages (%s)",
+                        ", ".join(missing), ", ".join(sorted(known)))
+        return [lang if lang is None or lang in known else None for lang in langs]
 
     def _allowed(self, lang: str | None) -> np.ndarray | None:
         if lang is None:
@@ -430,7 +440,7 @@ class Linker:
         return self._tie_key(code, name_count(self._prior_names, matched_name, concept_id))
 
     def link(self, mentions: Sequence[str], *, k: int = 5, lang: str | None = None,
-             exclude: np.ndarray | None = None) -> list[LinkResult]:
+             langs: Sequence[str | None] | None = None, exclude: np.ndarray | None = None) -> list[LinkResult]:
         """The top-k distinct concepts for each mention, sorted by (score desc, concept_id; with an index built
         with `--prior`, tied concepts most annotated for their matched name first, then most annotated overall).
 
@@ -438,6 +448,10 @@ class Linker:
         candidates. An empty or blank mention is an error naming its position. `exclude` is a
         bool mask over the concept table's rows: those names are left out as if the index did
         not hold them (held-out tests of `linker.eval.capabilities`, "no link" tests of `linker.eval.trust`).
+
+        `lang` restricts every mention's candidates to names in that language; `langs` gives each mention its own
+        (None: any), a language the index lacks falling back to any (`usable_langs`): the mentions are linked one
+        call per language and returned in input order. This is the one place mentions are grouped by language.
         """
         if isinstance(mentions, str):
             raise InputFormatError("mentions", "a list of mention strings", f"one string {shorten(mentions)}",
@@ -448,6 +462,12 @@ class Linker:
                                        shorten(mention) if isinstance(mention, str) else type(mention).__name__)
         if k < 1:
             raise ConfigError(f"k must be >= 1, found {k}")
+        if langs is not None:
+            if lang is not None:
+                raise ConfigError("lang and langs: give one language for every mention or one per mention, not both")
+            if len(langs) != len(mentions):
+                raise ConfigError(f"langs: one language (or None) per mention, {len(mentions)}, found {len(langs)}")
+            return self._link_by_lang(list(mentions), self.usable_langs(langs), k=k, exclude=exclude)
         allowed = self._allowed(lang)
         if exclude is not None:
             if len(exclude) != len(self._names):
@@ -472,21 +492,33 @@ class Linker:
         found = {m: self._candidates(h, f, lang, k) for m, h, f in zip(distinct, hits, finals)}
         return [LinkResult(m, found[m]) for m in mentions]
 
+    def _link_by_lang(self, mentions: list[str], langs: list[str | None], *, k: int,
+                      exclude: np.ndarray | None) -> list[LinkResult]:
+        """One `link` call per language (in order of first appearance), the results put back in input order."""
+        groups: dict[str | None, list[int]] = {}
+        for i, lang in enumerate(langs):
+            groups.setdefault(lang, []).append(i)
+        results: list[LinkResult | None] = [None] * len(mentions)
+        for lang, rows in groups.items():
+            linked = self.link([mentions[i] for i in rows], k=k, lang=lang, exclude=exclude)
+            for i, result in zip(rows, linked, strict=True):
+                results[i] = result
+        return results  # type: ignore[return-value]  # every position was filled
+
     def explain(self, mention: str, candidate: Candidate) -> list:
         """Why `candidate` matched `mention`: the n-grams they share with their tf-idf weights
         (`linker.index.tfidf.SharedNgram`, largest contribution first; the contributions sum to the
         tf-idf cosine). For a hybrid index this explains its tf-idf half; a dense index has no n-grams.
         """
-        from linker.index.tfidf import TfidfNameIndex
-
-        sparse = getattr(self.index.names, "sparse", self.index.names)  # a hybrid index's tf-idf half
-        if not isinstance(sparse, TfidfNameIndex):
+        sparse = self.index.names.ngram_index  # a hybrid index's tf-idf half
+        if sparse is None:
             raise ConfigError(f"{self.index.folder}: a {self.index.kind} index has no n-grams to explain; "
                               "--explain needs a tfidf or hybrid index")
         return sparse.explain(mention, candidate.matched_name)
 
     def link_batch(self, batch: pa.RecordBatch, *, k: int = 5) -> pa.RecordBatch:
-        """Link column ``text`` (optional column ``lang`` per row, null = any language).
+        """Link column ``text`` (optional column ``lang`` per row, null = any language; one the index lacks: any,
+        with a warning, `usable_langs`).
 
         Returns the input columns plus ``candidates``: list<`CANDIDATE_TYPE`>, one list per row.
         A pure function of the batch, for Ray Data ``map_batches`` / Spark ``mapInArrow``.
@@ -499,10 +531,6 @@ class Linker:
             if not isinstance(text, str) or not text.strip():
                 raise InputFormatError(f"record batch row {i}", "a non-empty 'text'",
                                        shorten(text) if isinstance(text, str) else repr(text))
-        results: list[LinkResult | None] = [None] * len(texts)
-        for lang in dict.fromkeys(langs):
-            rows = [i for i, row_lang in enumerate(langs) if row_lang == lang]
-            for i, result in zip(rows, self.link([texts[i] for i in rows], k=k, lang=lang)):
-                results[i] = result
+        results = self.link(texts, k=k, langs=langs)
         column = pa.array([[c.as_record() for c in r.candidates] for r in results], type=pa.list_(CANDIDATE_TYPE))
         return pa.RecordBatch.from_arrays([*batch.columns, column], names=[*batch.schema.names, "candidates"])

@@ -90,30 +90,21 @@ def link_texts(
     """
     if len(texts) != len(langs):
         raise ValueError("texts and langs must have the same length")
-    langs = usable_langs(linker, langs)
+    langs = linker.usable_langs(langs)  # warned once here, not once a batch
     out: list[tuple[Candidate, ...]] = [()] * len(texts)
     for start in range(0, len(texts), batch):
-        by_lang: dict[str | None, list[int]] = {}
-        for i in range(start, min(start + batch, len(texts))):
-            by_lang.setdefault(langs[i], []).append(i)
-        for lang, rows in by_lang.items():
-            results = linker.link([texts[i] for i in rows], k=k, lang=lang)
-            for i, result in zip(rows, results, strict=True):
-                out[i] = tuple(result.candidates)
+        stop = min(start + batch, len(texts))
+        for i, result in zip(range(start, stop), linker.link(texts[start:stop], k=k, langs=langs[start:stop]),
+                             strict=True):
+            out[i] = tuple(result.candidates)
         if reporter is not None:
             reporter.update(min(batch, len(texts) - start))
     return out
 
 
 def usable_langs(linker: Linker, langs: Sequence[str | None]) -> list[str | None]:
-    """`langs` with each language the index has no names in replaced by None (any language), with one
-    warning: a Spanish span against the English default is linked, not a failure of its whole batch."""
-    known = set(linker.languages)
-    missing = sorted({lang for lang in langs if lang is not None and lang not in known})
-    if missing:
-        log.warning("index has no names in %s; those spans are linked against all languages (%s)",
-                    ", ".join(missing), ", ".join(sorted(known)))
-    return [lang if lang is None or lang in known else None for lang in langs]
+    """`Linker.usable_langs`: the one fallback rule for a language the index lacks."""
+    return linker.usable_langs(langs)
 
 
 def _check_k(k: int) -> None:
@@ -295,7 +286,8 @@ def _mirror(input_path: Path, files: list[Path], folder: Path) -> list[Path]:
     return out
 
 
-def _check_meddra(linker: Linker) -> None:
+def require_meddra(linker: Linker) -> None:
+    """ConfigError unless `linker`'s index holds MedDRA concepts: the ade-xml format writes meddra_pt_id."""
     sources = set(linker.concepts.table.column("source").unique().to_pylist())
     if not any(s.split(":", 1)[0] == "meddra" for s in sources):
         raise ConfigError(
@@ -324,7 +316,7 @@ def normalize_ade_xml(
     if k != 1:
         raise ConfigError(f"the ade-xml format writes one Normalization per reaction; use --k 1 (found --k {k})")
     if check_meddra:
-        _check_meddra(linker)
+        require_meddra(linker)
     input_path, output_path = Path(input_path), Path(output_path)
     files = input_files(input_path, ".xml")
     check_paths(input_path, output_path, fmt="ade-xml", overwrite=overwrite, inputs=linker_inputs(linker))
@@ -450,6 +442,7 @@ __all__ = [
     "FORMATS",
     "NormalizeSummary",
     "batched",
+    "require_meddra",
     "link_texts",
     "normalize_ade_xml",
     "normalize_brat",

@@ -24,12 +24,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from linker.errors import ConfigError
+
+if TYPE_CHECKING:
+    from linker.index import NameIndex
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,24 @@ OVERFETCH = 8
 MIN_FETCH = 32
 WIDEN = 4
 SCORE_BUDGET = 4_000_000  # (query, name) hits per search call: ~50 MB of scores and rows
+
+
+def arrow_numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A column of integers or booleans as numpy, read from its Arrow buffers (read-only). pyarrow's own `to_numpy`
+    imports pandas (pyarrow 26), a second of a `linker link` start-up on a busy machine; a column with nulls still
+    goes through it."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if values.null_count or not (pa.types.is_integer(values.type) or pa.types.is_boolean(values.type)):
+        return values.to_numpy(zero_copy_only=False)
+    boolean = pa.types.is_boolean(values.type)
+    if boolean:  # bits in Arrow, bytes in numpy
+        values = pc.cast(values, pa.uint8())
+    dtype = np.dtype(f"<{'i' if pa.types.is_signed_integer(values.type) else 'u'}{values.type.bit_width // 8}")
+    if not len(values):
+        return np.zeros(0, dtype=bool if boolean else dtype)
+    out = np.frombuffer(values.buffers()[1], dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
+    return out.view(bool) if boolean else out
 
 
 @dataclass(frozen=True)
@@ -60,7 +82,7 @@ class ConceptIndex:
         if prior:
             ids = pa.array(sorted(ids.to_pylist(), key=lambda cid: (-prior.get(cid, 0), cid)), type=ids.type)
         self.ids: list[str] = ids.to_pylist()
-        self.codes = pc.index_in(concept_ids, value_set=ids).to_numpy(zero_copy_only=False).astype(np.int64)
+        self.codes = arrow_numpy(pc.index_in(concept_ids, value_set=ids)).astype(np.int64)
         self._code_of: dict[str, int] | None = None
 
     def code_of(self, concept_id: str) -> int:
@@ -87,7 +109,7 @@ def collapse(scores: np.ndarray, rows: np.ndarray, codes: np.ndarray, allowed: n
 
 
 def top_concepts(
-    index,
+    index: NameIndex,
     concept_index: ConceptIndex,
     queries: Sequence[str],
     k: int,
@@ -97,7 +119,7 @@ def top_concepts(
     """The top-k distinct concepts for each query (see the module docstring for the widening)."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, found {k}")
-    if allowed is None and getattr(index, "searches_concepts", False):
+    if allowed is None and index.searches_concepts:
         # The index finds the top-k concepts itself (tf-idf maxscore): the same result, one search.
         scores, rows = index.search_concepts(list(queries), concept_index.codes, k)
         return [ConceptHits(concept_index.codes[r[r >= 0]], r[r >= 0], s[r >= 0]) for s, r in zip(scores, rows)]
@@ -105,12 +127,11 @@ def top_concepts(
     results: list[ConceptHits | None] = [None] * len(queries)
     pending = list(range(len(queries)))
     # An index may ask for a first fetch of its own (tf-idf maxscore: its cost grows with k).
-    first = getattr(index, "first_fetch", lambda k: None)(k)
+    first = index.first_fetch(k)
     fetch = min(size, max(MIN_FETCH, k * OVERFETCH) if first is None else max(k, first))
     # A dense index encodes its queries (an encoder pass, the costly part): encoded once here,
     # every widening round searches with the same vectors instead of encoding its queries again.
-    encode = getattr(index, "encode_queries", None)
-    vectors = encode(list(queries)) if encode is not None and pending else None
+    vectors = index.encode_queries(list(queries)) if pending else None
     while pending:
         # At most SCORE_BUDGET (query, name) hits per search call, so that widening many queries
         # towards the whole index (a rare language in a large index) keeps memory bounded.
@@ -127,7 +148,7 @@ def top_concepts(
     return results  # type: ignore[return-value]
 
 
-def _search_group(index, concept_index: ConceptIndex, queries: Sequence[str], pending: list[int], fetch: int,
+def _search_group(index: NameIndex, concept_index: ConceptIndex, queries: Sequence[str], pending: list[int], fetch: int,
                   k: int, allowed: np.ndarray | None, results: list, vectors: np.ndarray | None = None) -> list[int]:
     """Search `pending` queries with `fetch` names each (with their `vectors` when encoded already);
     fill `results`, return those that need more."""

@@ -119,8 +119,11 @@ class EventExtractor:
     def _set(self, docs: list[Doc]) -> None:
         from spacy.util import filter_spans
 
+        from linker.extract import annotate_documents
+
         texts = [doc.text for doc in docs]
-        found = self.extractor.extract(texts, **self.options) if any(t.strip() for t in texts) else [[] for _ in docs]
+        found = (annotate_documents(texts, model=self.extractor, **self.options) if any(t.strip() for t in texts)
+                 else [[] for _ in docs])
         for doc, spans in zip(docs, found, strict=True):
             ents = []
             for span in spans:

@@ -296,7 +296,7 @@ def test_public_manifest_hides_server_paths():
 
 
 
-def test_an_unreachable_ray_cluster_is_one_line_naming_the_address(capsys, tiny_index, tmp_path, monkeypatch):
+def _ray_case(capsys, tiny_index, tmp_path, monkeypatch, *options):
     import types
 
     import linker.engine.ray as engine
@@ -308,12 +308,34 @@ def test_an_unreachable_ray_cluster_is_one_line_naming_the_address(capsys, tiny_
     monkeypatch.setattr(engine, "import_ray", lambda: fake)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "spans.jsonl").write_text('{"text": "hair loss"}\n', encoding="utf-8")
-    code, _, err = run(capsys, "normalize-ray", "--index", str(tiny_index), "--input", str(tmp_path / "in"),
-                       "--output", str(tmp_path / "out" / "shards"), "--address", "10.0.0.1:6379")
+    return run(capsys, "normalize-ray", "--index", str(tiny_index), "--input", str(tmp_path / "in"),
+               "--output", str(tmp_path / "out" / "shards"), *options)
+
+
+def test_an_unreachable_ray_cluster_is_one_line_naming_the_address(capsys, tiny_index, tmp_path, monkeypatch):
+    # Port 1 of the loopback: nothing listens there, and the check answers at once (Ray alone retried for minutes).
+    code, _, err = _ray_case(capsys, tiny_index, tmp_path, monkeypatch, "--address", "127.0.0.1:1")
     assert code == 1 and err.count("\n") == 1, err
-    assert err.startswith("error: --address 10.0.0.1:6379: no Ray cluster answered there (Failed to connect to Ray "
-                          "cluster at 10.0.0.1:6379); start one with `ray start --head`"), err
-    assert "a file" not in err
+    assert err.startswith("error: --address 127.0.0.1:1: no Ray cluster answered there ("), err
+    assert "start one with `ray start --head`" in err and "a file" not in err
+
+
+def test_ray_address_from_the_environment_is_named_and_not_given_a_cpu_count(capsys, tiny_index, tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    code, _, err = _ray_case(capsys, tiny_index, tmp_path, monkeypatch)
+    assert code == 1 and err.startswith("error: RAY_ADDRESS 127.0.0.1:1: no Ray cluster answered there ("), err
+
+
+def test_a_cluster_that_fails_to_connect_after_the_port_answers_is_one_line(capsys, tiny_index, tmp_path,
+                                                                             monkeypatch):
+    import linker.engine.ray as engine
+
+    monkeypatch.setattr(engine, "_check_reachable", lambda address, given: None)  # the port answered
+    code, _, err = _ray_case(capsys, tiny_index, tmp_path, monkeypatch, "--address", "127.0.0.1:6379")
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: --address 127.0.0.1:6379: no Ray cluster answered there (Failed to connect to Ray "
+                          "cluster at 127.0.0.1:6379); start one with `ray start --head`"), err
 
 
 def test_a_special_file_is_not_called_missing(capsys, tiny_index, tmp_path):

@@ -17,13 +17,6 @@ MAX_LINES = 80
 ALLOWED = {
     # One numba-compiled loop: each call out of it to a helper is a jit boundary on the hot path.
     ("index/maxscore.py", "_kernel"): "numba kernel",
-    # Not split yet: outside the functions issue 46 item 5 names (the trainers and generate_cases).
-    ("dictionary.py", "build_dictionary"): "not split yet: read sources, filter, dedupe, write",
-    ("encoders.py", "Encoder.encode"): "not split yet: token-budget batches, progress",
-    ("eval/calibrate.py", "calibrate"): "not split yet: link, fit isotonic map, store",
-    ("index/dense.py", "encode_names"): "not split yet: chunked, resumable, verified",
-    ("train/release.py", "train_release"): "not split yet: table, self-alignment, overlay",
-    ("recipe/runner.py", "plan_recipe"): "not split yet: stage keys, cache lookups",
 }
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from index_tables import write_concepts
-from linker.errors import IndexMismatchError
+from linker.errors import IndexMismatchError, InputFormatError
 from linker.index import build_index, load_index
 from linker.index import manifest as manifest_module
 from linker.index.manifest import STAMP_DIR, VerifiedStamp, read_manifest
@@ -150,3 +150,34 @@ def test_stamps_are_pruned(cache, folder, monkeypatch):
     manifest = read_manifest(folder)
     files = {name: folder / name for name in manifest["files"]}
     assert VerifiedStamp.of(folder, manifest, files).holds()
+
+
+def test_finite_check_of_mapped_vectors_is_paid_once(cache, tmp_path, monkeypatch):
+    import numpy as np
+
+    from linker.index.manifest import read_folder_array
+
+    scans = []
+    real = manifest_module._all_finite
+    monkeypatch.setattr(manifest_module, "_all_finite", lambda part: scans.append(len(part)) or real(part))
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    np.save(folder / "v.npy", np.ones((50, 4), dtype=np.float32))
+
+    def read():
+        return read_folder_array(folder, "v.npy", what="vectors", shape=(None, 4), mmap=True)
+
+    read()
+    assert scans == [200]
+    read()
+    assert scans == [200]  # trusted: the file is as it was when its values were checked
+    info = os.stat(folder / "v.npy")
+    array = np.load(folder / "v.npy", mmap_mode="r+")
+    time.sleep(0.05)
+    array[7, 1] = np.nan  # written in place: same size and inode, mtime put back below; the ctime moves
+    array.flush()
+    del array
+    os.utime(folder / "v.npy", ns=(info.st_atime_ns, info.st_mtime_ns))
+    with pytest.raises(InputFormatError, match=r"v\.npy.*finite numbers.*nan at flat position 29"):
+        read()
+    assert len(scans) == 2

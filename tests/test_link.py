@@ -14,7 +14,7 @@ import pytest
 from index_tables import write_concepts
 from linker.cli.main import main
 from linker.errors import ConfigError, InputFormatError, UnknownNameError
-from linker.index import build_index
+from linker.index import NameIndexBase, build_index
 from linker.link import CANDIDATE_TYPE, Candidate, Linker, MeddraPath
 from linker.retrieve import ConceptIndex, collapse, top_concepts
 
@@ -219,6 +219,25 @@ def test_unknown_language_lists_the_index_languages(linker):
         linker.link(["fièvre"], lang="fr")
 
 
+def test_langs_link_each_mention_in_its_own_language_and_a_missing_one_in_all(linker, caplog):
+    """`langs`: the one place mentions are grouped by language; the one fallback rule (`usable_langs`): a language
+    the index lacks is linked against every name, with one warning, where `lang=` refuses it."""
+    mentions = ["cefalea", "vomiting", "fièvre", "Náuseas"]
+    with caplog.at_level("WARNING", logger="linker.link"):
+        results = linker.link(mentions, k=2, langs=["es", "en", "fr", None])
+    assert "index has no names in fr" in caplog.text
+    expected = [linker.link([m], k=2, lang=lang)[0] for m, lang in zip(mentions, ["es", "en", None, None])]
+    assert [ids(r) for r in results] == [ids(e) for e in expected]
+    assert [r.mention for r in results] == mentions
+    assert linker.usable_langs(["es", "fr", None]) == ["es", None, None]
+    with pytest.raises(ConfigError, match="one language \\(or None\\) per mention, 2, found 1"):
+        linker.link(["nausea", "fever"], langs=["en"])
+    with pytest.raises(ConfigError, match="not both"):
+        linker.link(["nausea"], lang="en", langs=["en"])
+    with pytest.raises(InputFormatError, match=r"mentions\[1\]"):
+        linker.link(["nausea", " "], langs=["en", "es"])
+
+
 @pytest.mark.parametrize("mentions", [["nausea", ""], ["nausea", "   "]])
 def test_empty_mention_is_an_error_naming_its_position(linker, mentions):
     with pytest.raises(InputFormatError, match=r"mentions\[1\]: expected a non-empty mention text"):
@@ -258,7 +277,7 @@ def test_tie_beyond_the_first_fetch_is_resolved_by_concept_id(tmp_path):
     assert ids(result) == ["C00", "C01"]
 
 
-class TiedIndex:
+class TiedIndex(NameIndexBase):
     """All names score 1.0 and come back in table order: the worst case for a cut inside a tie."""
 
     kind = "fake"

@@ -94,6 +94,7 @@ OUT_CASES = {  # case: (the output, relative to tmp_path; what the error names)
     "inside a dictionary source": ("meddra/out", "lies inside the input {meddra} (dictionary.meddra.sources[0])"),
     "inside the encoder's folder": ("model/out", "lies inside the input {model} (recipe.encoder)"),
     "around the datasets": ("data", "contains the input {data}/train.tsv (datasets.train)"),
+    "inside the folder of the tsv datasets": ("data/out", "lies inside the input {data} (the folder of datasets.train)"),
 }
 
 
@@ -324,3 +325,21 @@ def test_a_cycle_of_includes_is_refused_in_one_line_naming_it(tmp_path, includes
     message = str(error.value)
     assert "\n" not in message and f"expected dictionaries that do not include themselves, found {cycle}" in message
     assert message.startswith(f"{path}:"), message
+
+
+def test_run_out_inside_a_model_release_the_recipe_does_not_name_is_refused(tmp_path, capsys):
+    # A release copied by hand carries no marker of ours; its manifest says what it is.
+    v = victims(tmp_path)
+    shutil.copytree(MODELS_DIR / "linker-en", tmp_path / "linker-en")
+    before = digest(tmp_path / "linker-en")
+    code, err = cli(["recipe", "run", write(tmp_path, recipe_text(v)), "--out", tmp_path / "linker-en" / "o"], capsys)
+    assert_one_line_error(code, err, f"lies inside {tmp_path / 'linker-en'}, a model release of kind 'encoder'")
+    assert digest(tmp_path / "linker-en") == before and not (tmp_path / "linker-en" / "o").exists()
+
+
+def test_datasets_kept_beside_the_recipe_may_have_the_output_beside_them(tmp_path):
+    v = victims(tmp_path)
+    recipe = load_recipe(write(v["data"], recipe_text(v)))
+    from linker.recipe.runner import check_out_inputs
+
+    check_out_inputs(v["data"] / "out", recipe)  # the recipe's own folder: no refusal

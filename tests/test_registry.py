@@ -106,7 +106,7 @@ def test_index_build_cli_makes_each_kinds_config_through_config_from_dict(monkey
     the kind's own `config_from_dict`, the same config the options always made."""
     import dataclasses
 
-    import linker.cli.index as cli_index
+    import linker.eval.tune as tune
     from linker.cli.main import main
     from linker.index.dense import DenseConfig
     from linker.index.hybrid import HybridConfig
@@ -118,7 +118,7 @@ def test_index_build_cli_makes_each_kinds_config_through_config_from_dict(monkey
         built["config"] = config
         return {"counts": {"names": 0, "concepts": 0}, "build_seconds": 0.0}
 
-    monkeypatch.setattr(cli_index, "build_index", build_index)
+    monkeypatch.setattr(tune, "build_index", build_index)  # what `linker index build` calls
     cases = [
         (["--kind", "tfidf", "--ngram", "2,4", "--threads", "1"],
          dataclasses.replace(TfidfConfig(), ngram_min=2, ngram_max=4, threads=1)),
@@ -138,3 +138,23 @@ def test_index_build_cli_makes_each_kinds_config_through_config_from_dict(monkey
     finally:  # the CLI sets log levels for its process; later tests capture the library's INFO lines
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+def test_writers_and_extractors_are_registries_that_name_the_valid_choices(tmp_path):
+    """Output writers (`linker.formats.writers.WRITERS`, filled where each is defined and loaded by module name on
+    the first read) and extractors by a release's kind (`linker.extract.extractor.EXTRACTORS`)."""
+    import json
+
+    from linker.extract.extractor import EXTRACTORS, _load
+    from linker.formats.writers import WRITERS
+
+    assert isinstance(WRITERS, Registry) and isinstance(EXTRACTORS, Registry)
+    assert WRITERS.names() == ["ade-xml", "brat", "jsonl", "parquet"]
+    assert [WRITERS.get(n).folder for n in ("ade-xml", "brat", "jsonl", "parquet")] == [True, True, False, False]
+    with pytest.raises(UnknownNameError, match=r"^unknown output format 'csv'; available: ade-xml, brat, jsonl, "):
+        WRITERS.get("csv")
+    assert EXTRACTORS.names() == ["tagger"]
+    pytest.importorskip("torch")
+    (tmp_path / "manifest.json").write_text(json.dumps({"kind": "ner", "files": {}}), encoding="utf-8")
+    with pytest.raises(Exception, match=r"kind|manifest"):  # the release reader or the kind check refuses it
+        _load(tmp_path, None)

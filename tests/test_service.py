@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import linker
+import linker.precision
 from linker.errors import ConfigError
 from linker.link import Linker
 from linker.service import DOCS_FILES_URL, ServiceLimits, create_app
@@ -610,3 +611,159 @@ def test_the_docs_list_every_endpoint_and_every_limit(client):
     limits = page.split("## Limits")[1].split("\n## ")[0]
     names = {f.name for f in dataclasses.fields(ServiceLimits)} - {"default_k"}
     assert [name for name in sorted(names) if f"`{name}`" not in limits] == []
+
+
+# ---- dynamic batching: concurrent requests share Linker.link calls on one inference pool ----
+
+class _CountingLinker:
+    """Wraps a Linker: counts its link calls (the mentions of each), holds the first call until `release`."""
+
+    def __init__(self, linker) -> None:
+        self.linker, self.calls, self.release = linker, [], threading.Event()
+
+    def link(self, texts, *, k, lang):
+        if not self.calls:
+            self.release.wait(10)
+        self.calls.append(list(texts))
+        return self.linker.link(texts, k=k, lang=lang)
+
+
+def _concurrent_posts(app, bodies, release=None):
+    """POST /link each of `bodies` at once from one event loop (as a server's clients), `release` set once all were
+    sent; the responses in order."""
+    import asyncio
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            tasks = [asyncio.create_task(http.post("/link", json=body)) for body in bodies]
+            await asyncio.sleep(0.5)  # every request parsed and queued behind the held first call
+            if release is not None:
+                release.set()
+            return await asyncio.gather(*tasks)
+
+    return asyncio.run(run())
+
+
+def test_concurrent_requests_share_one_call_and_answer_as_sequential_ones(indexes):
+    texts = ["hair loss", "head pain", "nausea", "Itching", "dizziness", "alopecia", "náuseas", "headache"]
+    bodies = [{"mentions": [{"text": t, "id": i}], "k": 3} for i, t in enumerate(texts)]
+    with TestClient(create_app([indexes["meddra"]])) as c:
+        sequential = [c.post("/link", json=body).content for body in bodies]
+    app = create_app([indexes["meddra"]])
+    batcher = app.state.indexes["meddra"].batcher
+    batcher.linker = counting = _CountingLinker(batcher.linker)
+    responses = _concurrent_posts(app, bodies, counting.release)
+    assert [r.status_code for r in responses] == [200] * len(bodies)
+    assert [r.content for r in responses] == sequential  # byte for byte
+    # the first call took the requests queued when it began; all the others came during it and shared one call
+    assert len(counting.calls) == 2 and sum(map(len, counting.calls)) == len(bodies)
+
+
+def test_whole_small_requests_share_a_call_even_when_calls_are_sized_small():
+    """8 requests of 10 mentions with a call sized at 16: each request whole in one call of 70 (the other after
+    the first), where shares of 16 // 8 = 2 mentions cut each into 5 calls."""
+    from linker.service import MentionBatcher
+
+    fake = _RecordingLinker()
+    batcher = MentionBatcher(fake, "fake")
+    batcher.cost.per_mention = MentionBatcher.CALL_SECONDS / 16  # calls sized at 16 mentions
+    batcher.cost.add = lambda n, seconds: None  # the measured cost of the stand-in's calls must not change it
+    assert batcher.batch_size() == 16
+    jobs = [_submit(batcher, [f"{i}.{r}" for i in range(10)]) for r in range(1)]
+    time.sleep(0.2)  # the worker is now inside its first call, on the first request alone
+    jobs += [_submit(batcher, [f"{i}.{r}" for i in range(10)]) for r in range(1, 8)]
+    fake.release.set()
+    assert all(done.wait(10) for done, _ in jobs)
+    assert [len(call) for call in fake.calls] == [10, 70]
+    assert all(box["job"].results == [(f"{i}.{r}", 1, None) for i in range(10)] for r, (_, box) in enumerate(jobs))
+
+
+def test_a_call_waits_for_the_requests_in_flight_but_a_lone_client_never_waits():
+    from linker.service import MentionBatcher
+
+    fake = _RecordingLinker()
+    fake.release.set()
+    batcher = MentionBatcher(fake, "fake")
+    batcher.cost.fixed, batcher.cost.add = 1.0, lambda n, seconds: None  # waiting is worth up to 1 s
+    first, _ = _submit(batcher, ["alone"])  # one request in flight at the start: linked at once
+    started = time.perf_counter()
+    assert first.wait(10) and time.perf_counter() - started < 0.5
+    batcher._expected, batcher._last_call = 3, time.perf_counter()  # 3 requests were answered by the last call
+    done = [_submit(batcher, ["a"])]
+    time.sleep(0.1)
+    done += [_submit(batcher, ["b"]), _submit(batcher, ["c"])]
+    assert all(event.wait(10) for event, _ in done)
+    assert fake.calls[1:] == [["a", "b", "c"]]  # "a" waited for the two others instead of riding alone
+
+
+def test_call_cost_separates_the_fixed_part_from_the_cost_a_mention():
+    from linker.service import CallCost, MentionBatcher
+
+    cost = CallCost(0.003)
+    cost.add(10, 0.4 + 10 * 0.02)  # one size alone: both parts scaled to it (no fixed part known yet)
+    assert (cost.fixed, cost.per_mention) == (0.0, pytest.approx(0.06))
+    cost.add(60, 0.4 + 60 * 0.02)
+    assert (cost.fixed, cost.per_mention) == (pytest.approx(0.4), pytest.approx(0.02))
+    alike = CallCost(0.02)
+    alike.fixed = 0.4
+    alike.add(60, 2 * (0.4 + 60 * 0.02))  # calls all of one size, twice the time: the load doubled both parts
+    assert (alike.fixed, alike.per_mention) == (pytest.approx(0.8), pytest.approx(0.04))
+    batcher = MentionBatcher(_RecordingLinker(), "fake")
+    batcher.cost.fixed, batcher.cost.per_mention = 0.4, 0.02
+    # by time alone (CALL_SECONDS = 0.2) a call would hold no mention; the fixed part at most a fifth: 80 mentions
+    assert batcher.batch_size() == 80
+
+
+def test_the_inference_pool_runs_at_most_its_threads_and_each_queue_on_one_thread_at_a_time():
+    from linker.service import InferencePool, MentionBatcher
+
+    running, most, lock = {}, {"all": 0}, threading.Lock()
+
+    class Slow:
+        def __init__(self, name):
+            self.name = name
+
+        def link(self, texts, *, k, lang):
+            with lock:
+                running[self.name] = running.get(self.name, 0) + 1
+                most["all"] = max(most["all"], sum(running.values()))
+                most[self.name] = max(most.get(self.name, 0), running[self.name])
+            time.sleep(0.05)
+            with lock:
+                running[self.name] -= 1
+            return list(texts)
+
+    pool = InferencePool(2)
+    batchers = [MentionBatcher(Slow(name), name, pool=pool) for name in ("a", "b", "c")]
+    jobs = [_submit(b, [str(i)]) for _ in range(4) for b in batchers for i in range(3)]
+    assert all(done.wait(20) for done, _ in jobs)
+    assert most["all"] == 2 and max(most[name] for name in "abc") == 1
+    assert pool.math_threads == max(1, linker.precision.available_cpus() // 2)
+
+
+def test_annotate_links_its_events_in_the_calls_of_link_requests(indexes):
+    app = _annotating_app(indexes)
+    batcher = app.state.indexes["meddra"].batcher
+    batcher.linker = counting = _CountingLinker(batcher.linker)
+
+    async def run():
+        import asyncio
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            first = asyncio.create_task(http.post("/link", json={"mentions": [{"text": "hair loss"}]}))
+            await asyncio.sleep(0.3)  # its call holds the index's batcher
+            rest = [asyncio.create_task(http.post("/annotate", json={"texts": [{"text": "severe nausea"}]})),
+                    asyncio.create_task(http.post("/link", json={"mentions": [{"text": "Itching"}], "k": 1}))]
+            await asyncio.sleep(0.5)
+            counting.release.set()
+            return await asyncio.gather(first, *rest)
+
+    import asyncio
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert responses[1].json()["results"][0]["spans"][0]["code"] == "10028813"
+    # the adverse event beside the /link mention of the same k (a call is per k and language)
+    assert sorted(counting.calls[1]) == ["Itching", "nausea"], counting.calls

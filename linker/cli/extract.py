@@ -181,9 +181,9 @@ def annotate_cli(
     started = time.perf_counter()
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
     if fmt == "ade-xml":
-        from linker.normalize import _check_meddra
+        from linker.normalize import require_meddra
 
-        _check_meddra(linker)  # ade-xml writes meddra_pt_id: a MedDRA index only, as `linker normalize` requires
+        require_meddra(linker)  # ade-xml writes meddra_pt_id: a MedDRA index only, as `linker normalize` requires
     extractor = load_extractor(model, threads=threads)
     counts = dict.fromkeys(("coded", "review", "no link", "not coded"), 0)
 

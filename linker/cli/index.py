@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,19 +15,14 @@ import typer
 from linker.cli._app import app
 from linker.cli.common import echo_json
 from linker.errors import ConfigError
-from linker.index import available_kinds, build_index, get_kind
+from linker.index import available_kinds, get_kind
 from linker.index.dense import DenseConfig
 from linker.index.manifest import read_manifest, verify
+from linker.index.options import build_options, config_fields
+from linker.index.tfidf_config import TfidfConfig, get_preset
 
 index_app = typer.Typer(help="Build and inspect index folders.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
-
-
-def _ngram_range(text: str) -> tuple[int, int]:
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ConfigError(f"--ngram: expected MIN,MAX such as 1,2, found {text!r}")
-    return int(parts[0]), int(parts[1])
 
 
 def _parameters(config_type: type, parts: dict[type, Callable[[], Any]], own: dict) -> dict:
@@ -42,106 +39,113 @@ def _parameters(config_type: type, parts: dict[type, Callable[[], Any]], own: di
     return {**params, **own}
 
 
-def _tfidf_config(preset: str | None, ngram: str | None, analyzer: str | None, normalization: str | None,
-                  threads: int | None, exact_max_names: int | None, search: str | None = None) -> TfidfConfig:
-    from linker.index.tfidf import TfidfConfig, get_preset
-
-    options: dict = {"analyzer": analyzer, "normalization": normalization}
-    if ngram is not None:
-        options["ngram_min"], options["ngram_max"] = _ngram_range(ngram)
-    options = {key: value for key, value in options.items() if value is not None}
-    if preset is not None and options:
+def _tfidf_config(options: dict[str, Any]) -> TfidfConfig:
+    fields = config_fields(TfidfConfig, options)
+    preset = fields.pop("preset", None)
+    if preset is not None and {"analyzer", "ngram_min", "normalization"} & fields.keys():
         raise ConfigError(f"--preset {preset} sets the analyzer, n-gram range and normalisation; "
-                          f"found also {', '.join(dict.fromkeys('--' + key.split('_')[0] for key in options))}")
-    base = get_preset(preset) if preset is not None else TfidfConfig()
-    query_options = {"threads": threads, "exact_max_names": exact_max_names, "search": search}
-    return dataclasses.replace(base, **options, **{key: v for key, v in query_options.items() if v is not None})
+                          f"found also {', '.join(dict.fromkeys('--' + key.split('_')[0] for key in fields if key in _SHAPE))}")
+    return dataclasses.replace(get_preset(preset) if preset is not None else TfidfConfig(), **fields)
 
 
-def _dense_config(encoder: str | None, faiss_index: str | None, batch_size: int | None, threads: int | None,
-                  precision: str, compile_choice: str, storage: str | None = None, engine: str | None = None,
-                  workers: int | None = None, address: str | None = None) -> DenseConfig:
+_SHAPE = ("analyzer", "ngram_min", "ngram_max", "normalization")  # what a --preset sets
+
+
+def _dense_config(options: dict[str, Any]) -> DenseConfig:
     from linker.encoders import check_encoder_name
 
-    if encoder is not None:
-        check_encoder_name(encoder)  # before the concept table is read
-    options = {"encoder": encoder, "faiss_kind": faiss_index, "batch_size": batch_size, "threads": threads,
-               "precision": precision, "compile": compile_choice, "storage": storage, "engine": engine,
-               "workers": workers, "address": address}
-    return DenseConfig(**{key: value for key, value in options.items() if value is not None})
+    if options.get("encoder") is not None:
+        check_encoder_name(options["encoder"])  # before the concept table is read
+    return DenseConfig(**config_fields(DenseConfig, options))
 
 
-@index_app.command("build")
-def build_cli(
+# The parts every kind's config is made of (a hybrid holds one of each), and how each is made from its options.
+_PARTS: dict[type, Callable[[dict[str, Any]], Any]] = {TfidfConfig: _tfidf_config, DenseConfig: _dense_config}
+
+
+def _part_options() -> list[inspect.Parameter]:
+    """The generated options of `build_cli`: each part's fields that declare one (`linker.index.options`), in
+    field order, tf-idf's then the encoder's; a flag two parts share (--threads) once, with the first one's help."""
+    params: dict[str, inspect.Parameter] = {}
+    for config_type in _PARTS:
+        for _, kind, opt in build_options(config_type):
+            if opt.name not in params:
+                info = typer.Option(opt.default, opt.flag, help=opt.help)
+                params[opt.name] = inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, default=info,
+                                                     annotation=kind)
+    return list(params.values())
+
+
+def _build_head(
     dict_path: Path = typer.Option(..., "--dict", "-d", help="Concept table (.parquet) from `linker dict build`."),
     kind: str = typer.Option("tfidf", "--kind", "-k", help=f"Index kind: {', '.join(available_kinds())}."),
     out: Path = typer.Option(..., "--out", "-o", help="Index folder to write; an existing one only with --overwrite."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is an index folder that linker wrote."),
-    preset: str = typer.Option(None, "--preset", help="tf-idf: a named setting, e.g. medical-crossing (char 1,2 as that paper and BioSyn)."),
-    ngram: str = typer.Option(None, "--ngram", help="tf-idf: character n-gram range MIN,MAX (default 3,3)."),
-    analyzer: str = typer.Option(None, "--analyzer", help="tf-idf: char_wb (n-grams inside word boundaries, default) or char."),
-    normalization: str = typer.Option(None, "--normalization", help="tf-idf: text normalisation of names and mentions: biosyn (default), default, words, faithful."),
-    exact_max_names: int = typer.Option(None, "--exact-max-names", help="tf-idf, --search auto: search larger indexes with maxscore (default 500000)."),
-    search: str = typer.Option(None, "--search", help="tf-idf: auto (default: exact up to --exact-max-names names, maxscore above), exact, maxscore (same top-k, stops reading postings early) or approximate."),
-    threads: int = typer.Option(None, "--threads", help="Threads of the tf-idf product (default 2) and of torch/FAISS (default: all cores)."),
-    encoder: str = typer.Option(None, "--encoder", help="dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."),
-    faiss_index: str = typer.Option(None, "--faiss", help="dense/hybrid: FAISS index type: auto (default: flat up to 200,000 names, ivf-pqfs above), flat, hnsw, ivf-sq8, ivf-pq, ivf-pqfs."),
-    storage: str = typer.Option(None, "--storage", help="dense/hybrid: dtype of the stored name vectors: auto (default: fp16 for the IVF kinds, fp32 otherwise), fp32, fp16."),
-    engine: str = typer.Option(None, "--engine", help="dense/hybrid: who encodes the names: local (default, this process) or ray (Ray actors; resumable)."),
-    workers: int = typer.Option(None, "--workers", help="--engine ray: encoding actors (default: one per CPU of the Ray cluster)."),
-    address: str = typer.Option(None, "--address", help="--engine ray: the Ray cluster to join (default: start a local Ray)."),
-    batch_size: int = typer.Option(None, "--batch-size", help="dense/hybrid: most names per encoding batch (batches are filled by tokens)."),
-    precision: str = typer.Option("auto", "--precision", help="dense/hybrid: auto, fp32, bf16 or int8; auto = the fastest this CPU runs natively that passes a check against fp32."),
-    compile_choice: str = typer.Option("auto", "--compile", help="dense/hybrid: torch.compile the encoder: auto (CPU builds of >= 20,000 names, with a C++ compiler), on or off."),
+) -> None:
+    """`build_cli`'s own options before the generated ones."""
+
+
+def _build_tail(
     sparse_weight: str = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score: a number (default 1), learned (BioSyn's, from the encoder folder's biosyn.json) or tuned (on --dev by `linker index tune`'s grid)."),
     dev: str = typer.Option(None, "--dev", help="hybrid with --sparse-weight tuned: dev mentions FORMAT:PATH[#OPTIONS] to tune on."),
     reranker: Path = typer.Option(None, "--reranker", help="Re-ranker folder (`linker train rerank`) to bind: copied in, used by default."),
     prior: list[str] = typer.Option(None, "--prior", help="Labelled training data FORMAT:PATH[#OPTIONS] (repeatable): among concepts tied at equal scores, the one most often gold there for the matched name ranks first, then the one most often gold overall."),
 ) -> None:
-    """Build an index folder (tfidf, dense or hybrid) over a concept table."""
-    # Here, not at the top: this module is imported by every `linker` command, and tf-idf's imports (scikit-learn,
-    # numba) took seconds of a dense `linker link`.
-    from linker.index.tfidf import TfidfConfig
+    """`build_cli`'s own options after the generated ones: --sparse-weight takes words (learned, tuned) that are
+    no value of the hybrid's field, --dev is no field at all, --reranker and --prior are the build's, not a kind's."""
 
+
+def _own(template: Callable[..., None]) -> list[inspect.Parameter]:
+    hints = typing.get_type_hints(template)
+    return [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
+            for p in inspect.signature(template).parameters.values()]
+
+
+def build_cli(*, dict_path: Path, kind: str, out: Path, overwrite: bool, sparse_weight: str | None, dev: str | None,
+              reranker: Path | None, prior: list[str] | None, **options: Any) -> None:
+    """Build an index folder (tfidf, dense or hybrid) over a concept table."""
     spec = get_kind(kind)
-    dense_only = {"--encoder": encoder, "--faiss": faiss_index, "--storage": storage, "--engine": engine,
-                  "--workers": workers, "--address": address, "--batch-size": batch_size}
-    given = [option for option, value in dense_only.items() if value is not None]
-    if spec.config_type is TfidfConfig and given:
-        raise ConfigError(f"{', '.join(given)}: options of dense and hybrid indexes; --kind {kind} encodes nothing")
-    if spec.config_type is not TfidfConfig:  # dense and hybrid encode names
+    kind_parts = {spec.config_type} if spec.config_type in _PARTS else {
+        type(getattr(spec.config_type(), f.name)) for f in dataclasses.fields(spec.config_type)} & _PARTS.keys()
+    if DenseConfig not in kind_parts:
+        shared = {opt.flag for _, _, opt in build_options(TfidfConfig)}
+        given = [opt.flag for _, _, opt in build_options(DenseConfig)
+                 if opt.flag not in shared and opt.default is None and options.get(opt.name) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: options of dense and hybrid indexes; --kind {kind} encodes nothing")
+    else:  # dense and hybrid encode names
         from linker.extras import check
 
         check(("torch", "sentence_transformers", "faiss"), extra="dense", what=f"a {kind} index")  # before --dict is read
     own = {}  # options of a kind's own config (the hybrid's weights), not of one of its parts
-    if "sparse_weight" in {f.name for f in dataclasses.fields(spec.config_type)}:
-        own = {} if sparse_weight in (None, "tuned") else {"sparse_weight": _sparse_weight(sparse_weight, encoder)}
+    weighted = "sparse_weight" in {f.name for f in dataclasses.fields(spec.config_type)}
+    if weighted:
+        own = {} if sparse_weight in (None, "tuned") else {
+            "sparse_weight": _sparse_weight(sparse_weight, options.get("encoder"))}
         if (sparse_weight == "tuned") != (dev is not None):
             raise ConfigError("--sparse-weight tuned needs --dev SPEC (the dev mentions to tune on), and --dev needs it")
-    parts = {
-        TfidfConfig: lambda: _tfidf_config(preset, ngram, analyzer, normalization, threads, exact_max_names, search),
-        DenseConfig: lambda: _dense_config(encoder, faiss_index, batch_size, threads, precision, compile_choice,
-                                           storage, engine, workers, address),
-    }
+    parts = {part: (lambda make=make: make(options)) for part, make in _PARTS.items()}
     config = spec.config_from_dict(_parameters(spec.config_type, parts, own))
-    if dev is not None:  # read after the build: the folder the build replaces may not hold it
-        from linker.datasets import spec_inputs
-        from linker.fileio import check_output
+    tune_on = dev if weighted and sparse_weight == "tuned" else None
+    from linker.eval.tune import build_index  # the index build, then the tuning when asked
 
-        check_output(out, inputs=spec_inputs(dev, "--dev"), overwrite=overwrite, folder=True, option="--out")
     manifest = build_index(dict_path, kind=kind, out=out, config=config, reranker=reranker, prior=prior or (),
-                           overwrite=overwrite)
+                           overwrite=overwrite, tune_on=tune_on)
     counts = manifest["counts"]
     typer.echo(f"wrote {out}: {kind} index of {counts['names']:,} names of {counts['concepts']:,} concepts "
                f"in {manifest['build_seconds']:.1f}s")
     if manifest.get("prior"):
         _echo_prior(manifest["prior"])
-    if kind == "hybrid" and sparse_weight == "tuned":
-        from linker.eval.tune import tune_sparse_weight
-
-        chosen = tune_sparse_weight(out, dev)["chosen"]
+    if "sparse_weight_tuning" in manifest:
+        chosen = manifest["sparse_weight_tuning"]["chosen"]
         typer.echo(f"tuned on {dev}: sparse_weight {chosen['sparse_weight']:g}, dense_weight "
                    f"{chosen['dense_weight']:g} (dev Acc@1 {100 * chosen['acc1']:.2f})")
+
+
+# 24 options, over the house's 15: one command builds every kind, and each option maps onto one field of a kind's
+# config (generated from the dataclasses above), so splitting it per kind would repeat the shared ones.
+build_cli.__signature__ = inspect.Signature([*_own(_build_head), *_part_options(), *_own(_build_tail)])
+index_app.command("build")(build_cli)
 
 
 def _sparse_weight(value: str, encoder: str | None) -> float:

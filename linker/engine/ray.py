@@ -22,7 +22,7 @@ The driver hands out one shard at a time and owns every failure, so one shard ne
 
 `annotate_ray` is the same job over shards of documents (``text``, ``id``, ``lang``): each worker also loads the
 tagger once and writes, per shard, one row per extracted span with its code and decision, through
-`linker.extract.annotate_spans`, the function behind `linker annotate` (`annotate_shard`).
+`linker.extract.annotate_documents`, the pipeline behind `linker annotate` (`annotate_shard`).
 
 `link_dataset` is a Ray Data transform (`map_batches` on an actor pool) with the same Arrow
 function, `linker.engine.arrow.link_arrow`, that `linker normalize` and Spark's `mapInArrow` use.
@@ -37,13 +37,14 @@ import logging
 import os
 import re
 import resource
+import socket
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 import linker
 from linker.engine.arrow import OUTPUT_SCHEMA, link_arrow
@@ -64,6 +65,7 @@ from linker.engine.shards import (
 from linker.errors import ConfigError, LinkerError
 from linker.fileio import atomic_file, remove_stale_temporaries
 from linker.formats import DEFAULT_LIMITS, ReadLimits
+from linker.formats.writers import WRITERS
 from linker.link import Linker
 from linker.normalize import BATCH
 
@@ -151,7 +153,7 @@ def annotate_shard(linker: Linker, extractor, shard: Shard, *, extract: dict, k:
     """Extract and code the documents of one shard into its output Parquet file, atomically, as
     `linker.engine.shards.normalize_shard` links spans: every row checked first, the input's sha256 recorded
     and checked again at the end. `extract`: the tagger's options (style, assertion, threshold)."""
-    from linker.extract import annotate_spans
+    from linker.extract import annotate_documents
 
     size, digest = shard.source.stat().st_size, file_sha256(shard.source)
     for _ in read_shard(shard, batch_size=batch_size, limits=limits):
@@ -159,22 +161,21 @@ def annotate_shard(linker: Linker, extractor, shard: Shard, *, extract: dict, k:
     spans = nil = 0
     metadata = {INPUT_NAME: shard.name, INPUT_BYTES: str(size), INPUT_SHA256: digest}
     options = {key: extract[key] for key in ("style", "assertion", "threshold")}
+
+    def tables() -> Iterator[pa.Table]:
+        nonlocal spans, nil
+        for batch in read_shard(shard, batch_size=batch_size, limits=limits):
+            ids, texts, langs = (batch.column(c).to_pylist() for c in ("id", "text", "lang"))
+            # a document's own lang wins over `lang`; one the index lacks is linked against all
+            coded = annotate_documents(texts, model=extractor, linker=linker, k=k, lang=lang, langs=langs, **options)
+            table = pa.Table.from_pylist(
+                [{"id": ids[i], **{f: row[f] for f in ANNOTATE_SCHEMA.names if f not in ("id", "nil")},
+                  "nil": row["code"] is None} for i, doc in enumerate(coded) for row in doc], schema=ANNOTATE_SCHEMA)
+            spans, nil = spans + table.num_rows, nil + sum(table.column("nil").to_pylist())
+            yield table
+
     with atomic_file(shard.output) as tmp:
-        with pq.ParquetWriter(tmp, ANNOTATE_SCHEMA.with_metadata(metadata)) as writer:
-            for batch in read_shard(shard, batch_size=batch_size, limits=limits):
-                ids, texts, langs = (batch.column(c).to_pylist() for c in ("id", "text", "lang"))
-                found = extractor.extract(texts, **options)
-                coded: list = [None] * len(texts)
-                for code_lang in dict.fromkeys(x or lang for x in langs):  # a document's own lang wins
-                    rows = [i for i, x in enumerate(langs) if (x or lang) == code_lang]
-                    done = annotate_spans(linker, [texts[i] for i in rows], [found[i] for i in rows], k=k, lang=code_lang)
-                    for i, spans_of in zip(rows, done, strict=True):
-                        coded[i] = spans_of
-                table = pa.Table.from_pylist(
-                    [{"id": ids[i], **{f: row[f] for f in ANNOTATE_SCHEMA.names if f not in ("id", "nil")},
-                      "nil": row["code"] is None} for i, doc in enumerate(coded) for row in doc], schema=ANNOTATE_SCHEMA)
-                spans, nil = spans + table.num_rows, nil + sum(table.column("nil").to_pylist())
-                writer.write_table(table)
+        WRITERS.get("parquet").write(tables(), tmp, schema=ANNOTATE_SCHEMA.with_metadata(metadata))
         if file_sha256(shard.source) != digest:  # raising here removes the temporary: no output
             from linker.errors import InputFormatError
 
@@ -196,6 +197,20 @@ class BatchLinker:
             schema=OUTPUT_SCHEMA)
 
 
+def _check_reachable(address: str, given: str, timeout: float = 5.0) -> None:
+    """Refuse at once a host:port (or ray://host:port) where nothing listens: Ray itself retries such an address
+    for a minute or more before it gives up. Other forms ("auto", "local") are left to Ray."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise LinkerError(f"{given} {address}: no Ray cluster answered there ({exc.strerror or exc}); start one "
+                          "with `ray start --head` and pass the address it prints, or leave the address out to "
+                          "start a local Ray") from None
+
+
 @contextlib.contextmanager
 def ray_session(*, address: str | None = None, workers: int = 2):
     """Use the Ray this process is connected to; else connect to `address`, or start a local Ray
@@ -204,6 +219,13 @@ def ray_session(*, address: str | None = None, workers: int = 2):
     if ray.is_initialized():
         yield ray
         return
+    # Ray reads RAY_ADDRESS itself when no address is given, and then refuses the CPU count meant for a local Ray
+    # (a ValueError): the variable is an address given, and named as such in errors.
+    given = "--address"
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address, given = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if address is not None:
+        _check_reachable(address, given)
     saved = os.environ.get("PYTHONPATH")
     if address is None:
         # Workers of a Ray started here import the linker this process imported (a checkout, not
@@ -220,7 +242,7 @@ def ray_session(*, address: str | None = None, workers: int = 2):
         if address is None:
             raise LinkerError(f"could not start a local Ray ({reason}); see `ray status`, or pass --address of a "
                               "running cluster") from None
-        raise LinkerError(f"--address {address}: no Ray cluster answered there ({reason}); start one with "
+        raise LinkerError(f"{given} {address}: no Ray cluster answered there ({reason}); start one with "
                           "`ray start --head` and pass the address it prints, or leave --address out to start a "
                           "local Ray") from None
     finally:

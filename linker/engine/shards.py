@@ -48,6 +48,7 @@ from linker.fileio import MARKER, READ_ERRORS, FileNamer, Input, atomic_file, ch
 from linker.folders import sha256_file
 from linker.formats import DEFAULT_LIMITS, ReadLimits
 from linker.formats.jsonl import jsonl_source, read_jsonl
+from linker.formats.writers import WRITERS, register_writer
 from linker.index.manifest import MANIFEST, read_manifest
 from linker.link import Linker
 from linker.normalize import BATCH, batched
@@ -286,6 +287,18 @@ def file_sha256(path: Path) -> str:
 # ----------------------------------------------------------------------------- one shard, exactly once
 
 
+@register_writer("parquet", folder=False)
+def write_parquet(tables: Iterable[pa.Table], output: Path, *, schema: pa.Schema) -> int:
+    """Arrow tables into one Parquet file (a shard's temporary, under `atomic_file`), one write per table as they
+    come, so that a shard's row groups are what its caller chose; the rows written."""
+    rows = 0
+    with pq.ParquetWriter(output, schema) as writer:
+        for table in tables:
+            writer.write_table(table)
+            rows += table.num_rows
+    return rows
+
+
 def normalize_shard(linker: Linker, shard: Shard, *, k: int = 1, lang: str | None = None, batch_size: int = BATCH,
                     limits: ReadLimits = DEFAULT_LIMITS) -> dict:
     """Link one shard into its output Parquet file, atomically; return its counts.
@@ -298,19 +311,25 @@ def normalize_shard(linker: Linker, shard: Shard, *, k: int = 1, lang: str | Non
     """
     size, digest = shard.source.stat().st_size, file_sha256(shard.source)
     spans = sum(batch.num_rows for batch in read_shard(shard, batch_size=batch_size, limits=limits))
-    nil, pending = 0, []
+    nil = 0
     metadata = {INPUT_NAME: shard.name, INPUT_BYTES: str(size), INPUT_SHA256: digest}
+    schema = OUTPUT_SCHEMA.with_metadata(metadata)
+
+    def tables() -> Iterator[pa.Table]:
+        nonlocal nil
+        pending: list[pa.RecordBatch] = []
+        for batch in read_shard(shard, batch_size=batch_size, limits=limits):
+            out = link_arrow(linker, batch, k=k, lang=lang)
+            nil += nil_count(out)
+            pending.append(out)
+            if sum(b.num_rows for b in pending) >= ROW_GROUP:
+                yield pa.Table.from_batches(pending)
+                pending = []
+        if pending or not spans:
+            yield pa.Table.from_batches(pending, schema=schema)
+
     with atomic_file(shard.output) as tmp:
-        with pq.ParquetWriter(tmp, OUTPUT_SCHEMA.with_metadata(metadata)) as writer:
-            for batch in read_shard(shard, batch_size=batch_size, limits=limits):
-                out = link_arrow(linker, batch, k=k, lang=lang)
-                nil += nil_count(out)
-                pending.append(out)
-                if sum(b.num_rows for b in pending) >= ROW_GROUP:
-                    writer.write_table(pa.Table.from_batches(pending))
-                    pending = []
-            if pending or not spans:
-                writer.write_table(pa.Table.from_batches(pending, schema=writer.schema))
+        WRITERS.get("parquet").write(tables(), tmp, schema=schema)
         if file_sha256(shard.source) != digest:  # raising here removes the temporary: no output
             raise InputFormatError(shard.source, "a shard that stays the same while it is linked",
                                    "a file that changed meanwhile", fix="run the same command again once it is written")

@@ -116,18 +116,9 @@ def calibrate(
     mentions = load_dataset(dataset_spec)
     if not mentions:
         raise ConfigError(f"{dataset_spec}: no mentions with gold ids to calibrate on")
-    exclude, held_out = None, None
-    if exclude_names:
-        from linker.sources.default import name_key, read_name_pairs
-
-        pairs = set().union(*(read_name_pairs(path) for path in exclude_names))
-        table = linker_.concepts.table
-        exclude = np.array([(c, name_key(n)) in pairs for c, n in zip(table.column("concept_id").to_pylist(),
-                                                                       table.column("name").to_pylist())], dtype=bool)
-        held_out = {"files": [Path(p).name for p in exclude_names], "pairs": len(pairs), "rows": int(exclude.sum())}
-        dataset_spec_shown = f"{dataset_spec} (names of {', '.join(held_out['files'])} held out)"
-    else:
-        dataset_spec_shown = dataset_spec
+    exclude, held_out = _held_out_rows(linker_, exclude_names)
+    dataset_spec_shown = (f"{dataset_spec} (names of {', '.join(held_out['files'])} held out)" if held_out
+                          else dataset_spec)
     ranked = predict(linker_, mentions, 1, query_lang=query_lang, progress=progress, exclude=exclude)
     expand, _known = gold_matcher(linker_, gold_via_xref=gold_via_xref)
     gold = [m.gold for m in mentions]
@@ -138,18 +129,8 @@ def calibrate(
 
     weight, mixing, retriever_hits = 0.0, None, hits_at(ranked, "retriever_ids")
     if linker_.reranker is not None:
-        by_weight = mix_hits(ranked, gold, RETRIEVER_WEIGHTS, composite=composite, expand=expand).mean(axis=0)
-        accuracy = {w: float(a) for w, a in zip(RETRIEVER_WEIGHTS, by_weight)}
-        weight, smoothed = choose_weight(accuracy)
-        retriever_order = float(retriever_hits.mean())
-        # the share whose gold concept is among the re-scored candidates: what the best re-ranker could reach
-        ceiling = hits_at(ranked, "retriever_ids", rerank_k or DEFAULT_RERANK_K)
-        mixing = {"retriever_weight": weight, "accuracy_at_1_by_weight": accuracy, "smoothed_accuracy_at_1": smoothed,
-                  "accuracy_at_1_retriever_order": retriever_order, "reranker_helps": accuracy[weight] > retriever_order,
-                  "gold_among_reranked": float(ceiling.mean())}
-        if not mixing["reranker_helps"]:
-            log.warning("%s: the re-ranker does not beat the retriever's own order on %s (Acc@1 %.4f vs %.4f); "
-                        "link without it (--rerank none)", index_dir, dataset_spec, accuracy[weight], retriever_order)
+        weight, mixing = _choose_mixing(ranked, gold, hits_at, retriever_hits, composite=composite, expand=expand,
+                                        rerank_k=rerank_k or DEFAULT_RERANK_K, where=(index_dir, dataset_spec))
         ranked = [tuple(mix(r, weight) for r in q) for q in ranked]
     correct = hits_at(ranked)
     scores = top_of(ranked, "top_score")
@@ -176,3 +157,36 @@ def calibrate(
     log.info("calibrated %s on %d mentions: Acc@1 %.4f, ECE raw %.4f -> %.4f (in-sample)", index_dir,
              summary["with_candidate"], summary["accuracy_at_1"], summary["ece_raw"], summary["ece_fitted_in_sample"])
     return summary
+
+
+def _held_out_rows(linker_, exclude_names: Sequence[str | Path]) -> tuple[np.ndarray | None, dict | None]:
+    """`calibrate`'s mask of the index rows named in `exclude_names` (TSV (concept_id, name) pairs), and its record;
+    (None, None) without files."""
+    if not exclude_names:
+        return None, None
+    from linker.sources.default import name_key, read_name_pairs
+
+    pairs = set().union(*(read_name_pairs(path) for path in exclude_names))
+    table = linker_.concepts.table
+    exclude = np.array([(c, name_key(n)) in pairs for c, n in zip(table.column("concept_id").to_pylist(),
+                                                                   table.column("name").to_pylist())], dtype=bool)
+    return exclude, {"files": [Path(p).name for p in exclude_names], "pairs": len(pairs), "rows": int(exclude.sum())}
+
+
+def _choose_mixing(ranked, gold, hits_at, retriever_hits: np.ndarray, *, composite: str, expand, rerank_k: int,
+                   where: tuple) -> tuple[float, dict]:
+    """`calibrate`'s retriever weight in the re-ranker's mix (`RETRIEVER_WEIGHTS`, `choose_weight`) and its record;
+    warns when the re-ranker does not beat the retriever's own order."""
+    by_weight = mix_hits(ranked, gold, RETRIEVER_WEIGHTS, composite=composite, expand=expand).mean(axis=0)
+    accuracy = {w: float(a) for w, a in zip(RETRIEVER_WEIGHTS, by_weight)}
+    weight, smoothed = choose_weight(accuracy)
+    retriever_order = float(retriever_hits.mean())
+    # the share whose gold concept is among the re-scored candidates: what the best re-ranker could reach
+    ceiling = hits_at(ranked, "retriever_ids", rerank_k)
+    mixing = {"retriever_weight": weight, "accuracy_at_1_by_weight": accuracy, "smoothed_accuracy_at_1": smoothed,
+              "accuracy_at_1_retriever_order": retriever_order, "reranker_helps": accuracy[weight] > retriever_order,
+              "gold_among_reranked": float(ceiling.mean())}
+    if not mixing["reranker_helps"]:
+        log.warning("%s: the re-ranker does not beat the retriever's own order on %s (Acc@1 %.4f vs %.4f); "
+                    "link without it (--rerank none)", *where, accuracy[weight], retriever_order)
+    return weight, mixing

@@ -21,6 +21,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from linker.datasets import Mention, load_dataset
 from linker.errors import ConfigError
@@ -86,6 +87,33 @@ def weight_scores(linker_, mentions: Sequence[Mention], weights: Sequence[tuple[
 
 def _mean(hits) -> float:
     return float(hits.mean()) if len(hits) else math.nan
+
+
+def build_index(dict_path: str | Path, *, kind: str, out: str | Path, tune_on: str | None = None,
+                overwrite: bool = False, **options: Any) -> dict:
+    """`linker.index.build_index`, then, with `tune_on` (dev mentions, a dataset spec), `tune_sparse_weight` on
+    them: the one call behind `linker index build --sparse-weight tuned --dev` and a recipe's tuned index. Returns
+    the manifest (with ``sparse_weight_tuning`` when tuned).
+
+    Here and not in `linker.index`: tuning links the dev mentions and scores them, which the index layer below
+    `linker.link` and `linker.eval` may not do. `options`: the rest of `linker.index.build_index`'s keywords."""
+    from linker.index import build_index as build
+    from linker.index import get_kind
+    from linker.index.manifest import read_manifest
+
+    if tune_on is None:
+        return build(dict_path, kind=kind, out=out, overwrite=overwrite, **options)
+    config = options.get("config")
+    if not hasattr(config if config is not None else get_kind(kind).config_type(), "sparse_weight"):
+        raise ConfigError(f"tune_on: a {kind} index has no sparse weight to tune; build a hybrid index")
+    from linker.datasets import spec_inputs
+    from linker.fileio import check_output
+
+    # Checked before the build: the folder the build replaces may not hold the dev mentions read after it.
+    check_output(out, inputs=spec_inputs(tune_on, "--dev"), overwrite=overwrite, folder=True, option="--out")
+    build(dict_path, kind=kind, out=out, overwrite=overwrite, **options)
+    tune_sparse_weight(out, tune_on)
+    return read_manifest(Path(out))
 
 
 def tune_sparse_weight(index_dir: str | Path, dataset_spec: str, *, grid: Sequence[float] = DEFAULT_GRID,

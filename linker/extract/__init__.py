@@ -13,6 +13,7 @@ do with it (`DECISIONS`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from os import PathLike
 from typing import TYPE_CHECKING
 
 from linker.errors import ConfigError, InputFormatError, shorten
@@ -55,15 +56,39 @@ def extract(texts: Sequence[str], *, model: str | Extractor = NAME, threshold: f
     the NegEx-style cues of `linker.extract.assertion` for the spans it calls positive) or ``model`` (its status only).
     """
     texts = check_texts(texts)
+    _check_options(threshold, labels)
+    return annotate_documents(texts, model=model, threshold=threshold,
+                              labels=tuple(labels) if labels is not None else None, style=style, assertion=assertion)
+
+
+def _check_options(threshold: float | None, labels: Sequence[str] | None) -> None:
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ConfigError(f"threshold: expected a probability between 0 and 1, found {threshold}")
     if labels is not None:
         unknown = [label for label in labels if label not in (AE, DRUG, BENEFIT)]
         if unknown:
             raise ConfigError(f"labels: expected some of {AE}, {DRUG}, {BENEFIT}, found {', '.join(map(str, unknown))}")
-    extractor = model if isinstance(model, Extractor) else load_extractor(model)
-    return extractor.extract(texts, threshold=threshold, labels=tuple(labels) if labels is not None else None,
-                             style=style, assertion=assertion)
+
+
+def annotate_documents(texts: Sequence[str], *, model: str | Extractor = NAME, linker: Linker | None = None,
+                       k: int = 1, lang: str | None = None, langs: Sequence[str | None] | None = None,
+                       threshold: float | None = None, labels: Sequence[str] | None = None, style: str = "auto",
+                       assertion: str = "rules", review_below: float = REVIEW_BELOW) -> list[list]:
+    """The one extract-then-link pipeline: every front end runs it on its batch of texts (`extract` and `annotate`,
+    `linker extract` / `linker annotate` through `linker.extract.io.tag_documents`, Ray's
+    `linker.engine.ray.annotate_shard`, the spaCy component and `bench/extract.py`).
+
+    Tags `texts` with the tagger `model` (a release name or folder, or a loaded `Extractor`); without `linker`,
+    returns each text's `ExtractedSpan`s; with it, each text's annotated spans (`annotate_spans`: the positive
+    AdverseEvent spans linked in one `Linker.link` call, `langs` each text's language, None for `lang`). The
+    options are checked by the callers' edges (`extract`, `annotate`, the CLI), once, not here per batch.
+    """
+    # a name or folder is loaded; anything else is a loaded extractor (an `Extractor`, or a stand-in with `extract`)
+    extractor = load_extractor(model) if isinstance(model, (str, PathLike)) else model
+    spans = extractor.extract(list(texts), threshold=threshold, labels=labels, style=style, assertion=assertion)
+    if linker is None:
+        return spans
+    return annotate_spans(linker, texts, spans, k=k, lang=lang, langs=langs, review_below=review_below)
 
 
 def events_to_link(spans: Sequence[Sequence[ExtractedSpan]]) -> list[tuple[int, int]]:
@@ -108,12 +133,21 @@ def decide(spans: Sequence[Sequence[ExtractedSpan]], linked: dict, *, review_bel
 
 
 def annotate_spans(linker: Linker, texts: Sequence[str], spans: Sequence[Sequence[ExtractedSpan]], *, k: int = 1,
-                   lang: str | None = None, review_below: float = REVIEW_BELOW) -> list[list[dict]]:
-    """Link the positive AdverseEvent spans of `spans` (as from `extract`) with `linker` (`decide`)."""
+                   lang: str | None = None, langs: Sequence[str | None] | None = None,
+                   review_below: float = REVIEW_BELOW) -> list[list[dict]]:
+    """Link the positive AdverseEvent spans of `spans` (as from `extract`) with `linker` (`decide`): `lang` for all,
+    or `langs`, one per text (None: `lang`), a language the index lacks linked against all
+    (`linker.link.Linker.usable_langs`)."""
     if not 0.0 <= review_below <= 1.0:
         raise ConfigError(f"review_below: expected a probability from 0 to 1, found {review_below}")
     wanted = events_to_link(spans)
-    results = linker.link([link_text(spans[t][i]) for t, i in wanted], k=k, lang=lang) if wanted else []
+    mentions = [link_text(spans[t][i]) for t, i in wanted]
+    if not wanted:
+        results = []
+    elif langs is None:
+        results = linker.link(mentions, k=k, lang=lang)
+    else:
+        results = linker.link(mentions, k=k, langs=[langs[t] or lang for t, _ in wanted])
     return decide(spans, dict(zip(wanted, results, strict=True)), review_below=review_below)
 
 
@@ -124,8 +158,9 @@ def annotate(texts: Sequence[str], linker: Linker, *, model: str | Extractor = N
     texts = check_texts(texts)
     if k < 1:
         raise ConfigError(f"k: expected an integer >= 1, found {k}")
-    spans = extract(texts, model=model, threshold=threshold, style=style, assertion=assertion)
-    return annotate_spans(linker, texts, spans, k=k, lang=lang, review_below=review_below)
+    _check_options(threshold, None)
+    return annotate_documents(texts, model=model, linker=linker, k=k, lang=lang, threshold=threshold, style=style,
+                              assertion=assertion, review_below=review_below)
 
 
 def public(row: dict) -> dict:
@@ -134,5 +169,5 @@ def public(row: dict) -> dict:
 
 
 __all__ = ["AE", "BENEFIT", "DECISIONS", "DRUG", "LABELS", "NAME", "REVIEW_BELOW", "STATUSES", "ExtractedSpan",
-           "Extractor", "annotate", "annotate_spans", "decide", "events_to_link", "extract", "link_text", "load_extractor",
+           "Extractor", "annotate", "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "link_text", "load_extractor",
            "public"]

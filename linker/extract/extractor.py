@@ -8,11 +8,13 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from linker.errors import ConfigError, InputFormatError
+from linker.registry import Registry
 from linker.extract.assertion import assert_spans
 from linker.extract.data import AE, AR, BENEFIT
 from linker.extract.model import (
@@ -164,8 +166,9 @@ def release_path(name_or_folder: str | Path) -> Path:
 
 
 def load_extractor(name_or_folder: str | Path = NAME, *, threads: int | None = None) -> Extractor:
-    """The tagger of a release folder (`linker-ae`, the shipped one, by default): every file checked against its
-    manifest's sha256 before anything loads, the base encoder loaded offline, the trained tensors put over it."""
+    """The extractor of a release folder (`linker-ae`, the shipped one, by default), loaded by the entry of
+    `EXTRACTORS` its manifest's ``kind`` names: for a tagger, every file checked against its manifest's sha256
+    before anything loads, the base encoder loaded offline, the trained tensors put over it."""
     key = str(release_path(name_or_folder).resolve())
     with _CACHE_LOCK:
         if key not in _CACHE:
@@ -233,22 +236,39 @@ def tagger_config(folder: Path, manifest: dict, *, digest: bool = True) -> Tagge
                             (k, float(v)) for k, v in extend), split=split)
 
 
+# Extractor loaders by a release's manifest ``kind``: each takes the folder, its checked `linker.models.Release`,
+# torch's threads and `digest` (check the decoding fields' sha256), and returns an `Extractor`.
+EXTRACTORS: Registry[Callable[..., Extractor]] = Registry("extractor kind")
+
+
 def _load(folder: Path, threads: int | None, *, digest: bool = True) -> Extractor:
-    """The tagger of `folder`; `digest=False` for `--tune-only` alone, which chooses the decoding again (a release
-    written before ``decoding_sha256`` existed gets one that way)."""
+    """The extractor of `folder`, by its kind (`EXTRACTORS`); `digest=False` for `--tune-only` alone, which chooses
+    the decoding again (a release written before ``decoding_sha256`` existed gets one that way)."""
     from linker.extras import check
 
     check(MODULES, extra="dense", what="the adverse-event tagger")  # one line naming the extra, not a traceback
-    import torch
-
-    from linker.encoders import load_encoder, resolve_encoder, transformer_module
-    from linker.models import MANIFEST, WEIGHTS, load_tensors, read_release, shown
+    from linker.models import read_release
 
     started = time.perf_counter()
     release = read_release(folder)  # sha256 of every file, before anything loads
+    kind = release.manifest.get("kind")
+    if not isinstance(kind, str) or kind not in EXTRACTORS:
+        raise ConfigError(f"{folder}: a release of kind {kind!r}, not an extractor; expected one of "
+                          f"{', '.join(EXTRACTORS.names())}")
+    extractor = EXTRACTORS.get(kind)(folder, release, threads, digest=digest)
+    log.info("loaded %s %s in %.1f s", kind, release.revision, time.perf_counter() - started)
+    return extractor
+
+
+@EXTRACTORS.register(KIND)
+def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = True) -> Extractor:
+    """The token tagger (`linker.extract.model`) over its base encoder."""
+    import torch
+
+    from linker.encoders import load_encoder, resolve_encoder, transformer_module
+    from linker.models import MANIFEST, WEIGHTS, load_tensors, shown
+
     manifest = release.manifest
-    if manifest.get("kind") != KIND:
-        raise ConfigError(f"{folder}: a release of kind {manifest.get('kind')!r}, not a tagger ({KIND!r})")
     config = tagger_config(folder, manifest, digest=digest)
     spec = resolve_encoder(release.base)
     if manifest.get("base_revision") and spec.revision != manifest["base_revision"]:
@@ -283,8 +303,7 @@ def _load(folder: Path, threads: int | None, *, digest: bool = True) -> Extracto
         head.load_state_dict(head_state)
     bert.eval()
     head.eval()
-    log.info("loaded tagger %s in %.1f s", release.revision, time.perf_counter() - started)
     return Extractor(bert, tokenizer, head, config, name=release.name, revision=release.revision)
 
 
-__all__ = ["ASSERTIONS", "MODULES", "NAME", "STYLES", "Extractor", "load_extractor", "release_path", "select_style"]
+__all__ = ["ASSERTIONS", "EXTRACTORS", "MODULES", "NAME", "STYLES", "Extractor", "load_extractor", "release_path", "select_style"]

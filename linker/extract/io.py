@@ -5,7 +5,7 @@ a TAC 2017 / ADE Eval ``.xml`` label (`linker.formats.ade_xml`; each ``<Section>
 (a brat folder: every ``.txt``, its ``.ann`` ignored; else every ``.xml``). Every input is read and checked before
 the model loads.
 
-Outputs (`write_output`):
+Outputs (`write_output`, one writer per format in `linker.formats.writers.WRITERS`):
 
 - ``jsonl``: one line per span, ``{"doc", "section"?, "start", "end", "text", "label", "status", "confidence"}``
   (offsets into the document, or into the section for XML), plus with `annotate` ``"code"``, ``"name"``,
@@ -42,6 +42,7 @@ from pathlib import Path
 from linker.errors import ConfigError, InputFormatError, MissingInputError, shorten
 from linker.fileio import FileNamer, atomic_dir, atomic_file, decode_line, describe_path, safe_stem
 from linker.formats import ReadLimits, read_document
+from linker.formats.writers import WRITERS, register_writer
 
 OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml")
 INPUT_SUFFIXES = (".txt", ".jsonl", ".xml")
@@ -216,16 +217,15 @@ def batches(docs: Iterable[InputDoc], *, max_docs: int | None = None, max_chars:
 def tag_documents(docs: Iterable[InputDoc], extractor, *, threshold: float | None = None, style: str = "auto",
                   assertion: str = "rules", linker=None, k: int = 1, lang: str | None = None,
                   review_below: float | None = None) -> Iterator[InputDoc]:
-    """Each document with its spans (`Extractor.extract`; with `linker`, coded by `linker.extract.annotate_spans`),
-    tagged and linked a batch at a time (`batches`) and yielded as soon as it is done, so that a writer taking them
-    one by one (`write_output`) holds one batch, however many documents there are."""
-    from linker.extract import REVIEW_BELOW, annotate_spans
+    """Each document with its spans (`linker.extract.annotate_documents`: tagged, and with `linker` coded), a batch
+    at a time (`batches`) and yielded as soon as it is done, so that a writer taking them one by one
+    (`write_output`) holds one batch, however many documents there are."""
+    from linker.extract import REVIEW_BELOW, annotate_documents
 
     for batch in batches(docs):
         texts = [text for doc in batch for _, text in doc.sections]
-        spans = extractor.extract(texts, threshold=threshold, style=style, assertion=assertion)
-        if linker is not None:
-            spans = annotate_spans(linker, texts, spans, k=k, lang=lang,
+        spans = annotate_documents(texts, model=extractor, linker=linker, k=k, lang=lang, threshold=threshold,
+                                   style=style, assertion=assertion,
                                    review_below=REVIEW_BELOW if review_below is None else review_below)
         at = 0
         for doc in batch:
@@ -367,55 +367,71 @@ def _xml_label(doc: InputDoc, positive) -> tuple[ET.Element, list]:
 
 def write_output(docs: Iterable[InputDoc], output: Path, fmt: str, *, db: str | None = None,
                  coded: bool = False) -> int:
-    """Write the documents' spans in `fmt` to `output` (a file for jsonl, a folder otherwise); the spans written.
-    `docs` is taken one document at a time (a stream: `tag_documents`). `db`: brat's database name of every code
-    (default: each code's source, `_source_db`). `coded` (annotate): ade-xml labels get their <Reactions>, even an
-    empty one."""
-    from linker.extract.data import AE
-
+    """Write the documents' spans in `fmt` to `output` (a file for jsonl, a folder otherwise) with the writer
+    `linker.formats.writers.WRITERS` holds for it; the spans written. `docs` is taken one document at a time (a
+    stream: `tag_documents`). `db`: brat's database name of every code (default: each code's source, `_source_db`).
+    `coded` (annotate): ade-xml labels get their <Reactions>, even an empty one."""
     check_format(fmt)
-    written = 0
-    output = Path(output)
-    if fmt == "jsonl":
-        from linker.formats.jsonl import write_jsonl
+    return WRITERS.get(fmt).write(docs, Path(output), db=db, coded=coded)
 
-        with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-            for doc in docs:
-                for record in span_records(doc):
-                    write_jsonl(handle, record)
-                    written += 1
-        return written
+
+@register_writer("jsonl", folder=False)
+def write_jsonl_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None = None, coded: bool = False) -> int:
+    """One JSON line per span (`span_records`), written atomically."""
+    from linker.formats.jsonl import write_jsonl
+
+    written = 0
+    with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        for doc in docs:
+            for record in span_records(doc):
+                write_jsonl(handle, record)
+                written += 1
+    return written
+
+
+@register_writer("brat", folder=True)
+def write_brat_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None = None, coded: bool = False) -> int:
+    """A folder of ``<doc>.txt`` and ``<doc>.ann`` per text (`document_files`), written atomically."""
+    from linker.formats.brat import write_brat
+
+    written = 0
     with atomic_dir(output) as tmp:
         namer = FileNamer(tmp)  # names claimed document by document: `docs` may be a stream
         for doc in docs:
-            files = document_files(doc, fmt, namer)
-            if fmt == "brat":
-                from linker.formats.brat import write_brat
+            files = document_files(doc, "brat", namer)
+            for (sid, text), spans, (txt, ann) in zip(doc.sections, doc.spans, files, strict=True):
+                txt.parent.mkdir(parents=True, exist_ok=True)
+                txt.write_text(text, encoding="utf-8", newline="")
+                lines = _brat_document(doc, sid, text, spans, db, output / ann.relative_to(tmp))
+                write_brat(lines, ann)
+                written += len(spans)
+    return written
 
-                for (sid, text), spans, (txt, ann) in zip(doc.sections, doc.spans, files, strict=True):
-                    txt.parent.mkdir(parents=True, exist_ok=True)
-                    txt.write_text(text, encoding="utf-8", newline="")
-                    lines = _brat_document(doc, sid, text, spans, db, output / ann.relative_to(tmp))
-                    write_brat(lines, ann)
-                    written += len(spans)
+
+@register_writer("ade-xml", folder=True)
+def write_ade_xml_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None = None,
+                        coded: bool = False) -> int:
+    """A folder of one ``<doc>.xml`` label per document (`document_files`), written atomically; the spans written
+    are its positive adverse events."""
+    from linker.extract.data import AE
+    from linker.formats.ade_xml import AdeDoc, write_ade_xml, write_reactions
+
+    def positive(span) -> bool:
+        return _field(span, "label") == AE and _field(span, "status", "positive") == "positive"
+
+    written = 0
+    with atomic_dir(output) as tmp:
+        namer = FileNamer(tmp)  # names claimed document by document: `docs` may be a stream
+        for doc in docs:
+            files = document_files(doc, "ade-xml", namer)
+            root, pairs = _xml_label(doc, positive)
+            label = AdeDoc(doc.path or Path(doc.name), root, [m for m, _ in pairs])
+            if coded or any(_field(s, "decision") is not None for _, s in pairs):
+                write_reactions(label, [tuple(_field(s, "_candidates") or ()) for _, s in pairs])
             else:
-                from linker.formats.ade_xml import (
-                    AdeDoc,
-                    write_ade_xml,
-                    write_reactions,
-                )
-
-                def positive(span) -> bool:
-                    return _field(span, "label") == AE and _field(span, "status", "positive") == "positive"
-
-                root, pairs = _xml_label(doc, positive)
-                label = AdeDoc(doc.path or Path(doc.name), root, [m for m, _ in pairs])
-                if coded or any(_field(s, "decision") is not None for _, s in pairs):
-                    write_reactions(label, [tuple(_field(s, "_candidates") or ()) for _, s in pairs])
-                else:
-                    ET.indent(root, space="  ")
-                write_ade_xml(label, files[0][0])
-                written += len(pairs)
+                ET.indent(root, space="  ")
+            write_ade_xml(label, files[0][0])
+            written += len(pairs)
     return written
 
 
@@ -434,5 +450,8 @@ __all__ = [
     "stream_inputs",
     "tag_documents",
     "span_records",
+    "write_ade_xml_spans",
+    "write_brat_spans",
+    "write_jsonl_spans",
     "write_output",
 ]

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class NameIndex(Protocol):
-    """What every kind provides to `linker.retrieve`."""
+    """What every kind provides to `linker.retrieve` and `linker.link`: all of it, so that no caller has to
+    probe for a method. `NameIndexBase` gives the optional parts their defaults."""
 
     kind: str
 
@@ -54,6 +55,64 @@ class NameIndex(Protocol):
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (q, k) float32, name rows (q, k) int64, -1 = no name), best first."""
         ...
+
+    def encode_queries(self, queries: Sequence[str]) -> Any:
+        """The queries as the vectors `search_vectors` takes, or None: this index searches the texts."""
+        ...
+
+    def search_vectors(self, vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`search` with the vectors `encode_queries` returned (only called when it returned some)."""
+        ...
+
+    def first_fetch(self, k: int) -> int | None:
+        """Names `linker.retrieve` asks for first to find k concepts; None: the retriever's default."""
+        ...
+
+    @property
+    def searches_concepts(self) -> bool:
+        """Whether `search_concepts` finds the top-k concepts itself, in one search."""
+        ...
+
+    def search_concepts(self, queries: Sequence[str], codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best concepts per query (`codes`: each name row's concept code), each as its best name row."""
+        ...
+
+    @property
+    def query_precision(self) -> str | None:
+        """The precision queries are encoded in (fp32, bf16, int8); None when no encoder runs."""
+        ...
+
+    @property
+    def ngram_index(self) -> Any:
+        """The tf-idf index whose shared n-grams explain a match (`TfidfNameIndex.explain`), or None."""
+        ...
+
+
+class NameIndexBase:
+    """The defaults of `NameIndex`'s optional parts, for a kind that searches texts, fetches names and has
+    neither an encoder nor n-grams. A kind overrides what it has."""
+
+    searches_concepts = False
+
+    def encode_queries(self, queries: Sequence[str]) -> Any:
+        return None
+
+    def search_vectors(self, vectors: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError(f"{type(self).__name__} searches texts: its encode_queries returns None")
+
+    def first_fetch(self, k: int) -> int | None:
+        return None
+
+    def search_concepts(self, queries: Sequence[str], codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError(f"{type(self).__name__} does not search concepts (searches_concepts is False)")
+
+    @property
+    def query_precision(self) -> str | None:
+        return None
+
+    @property
+    def ngram_index(self) -> Any:
+        return None
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +58,9 @@ from linker.extras import check as check_extra, require
 from linker.progress import bar, note
 from linker.fileio import native_read
 from linker.folders import LARGE_MAX_BYTES, folder_file, read_folder_json
+from linker.index import NameIndexBase
 from linker.index.manifest import read_folder_array, typed_parameters
+from linker.index.options import option
 from linker.precision import check_precision, resolve_precision
 from linker.registry import Registry
 
@@ -94,18 +96,32 @@ MISSING_SCORE = -np.inf  # score reported beside row -1 (fewer than k names foun
 class DenseConfig:
     """Build (and search) parameters of a dense index; recorded in the manifest."""
 
-    encoder: str = "minilm"
-    precision: str = "auto"  # auto|fp32|bf16|int8 (linker.precision); an index records the one it used
-    batch_size: int = 512  # most names per batch; batches are filled by token_budget (linker.encoders)
+    encoder: str = field(default="minilm", metadata=option(
+        "--encoder", "dense/hybrid: encoder alias (minilm, e5-small), folder or hub name."))
+    precision: str = field(default="auto", metadata=option(  # auto|fp32|bf16|int8 (linker.precision); recorded
+        "--precision", "dense/hybrid: auto, fp32, bf16 or int8; auto = the fastest this CPU runs natively that passes "
+                       "a check against fp32.", default="auto"))
+    batch_size: int = field(default=512, metadata=option(  # most names per batch, filled by token_budget
+        "--batch-size", "dense/hybrid: most names per encoding batch (batches are filled by tokens)."))
     token_budget: int = BUILD_TOKEN_BUDGET  # tokens per batch, padding included
     parity_sample: int = 512  # names encoded in fp32 and in the chosen precision to check it (0 = no check)
-    compile: str = "auto"  # torch.compile the encoder: auto (large CPU builds in bf16), on, off (linker.encoders)
+    compile: str = field(default="auto", metadata=option(  # auto: large CPU builds in bf16 (linker.encoders)
+        "--compile", "dense/hybrid: torch.compile the encoder: auto (CPU builds of >= 20,000 names, with a C++ "
+                     "compiler), on or off.", default="auto"))
     chunk_rows: int = 8192  # names encoded between two progress checkpoints (~12 MB at 384-d)
-    faiss_kind: str = "auto"  # auto = flat up to AUTO_FLAT_MAX_NAMES names, ivf-pqfs above; the index records its choice
-    storage: str = "auto"  # dtype of the stored vectors: fp32, fp16; auto = fp16 for the IVF kinds
-    engine: str = "local"  # who encodes the chunks (`ENCODING_ENGINES`): this process, or Ray actors
-    workers: int = 0  # ray: encoding actors (0 = one per CPU of the Ray cluster)
-    address: str = ""  # ray: the cluster to join ("" = start a local Ray)
+    faiss_kind: str = field(default="auto", metadata=option(  # auto: flat up to AUTO_FLAT_MAX_NAMES; recorded
+        "--faiss", "dense/hybrid: FAISS index type: auto (default: flat up to 200,000 names, ivf-pqfs above), flat, "
+                   "hnsw, ivf-sq8, ivf-pq, ivf-pqfs."))
+    storage: str = field(default="auto", metadata=option(  # dtype of the stored vectors
+        "--storage", "dense/hybrid: dtype of the stored name vectors: auto (default: fp16 for the IVF kinds, fp32 "
+                     "otherwise), fp32, fp16."))
+    engine: str = field(default="local", metadata=option(  # who encodes the chunks (`ENCODING_ENGINES`)
+        "--engine", "dense/hybrid: who encodes the names: local (default, this process) or ray (Ray actors; "
+                    "resumable)."))
+    workers: int = field(default=0, metadata=option(  # 0 = one per CPU of the Ray cluster
+        "--workers", "--engine ray: encoding actors (default: one per CPU of the Ray cluster)."))
+    address: str = field(default="", metadata=option(  # "" = start a local Ray
+        "--address", "--engine ray: the Ray cluster to join (default: start a local Ray)."))
     hnsw_m: int = 32  # the lead's 1M-name measurement: recall@1 0.9 at ~3k q/s
     hnsw_ef_construction: int = 80  # FAISS default 40; 80 buys recall for 2x build time
     hnsw_ef_search: int = 128
@@ -120,7 +136,7 @@ class DenseConfig:
     rerank: bool = True  # re-score IVF candidates exactly from the float embeddings
     rerank_factor: int = 8  # extra candidates re-scored per wanted hit, for the first RERANK_HEAD hits
     recall_sample: int = 1000  # names used as queries to measure recall of approximate kinds
-    threads: int = 0  # torch and FAISS threads; 0 leaves their defaults (all cores)
+    threads: int = field(default=0, metadata=option("--threads"))  # torch and FAISS; 0 = their defaults (all cores)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -257,23 +273,8 @@ def encode_names(
     key = _names_key(names, encoder)
     progress_path, path = work_dir / PROGRESS, work_dir / WORK_EMBEDDINGS
     chunks = length_chunks(names, chunk_rows)
-    done: dict[int, str] = {}  # chunk -> sha256 of its vectors as written
-    vectors = None
-    if progress_path.is_file() and path.is_file():
-        try:
-            saved = json.loads(progress_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            saved = {}
-        if isinstance(saved, dict) and (saved.get("key"), saved.get("rows"), saved.get("dim"),
-                                        saved.get("chunk_rows")) == (key, n, dim, chunk_rows):
-            vectors = _open_work_vectors(path, n, dim)
-        if vectors is not None:
-            done = _verified_chunks(vectors, chunks, saved.get("done"), progress_path)
-            log.info("resuming dense encoding in %s: %d of %d chunks done", work_dir, len(done), len(chunks))
-    if not done:
-        del vectors  # a mapping of the old file, if any, before it is replaced
-        progress_path.unlink(missing_ok=True)
-        vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
+    fingerprint = {"key": key, "rows": n, "dim": dim, "chunk_rows": chunk_rows}
+    vectors, done = _work_vectors(work_dir, fingerprint, chunks)
     start_rows = sum(len(chunks[c]) for c in done)
     reporter = bar(n, initial=start_rows, desc="encoding names", unit="name", show=show_progress)
 
@@ -297,8 +298,7 @@ def encode_names(
         _trim_heap()
         done[chunk] = hashlib.sha256(encoded).hexdigest()  # the bytes just written, as `_chunk_digest` reads them
         tmp = progress_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "rows": n, "dim": dim, "chunk_rows": chunk_rows,
-                                   "done": {str(c): done[c] for c in sorted(done)}}), encoding="utf-8")
+        tmp.write_text(json.dumps({**fingerprint, "done": {str(c): done[c] for c in sorted(done)}}), encoding="utf-8")
         os.replace(tmp, progress_path)
     reporter.close()
     del vectors
@@ -314,6 +314,31 @@ def encode_names(
         log.warning("%d of %d names were longer than the encoder's %d tokens and were truncated",
                     totals["truncated"], n, encoder.max_length)
     return np.load(path, mmap_mode="r"), figures
+
+
+def _work_vectors(work_dir: Path, fingerprint: dict, chunks: list[np.ndarray]) -> tuple[np.memmap, dict[int, str]]:
+    """`encode_names`'s memmap of the vectors and the chunks already done in it (chunk -> sha256 of its vectors as
+    written): a partial run's when ``progress.json`` has the same `fingerprint` (names key, rows, dim, chunk rows)
+    and its chunks verify, else a new file and none."""
+    progress_path, path = work_dir / PROGRESS, work_dir / WORK_EMBEDDINGS
+    n, dim = fingerprint["rows"], fingerprint["dim"]
+    done: dict[int, str] = {}
+    vectors = None
+    if progress_path.is_file() and path.is_file():
+        try:
+            saved = json.loads(progress_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            saved = {}
+        if isinstance(saved, dict) and all(saved.get(field) == value for field, value in fingerprint.items()):
+            vectors = _open_work_vectors(path, n, dim)
+        if vectors is not None:
+            done = _verified_chunks(vectors, chunks, saved.get("done"), progress_path)
+            log.info("resuming dense encoding in %s: %d of %d chunks done", work_dir, len(done), len(chunks))
+    if not done:
+        del vectors  # a mapping of the old file, if any, before it is replaced
+        progress_path.unlink(missing_ok=True)
+        vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
+    return vectors, done
 
 
 def _open_work_vectors(path: Path, n: int, dim: int) -> np.memmap | None:
@@ -429,7 +454,8 @@ def flat_search(queries: np.ndarray, embeddings: np.ndarray, k: int) -> tuple[np
             found_rows.append(found + start)
         best_scores, best_rows = _merge(best_scores, best_rows, np.concatenate(found_scores),
                                         np.concatenate(found_rows), k)
-        release(embeddings)
+    # The mapped pages are not released (`release`) here: every search reads them all, and dropping them made
+    # each one fault the whole file in again (230 MB: 90 ms of a 120 ms search of the default index).
     return best_scores, best_rows
 
 
@@ -569,7 +595,8 @@ def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 8192)
         sample = np.sort(rng.choice(n, size=sample_size, replace=False))
         # One FAISS call with no progress of its own: say what is happening before it starts.
         log.info("training FAISS %s (%d lists) on %d of %d vectors", kind, nlist, sample_size, n)
-        index.train(np.ascontiguousarray(read_rows(embeddings, sample), dtype=np.float32))
+        index.train(_rows_float32(embeddings, sample))
+        _trim_heap()  # the freed sample (0.4 GB at 4,096 lists) goes back to the system before the lists fill
     with bar(n, desc=f"adding to FAISS {kind}", unit="vector") as reporter:
         for start in range(0, n, block):
             index.add(np.ascontiguousarray(embeddings[start : start + block], dtype=np.float32))
@@ -579,6 +606,15 @@ def _build_faiss(embeddings: np.ndarray, config: DenseConfig, block: int = 8192)
     return index
 
 
+def _rows_float32(embeddings: np.ndarray, rows: np.ndarray, block: int = 16384) -> np.ndarray:
+    """``embeddings[rows]`` as one float32 array, filled block by block: the whole sample is never also held as
+    float16 rows and their bytes (`read_rows`), which added 170 MB at 256,000 rows for a moment."""
+    out = np.empty((len(rows), embeddings.shape[1]), dtype=np.float32)
+    for start in range(0, len(rows), block):
+        out[start : start + block] = read_rows(embeddings, rows[start : start + block])
+    return out
+
+
 def _tune(index, config: DenseConfig) -> None:
     if config.faiss_kind == "hnsw":
         index.hnsw.efSearch = config.hnsw_ef_search
@@ -586,7 +622,7 @@ def _tune(index, config: DenseConfig) -> None:
         index.nprobe = config.ivf_nprobe
 
 
-class DenseNameIndex:
+class DenseNameIndex(NameIndexBase):
     """Encoder + FAISS over dictionary names; `search` maps mentions to name rows.
 
     Rows are positions in the names list given to `build` (= concept table rows). Scores are
@@ -703,6 +739,10 @@ class DenseNameIndex:
             queries = self.encoder.encode(texts, role="query", batch_size=self.config.batch_size,
                                           token_budget=self.config.token_budget, progress=reporter.update)
         return recall_against_exact(self, queries, ks)
+
+    @property
+    def query_precision(self) -> str:
+        return self.encoder.precision
 
     def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
         """(q, dim) L2-normalised query vectors, in the encoder's precision."""
@@ -872,7 +912,9 @@ def recall_against_exact(index: DenseNameIndex, queries: np.ndarray, ks: tuple[i
         hits = []
         for query, rows, best in zip(queries, approx[:, :c], exact_scores[:, :c], strict=True):
             found = np.sort(rows[rows >= 0])
-            true_scores = np.asarray(index.embeddings[found], dtype=np.float32) @ query
+            # pread, not the memory map: 10 rows a query through the map left ~64 KB of the file resident around
+            # each (1M names: +635 MB, the FAISS stage's peak; eval/scale/report.md)
+            true_scores = read_rows(index.embeddings, found).astype(np.float32) @ query
             hits.append(min(int(np.sum(true_scores >= best[-1] - 1e-5)), c) / c)
         result[f"recall_at_{cutoff}"] = round(float(np.mean(hits)), 4)
     result["approx_queries_per_s"] = round(len(queries) / max(approx_seconds, 1e-9), 1)

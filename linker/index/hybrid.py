@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from linker.errors import ConfigError
+from linker.index import NameIndexBase
 from linker.index.dense import QUERY_MODULES, DenseConfig, DenseNameIndex, build_dense, exact_scores, listed_params
 from linker.index.manifest import typed_parameters
 from linker.index.tfidf import TfidfConfig, TfidfNameIndex, config_from_manifest
@@ -58,7 +59,7 @@ class HybridConfig:
                    dense_weight=float(params.get("dense_weight", 1.0)))  # indexes built before it existed: 1
 
 
-class HybridNameIndex:
+class HybridNameIndex(NameIndexBase):
     """A tf-idf and a dense index over the same names, searched together (see the module docstring)."""
 
     kind = "hybrid"
@@ -94,6 +95,14 @@ class HybridNameIndex:
     @property
     def size(self) -> int:
         return self.sparse.size
+
+    @property
+    def query_precision(self) -> str:
+        return self.dense.query_precision
+
+    @property
+    def ngram_index(self) -> TfidfNameIndex:
+        return self.sparse  # its tf-idf half explains a match; the dense half has no n-grams
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores (q, k) float32, rows (q, k) int64, -1 = none) by (combined score desc, row asc).

@@ -258,7 +258,11 @@ class VerifiedStamp:
     @classmethod
     def of(cls, folder: Path, manifest: dict, files: dict[str, Path]) -> VerifiedStamp:
         digest = hashlib.sha256(json.dumps(manifest, sort_keys=True, ensure_ascii=True, default=str).encode()).hexdigest()
-        key = f"{Path(folder).resolve()}\0{digest}"
+        return cls.of_key(f"{Path(folder).resolve()}\0{digest}", files)
+
+    @classmethod
+    def of_key(cls, key: str, files: dict[str, Path]) -> VerifiedStamp:
+        """The stamp of a check named by `key` over `files`."""
         name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32] + ".json"
         return cls(cache_root() / STAMP_DIR / name, key, files)
 
@@ -336,15 +340,15 @@ def npy_header(handle, where: str | Path, available: int, *,
 
 
 def check_array(where: str | Path, array: np.ndarray, *, what: str, shape: tuple[int | None, ...],
-                kinds: str = "f", fix: str = REBUILD_FIX) -> np.ndarray:
-    """Refuse an array of another dimension count, shape (None = any length) or dtype kind, or a float
-    array with a NaN or infinity (checked in blocks: a memory-mapped array stays mapped)."""
+                kinds: str = "f", fix: str = REBUILD_FIX, finite: bool = True) -> np.ndarray:
+    """Refuse an array of another dimension count, shape (None = any length) or dtype kind, or (with `finite`) a
+    float array with a NaN or infinity (checked in blocks: a memory-mapped array stays mapped)."""
     if array.ndim != len(shape) or any(want is not None and got != want for got, want in zip(array.shape, shape)):
         wanted = "(" + ", ".join("n" if n is None else str(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
         raise InputFormatError(where, f"{what} of shape {wanted}", f"shape {array.shape}", fix=fix)
     if array.dtype.kind not in kinds:
         raise InputFormatError(where, f"{what} of dtype kind {'/'.join(kinds)}", f"dtype {array.dtype}", fix=fix)
-    if array.dtype.kind == "f":
+    if array.dtype.kind == "f" and finite:
         start = 0
         for part in _flat_blocks(array, 1 << 24):
             if not _all_finite(part):
@@ -394,7 +398,16 @@ def read_folder_array(folder: str | Path, name: object, *, what: str, shape: tup
         array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise InputFormatError(shown, what, error_text(exc), fix=fix) from None
-    return check_array(shown, array, what=what, shape=shape, kinds=kinds, fix=fix)
+    if not (mmap and array.dtype.kind == "f"):
+        return check_array(shown, array, what=what, shape=shape, kinds=kinds, fix=fix)
+    # A mapped array is a large one (the default index's vectors: 230 MB, a tenth of a second to scan): its values
+    # are checked once per file, and a `VerifiedStamp` lets later loads trust the check while the file is unchanged.
+    stamp = VerifiedStamp.of_key(f"finite values\0{path}\0{array.dtype.str}\0{array.shape}", {"array": path})
+    checked = stamp.holds()
+    array = check_array(shown, array, what=what, shape=shape, kinds=kinds, fix=fix, finite=not checked)
+    if not checked:
+        stamp.write()
+    return array
 
 
 _PARAMETER_TYPES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}

@@ -60,18 +60,19 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sparse_dot_topn import _core as sparse_dot_topn_core
 from sparse_dot_topn import sp_matmul_topn
 
-from linker.errors import ConfigError, InputFormatError, UnknownNameError
-from linker.index import maxscore
+from linker.errors import ConfigError, InputFormatError
+from linker.index import NameIndexBase, maxscore
 from linker.folders import LARGE_MAX_BYTES, folder_file, read_folder_json
-from linker.index.manifest import npy_header, read_folder_array, typed_parameters
+from linker.index.manifest import npy_header, read_folder_array
+from linker.index.tfidf_config import (  # noqa: F401 - the config, its names and presets, kept importable from here
+    ANALYZERS, LEGACY_PARAMETERS, PRESETS, SEARCHES, TfidfConfig, config_from_manifest, get_preset)
 from linker.progress import track
 from linker.fileio import native_read
-from linker.text import MODES, normalize
+from linker.text import normalize
 from linker.precision import thread_budget
 
 log = logging.getLogger(__name__)
 
-ANALYZERS = ("char", "char_wb")
 VOCABULARY = "tfidf/vocabulary.json"
 IDF = "tfidf/idf.npy"
 MATRIX = "tfidf/names.npz"
@@ -84,76 +85,11 @@ BUILD_CHUNK = 8_192  # names analysed per step of the build: bounds its temporar
 SHARD_NAMES = 131_072  # names per product: a 512 KiB score accumulator (see the module docstring)
 MIN_CANDIDATES = 64  # approximate search: names rescored per query, at least, and 4x the names asked for
 MIN_RARE_NGRAMS = 3  # approximate search: a query's rarest n-grams that select candidates however common
-SEARCHES = ("auto", "exact", "maxscore", "approximate")  # TfidfConfig.search (module docstring)
 # maxscore under a language mask (otherwise it searches concepts itself, `search_concepts`): names
 # fetched per wanted concept before `linker.retrieve` widens. Its cost grows with the k it
 # certifies (a lower k-th score prunes less), while widening repeats the search only for the
 # queries whose names cover too few concepts.
 MAXSCORE_FETCH_PER_CONCEPT = 2
-
-
-@dataclass(frozen=True)
-class TfidfConfig:
-    """Build parameters of a tf-idf index; recorded in the manifest and used again on load."""
-
-    analyzer: str = "char_wb"  # n-grams inside word boundaries (see the module docstring for why)
-    ngram_min: int = 3
-    ngram_max: int = 3
-    normalization: str = "biosyn"  # linker.text.normalize mode applied to names and mentions
-    sublinear_tf: bool = False  # scikit-learn's default, as the baseline used it
-    query_chunk: int = 1024  # queries per sparse product: bounds memory at chunk * top_n scores
-    threads: int = 2  # sp_matmul_topn threads; 2 = the project's CPU budget per process
-    preset: str = ""  # the named preset these parameters came from ("" = none); recorded in the manifest
-    exact_max_names: int = 500_000  # search "auto": larger indexes search with maxscore (module docstring)
-    candidate_df: float = 0.05  # approximate search: n-grams in more names than this share select no candidates
-    search: str = "auto"  # one of SEARCHES; the manifest also records the one `auto` resolved to
-    # Search-time levers (eval/bench/bench_link.md compares them; defaults = what the library does):
-    shard_names: int = 0  # exact search: names per sparse product (0 = SHARD_NAMES)
-    min_score: float = 0.0  # exact search: scores below it are never collected (sparse-dot-topn's threshold)
-    concept_search: bool = True  # maxscore: the top-k concepts in one search (False: names, and retrieve widens)
-
-    def __post_init__(self) -> None:
-        if self.analyzer not in ANALYZERS:
-            raise UnknownNameError("tf-idf analyzer", self.analyzer, ANALYZERS)
-        if self.search not in SEARCHES:
-            raise UnknownNameError("tf-idf search", self.search, SEARCHES)
-        if self.normalization not in MODES:
-            raise UnknownNameError("normalisation mode", self.normalization, MODES)
-        if not 1 <= self.ngram_min <= self.ngram_max <= 10:
-            raise ConfigError(
-                f"n-gram range must satisfy 1 <= min <= max <= 10, found {self.ngram_min},{self.ngram_max}"
-            )
-        if self.query_chunk < 1 or self.threads < 1:
-            raise ConfigError(f"query_chunk and threads must be >= 1, found {self.query_chunk}, {self.threads}")
-        if self.shard_names < 0 or not 0.0 <= self.min_score < 1.0:
-            raise ConfigError(f"shard_names must be >= 0 and min_score in [0, 1), found {self.shard_names}, "
-                              f"{self.min_score}")
-        if self.exact_max_names < 0 or not 0 < self.candidate_df <= 1:
-            raise ConfigError(f"exact_max_names must be >= 0 and candidate_df in (0, 1], found "
-                              f"{self.exact_max_names}, {self.candidate_df}")
-
-
-PRESETS: dict[str, TfidfConfig] = {
-    # The Medical Crossing baseline's and BioSyn's sparse encoder: character uni+bigrams; the
-    # project's default normalisation (NFKC, lower case), as this library's default was before char_wb 3-3.
-    "medical-crossing": TfidfConfig(analyzer="char", ngram_min=1, ngram_max=2, normalization="default",
-                                    preset="medical-crossing"),
-}
-# Parameters of indexes built before these fields existed: what the library did then.
-LEGACY_PARAMETERS = {"analyzer": "char", "ngram_min": 1, "ngram_max": 2, "normalization": "default"}
-
-
-def config_from_manifest(parameters: dict) -> TfidfConfig:
-    """The config recorded in an index manifest; fields it lacks take the values of the time before they existed."""
-    return TfidfConfig(**{**LEGACY_PARAMETERS, **typed_parameters(TfidfConfig, parameters)})
-
-
-def get_preset(name: str) -> TfidfConfig:
-    """The named parameter set (`PRESETS`); UnknownNameError naming the valid ones otherwise."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise UnknownNameError("tf-idf preset", name, PRESETS) from None
 
 
 def _vectorizer(config: TfidfConfig, vocabulary: dict[str, int] | None = None) -> TfidfVectorizer:
@@ -457,7 +393,7 @@ def sorted_top_n(queries: sp.csr_matrix, names: sp.csr_matrix, top_n: int, threa
     return sp.csr_matrix(found, shape=(queries.shape[0], names.shape[1]))
 
 
-class TfidfNameIndex:
+class TfidfNameIndex(NameIndexBase):
     """Names as L2-normalised tf-idf rows; `search` returns exact cosine top-k name rows."""
 
     kind = "tfidf"
@@ -590,6 +526,10 @@ class TfidfNameIndex:
         if self._maxscore is None:
             self._maxscore = maxscore.MaxScoreSearcher(self.matrix, self.vectorizer.idf_)
         return self._maxscore
+
+    @property
+    def ngram_index(self) -> TfidfNameIndex:
+        return self
 
     def first_fetch(self, k: int) -> int | None:
         """Names `linker.retrieve` asks for first to find k concepts (None of its own: its default)."""

@@ -148,77 +148,9 @@ def plan_recipe(recipe: Recipe, out: str | Path, *, digests: Digests | None = No
     out = Path(out)
     digests = digests or Digests()
     ids = _Identities(recipe, digests)
-    stages: list[Stage] = []
-
-    def encoder_upstream(name: str) -> list[str]:
-        return [name[1:]] if name.startswith("@") else []
-
-    for dname, entries in recipe.dictionaries.items():
-        sources, upstream = [], []
-        for entry in entries:
-            if entry.kind == "source":
-                sources.append({"source": entry.source, "options": entry.options,
-                                "files": [digests.path(p) for p in entry.paths],
-                                **({"packages": _packages(SOURCE_PACKAGES[entry.source])}
-                                   if not entry.paths and entry.source in SOURCE_PACKAGES else {})})
-            elif entry.kind == "mentions":
-                sources.append({"mentions": ids.dataset(entry.dataset), "lang": entry.lang, "ids": entry.ids,
-                                "canonical": entry.canonical})
-            else:
-                sources.append({"dictionary": entry.dictionary})
-                upstream.append(f"dictionary.{entry.dictionary}")
-        stages.append(Stage(f"dictionary.{dname}", "dictionary", {"sources": sources}, upstream))
-    if recipe.sap:
-        sap = recipe.sap
-        stages.append(Stage("sap", "sap", {"dictionary": sap["dictionary"], "encoder": ids.encoder(sap["encoder"]),
-                                           "config": _config_dict(sap["config"])},
-                            [f"dictionary.{sap['dictionary']}", *encoder_upstream(sap["encoder"])]))
-    if recipe.biosyn:
-        b = recipe.biosyn
-        choose = b["choose"] and {"dev": ids.dataset(b["choose"]["dev"]),
-                                  "train": [ids.dataset(d) for d in b["choose"]["train"]],
-                                  "points": b["choose"]["points"], "epochs": b["choose"]["epochs"]}
-        stages.append(Stage("biosyn", "biosyn", {
-            "dictionary": b["dictionary"], "encoder": ids.encoder(b["encoder"]),
-            "train": [ids.dataset(d) for d in b["train"]],
-            "monitor": b["monitor"] and ids.dataset(b["monitor"]), "choose": choose,
-            "config": _config_dict(b["config"])}, [f"dictionary.{b['dictionary']}", *encoder_upstream(b["encoder"])]))
-    index = recipe.index
-    index_config = {"kind": index["kind"],
-                    "tfidf": _config_dict(index["tfidf"]) if "tfidf" in index else None,
-                    "dense": _config_dict(index["dense"]) if "dense" in index else None,
-                    "encoder": ids.encoder(index["encoder"]) if "encoder" in index else None}
-    index_encoder_upstream = encoder_upstream(index.get("encoder", ""))
-    if index.get("encoder", "").startswith("@"):
-        # A dense index names its encoder's folder (under `out`): an output folder moved elsewhere rebuilds it.
-        index_config["out"] = str(out.resolve())
-    if recipe.rerank:
-        rr = recipe.rerank
-        stages.append(Stage("rerank", "rerank", {
-            "dictionary": rr["dictionary"], "encoder": ids.encoder(rr["encoder"]),
-            "train": [ids.dataset(d) for d in rr["train"]], "mine": rr["mine"],
-            "mine_preset": rr["mine_preset"], "mine_index": index_config if rr["mine"] == "index" else None,
-            "config": _config_dict(rr["config"])},
-            [f"dictionary.{rr['dictionary']}", *encoder_upstream(rr["encoder"]),
-             *(index_encoder_upstream if rr["mine"] == "index" else [])]))
-    stages.append(Stage("index", "index", {
-        **index_config, "dictionary": index["dictionary"], "prior": [ids.dataset(d) for d in index["prior"]],
-        "reranker": index["reranker"], "sparse_weight": index["sparse_weight"],
-        "dev": ids.dataset(index["dev"]) if index.get("dev") else None},
-        [f"dictionary.{index['dictionary']}", *index_encoder_upstream, *(["rerank"] if index["reranker"] else [])]))
-    rerank_k = recipe.rerank["rerank_k"] if recipe.rerank and index["reranker"] else None
-    last_index = "index"
-    if recipe.calibrate:
-        c = recipe.calibrate
-        stages.append(Stage("calibrate", "calibrate", {**c, "dataset": ids.dataset(c["dataset"]), "rerank_k": rerank_k},
-                            ["index"]))
-        last_index = "calibrate"
-    ev = recipe.evaluate
-    stages.append(Stage("evaluate", "evaluate", {
-        **{k: v for k, v in ev.items() if k not in ("test", "train", "abbreviations")},
-        "test": {name: ids.dataset(name) for name in ev["test"]}, "train": [ids.dataset(d) for d in ev["train"]],
-        "abbreviations": ev["abbreviations"] and digests.path(ev["abbreviations"]), "rerank_k": rerank_k},
-        [last_index]))
+    stages = [*_dictionary_stages(recipe, digests, ids), *_training_stages(recipe, ids),
+              *_index_stages(recipe, out, ids)]
+    stages += _evaluation_stages(recipe, digests, ids)
     keys: dict[str, str] = {}
     for stage in stages:
         stage.upstream = list(dict.fromkeys(stage.upstream))
@@ -234,6 +166,101 @@ def plan_recipe(recipe: Recipe, out: str | Path, *, digests: Digests | None = No
         else:
             plan.status[stage.name] = "new"
     return plan
+
+
+def _encoder_upstream(name: str) -> list[str]:
+    """The stage an encoder reference comes from: ``@sap`` -> the sap stage; a name or folder -> none."""
+    return [name[1:]] if name.startswith("@") else []
+
+
+def _dictionary_stages(recipe: Recipe, digests: Digests, ids: _Identities) -> list[Stage]:
+    stages = []
+    for dname, entries in recipe.dictionaries.items():
+        sources, upstream = [], []
+        for entry in entries:
+            if entry.kind == "source":
+                sources.append({"source": entry.source, "options": entry.options,
+                                "files": [digests.path(p) for p in entry.paths],
+                                **({"packages": _packages(SOURCE_PACKAGES[entry.source])}
+                                   if not entry.paths and entry.source in SOURCE_PACKAGES else {})})
+            elif entry.kind == "mentions":
+                sources.append({"mentions": ids.dataset(entry.dataset), "lang": entry.lang, "ids": entry.ids,
+                                "canonical": entry.canonical})
+            else:
+                sources.append({"dictionary": entry.dictionary})
+                upstream.append(f"dictionary.{entry.dictionary}")
+        stages.append(Stage(f"dictionary.{dname}", "dictionary", {"sources": sources}, upstream))
+    return stages
+
+
+def _training_stages(recipe: Recipe, ids: _Identities) -> list[Stage]:
+    """The encoder trainers' stages (sap, biosyn); the re-ranker's is an index stage (it may mine with the index)."""
+    stages = []
+    if recipe.sap:
+        sap = recipe.sap
+        stages.append(Stage("sap", "sap", {"dictionary": sap["dictionary"], "encoder": ids.encoder(sap["encoder"]),
+                                           "config": _config_dict(sap["config"])},
+                            [f"dictionary.{sap['dictionary']}", *_encoder_upstream(sap["encoder"])]))
+    if recipe.biosyn:
+        b = recipe.biosyn
+        choose = b["choose"] and {"dev": ids.dataset(b["choose"]["dev"]),
+                                  "train": [ids.dataset(d) for d in b["choose"]["train"]],
+                                  "points": b["choose"]["points"], "epochs": b["choose"]["epochs"]}
+        stages.append(Stage("biosyn", "biosyn", {
+            "dictionary": b["dictionary"], "encoder": ids.encoder(b["encoder"]),
+            "train": [ids.dataset(d) for d in b["train"]],
+            "monitor": b["monitor"] and ids.dataset(b["monitor"]), "choose": choose,
+            "config": _config_dict(b["config"])}, [f"dictionary.{b['dictionary']}", *_encoder_upstream(b["encoder"])]))
+    return stages
+
+
+def _index_stages(recipe: Recipe, out: Path, ids: _Identities) -> list[Stage]:
+    """The re-ranker's stage (when the recipe has one) and the index's: both key on the index's config."""
+    stages = []
+    index = recipe.index
+    index_config = {"kind": index["kind"],
+                    "tfidf": _config_dict(index["tfidf"]) if "tfidf" in index else None,
+                    "dense": _config_dict(index["dense"]) if "dense" in index else None,
+                    "encoder": ids.encoder(index["encoder"]) if "encoder" in index else None}
+    index_encoder_upstream = _encoder_upstream(index.get("encoder", ""))
+    if index.get("encoder", "").startswith("@"):
+        # A dense index names its encoder's folder (under `out`): an output folder moved elsewhere rebuilds it.
+        index_config["out"] = str(out.resolve())
+    if recipe.rerank:
+        rr = recipe.rerank
+        stages.append(Stage("rerank", "rerank", {
+            "dictionary": rr["dictionary"], "encoder": ids.encoder(rr["encoder"]),
+            "train": [ids.dataset(d) for d in rr["train"]], "mine": rr["mine"],
+            "mine_preset": rr["mine_preset"], "mine_index": index_config if rr["mine"] == "index" else None,
+            "config": _config_dict(rr["config"])},
+            [f"dictionary.{rr['dictionary']}", *_encoder_upstream(rr["encoder"]),
+             *(index_encoder_upstream if rr["mine"] == "index" else [])]))
+    stages.append(Stage("index", "index", {
+        **index_config, "dictionary": index["dictionary"], "prior": [ids.dataset(d) for d in index["prior"]],
+        "reranker": index["reranker"], "sparse_weight": index["sparse_weight"],
+        "dev": ids.dataset(index["dev"]) if index.get("dev") else None},
+        [f"dictionary.{index['dictionary']}", *index_encoder_upstream, *(["rerank"] if index["reranker"] else [])]))
+    return stages
+
+
+def _evaluation_stages(recipe: Recipe, digests: Digests, ids: _Identities) -> list[Stage]:
+    """calibrate (when the recipe has it) and evaluate, over the index stage."""
+    stages = []
+    index = recipe.index
+    rerank_k = recipe.rerank["rerank_k"] if recipe.rerank and index["reranker"] else None
+    last_index = "index"
+    if recipe.calibrate:
+        c = recipe.calibrate
+        stages.append(Stage("calibrate", "calibrate", {**c, "dataset": ids.dataset(c["dataset"]), "rerank_k": rerank_k},
+                            ["index"]))
+        last_index = "calibrate"
+    ev = recipe.evaluate
+    stages.append(Stage("evaluate", "evaluate", {
+        **{k: v for k, v in ev.items() if k not in ("test", "train", "abbreviations")},
+        "test": {name: ids.dataset(name) for name in ev["test"]}, "train": [ids.dataset(d) for d in ev["train"]],
+        "abbreviations": ev["abbreviations"] and digests.path(ev["abbreviations"]), "rerank_k": rerank_k},
+        [last_index]))
+    return stages
 
 
 # --------------------------------------------------------------------------- running
@@ -484,18 +511,17 @@ def _run_rerank(ctx: _Context, stage: Stage, tmp: Path) -> dict:
 
 
 def _run_index(ctx: _Context, stage: Stage, tmp: Path) -> dict:
-    from linker.index import build_index
+    from linker.eval.tune import build_index
 
     index = ctx.recipe.index
     out = tmp / "index"
     manifest = build_index(ctx.dictionary(index["dictionary"]), kind=index["kind"], out=out, config=_index_config(ctx),
                            reranker=ctx.folder("rerank") / "model" if index["reranker"] else None,
-                           prior=[ctx.spec(d) for d in index["prior"]])
+                           prior=[ctx.spec(d) for d in index["prior"]],
+                           tune_on=ctx.spec(index["dev"]) if index["sparse_weight"] == "tuned" else None)
     result = {"counts": manifest["counts"], "build_seconds": manifest["build_seconds"]}
-    if index["sparse_weight"] == "tuned":
-        from linker.eval.tune import tune_sparse_weight
-
-        result["tuned"] = tune_sparse_weight(out, ctx.spec(index["dev"]))["chosen"]
+    if "sparse_weight_tuning" in manifest:
+        result["tuned"] = manifest["sparse_weight_tuning"]["chosen"]
     return result
 
 
@@ -591,8 +617,16 @@ def recipe_inputs(recipe: Recipe) -> list[Input]:
     from linker.datasets import spec_inputs
 
     inputs = [Input(recipe.path, "the recipe")]
+    home = Path(recipe.path).resolve().parent
     for name, dataset in recipe.datasets.items():
-        inputs += spec_inputs(dataset.spec, f"datasets.{name}")
+        files = spec_inputs(dataset.spec, f"datasets.{name}")
+        inputs += files
+        # The folder that holds a dataset's files is the dataset's (a corpus: its other splits, its licence), unless
+        # it also holds the recipe (datasets kept beside the recipe, the output beside them).
+        for given in files:
+            folder = Path(given.path).resolve().parent
+            if not (home == folder or folder in home.parents):
+                inputs.append(Input(folder, f"the folder of datasets.{name}"))
     for name, entries in recipe.dictionaries.items():
         inputs += [Input(path, f"dictionary.{name}.sources[{i}]") for i, entry in enumerate(entries)
                    for path in entry.paths]
@@ -643,6 +677,21 @@ def _altered(folder: Path) -> str | None:
     return None
 
 
+def _release_kind(folder: Path) -> str | None:
+    """The kind of the model release in `folder` (its manifest.json's "kind" under a "linker-release" format),
+    else None: a release copied by hand has no marker, and is an input all the same."""
+    manifest = folder / "manifest.json"
+    try:
+        if not manifest.is_file() or manifest.stat().st_size > 4 << 20:
+            return None
+        record = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if isinstance(record, dict) and str(record.get("format", "")).startswith("linker-release"):
+        return str(record.get("kind"))
+    return None
+
+
 def check_out_inputs(out: Path, recipe: Recipe) -> None:
     """The output folder touches no input of the recipe nor the models shipped with linker (`check_apart`), lies
     inside no folder linker wrote whole (an index, a model: replaced whole, and their manifests do not list what
@@ -650,9 +699,10 @@ def check_out_inputs(out: Path, recipe: Recipe) -> None:
     check_inputs(out, option="--out")
     check_apart(out, inputs=recipe_inputs(recipe), option="--out")
     for folder in out.resolve().parents:
-        if (folder / MARKER).is_file():
-            raise ConfigError(f"--out {out} lies inside {folder}, a folder linker wrote (an index or a model: "
-                              f"{MARKER} in it); choose an output outside it")
+        kind = _release_kind(folder)
+        if kind or (folder / MARKER).is_file():
+            what = f"a model release of kind {kind!r}" if kind else f"a folder linker wrote ({MARKER} in it)"
+            raise ConfigError(f"--out {out} lies inside {folder}, {what}; choose an output outside it")
     # A link put where the run writes (stages, work, a stage's folder) would send its writes into what it points at.
     folders = [out / name for name in ("stages", "work", "models", "index", "reports")]
     for place in [*folders, *(p for f in folders[:2] if f.is_dir() and not f.is_symlink() for p in f.iterdir())]:

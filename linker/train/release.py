@@ -319,27 +319,7 @@ def train_release(name: str, *, data: str | Path | None = None, work: str | Path
     base = load_encoder(recipe.base, device="cpu")
     full = load_encoder(str(trained), device="cpu")
     tensors = changed_tensors(transformer_module(base.model), transformer_module(full.model))
-    info = {
-        "summary": recipe.summary, "languages": list(recipe.languages), "choices": recipe.choices,
-        "command": f"linker train release {name}" + (f" --device {device}" if device else ""),
-        "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "training": {
-            "method": "SapBERT-style synonym self-alignment (linker.train.sap), multi-similarity loss, online mining",
-            "config": {k: v for k, v in asdict(recipe.sap).items() if k not in ("device", "threads")},
-            "sources": [{"source": s, "paths": [f"../shared/data/{p}" for p in paths] or ["(installed packages)"],
-                         "licence": LICENCES.get(paths[0] if paths else s, "")} for s, paths in recipe.sources],
-            "table": counts, "pairs": train_metrics["extra"]["pairs"],
-            "seconds": train_metrics["extra"]["train_seconds"] + (focus_metrics["extra"]["train_seconds"] if focus_metrics else 0),
-            "hardware": train_metrics["extra"]["hardware"],
-            "parameters": train_metrics["extra"]["parameters"],
-            "final_epoch_loss": train_metrics["epochs"][-1]["mean_loss"],
-            "stages": ["sap"] + (["focus"] if recipe.focus else []),
-            "focus": {"config": {k: v for k, v in asdict(recipe.focus).items() if k not in ("device", "threads")},
-                      "type": recipe.focus_type, "pairs": focus_metrics["extra"]["pairs"],
-                      "seconds": focus_metrics["extra"]["train_seconds"],
-                      "final_epoch_loss": focus_metrics["epochs"][-1]["mean_loss"]} if recipe.focus else None,
-        },
-    }
+    info = _training_info(name, recipe, device, counts, train_metrics, focus_metrics)
     manifest = write_release(out, name=name, version=recipe.version, kind="encoder", base=recipe.base,
                              base_revision=base.spec.revision, tensors=tensors, card="(written below)\n", info=info)
     # The shipped form, loaded as a user loads it, against the fp32 trained weights.
@@ -365,6 +345,32 @@ def train_release(name: str, *, data: str | Path | None = None, work: str | Path
     return write_release(out, name=name, version=recipe.version, kind="encoder", base=recipe.base,
                          base_revision=base.spec.revision, tensors=tensors, card=model_card(name, info, manifest),
                          info=info)
+
+
+def _training_info(name: str, recipe: ReleaseRecipe, device: str | None, counts: dict, train_metrics: dict,
+                   focus_metrics: dict | None) -> dict:
+    """`train_release`'s record of the training (the release's ``info``; the card is written from it)."""
+    return {
+        "summary": recipe.summary, "languages": list(recipe.languages), "choices": recipe.choices,
+        "command": f"linker train release {name}" + (f" --device {device}" if device else ""),
+        "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "training": {
+            "method": "SapBERT-style synonym self-alignment (linker.train.sap), multi-similarity loss, online mining",
+            "config": {k: v for k, v in asdict(recipe.sap).items() if k not in ("device", "threads")},
+            "sources": [{"source": s, "paths": [f"../shared/data/{p}" for p in paths] or ["(installed packages)"],
+                         "licence": LICENCES.get(paths[0] if paths else s, "")} for s, paths in recipe.sources],
+            "table": counts, "pairs": train_metrics["extra"]["pairs"],
+            "seconds": train_metrics["extra"]["train_seconds"] + (focus_metrics["extra"]["train_seconds"] if focus_metrics else 0),
+            "hardware": train_metrics["extra"]["hardware"],
+            "parameters": train_metrics["extra"]["parameters"],
+            "final_epoch_loss": train_metrics["epochs"][-1]["mean_loss"],
+            "stages": ["sap"] + (["focus"] if recipe.focus else []),
+            "focus": {"config": {k: v for k, v in asdict(recipe.focus).items() if k not in ("device", "threads")},
+                      "type": recipe.focus_type, "pairs": focus_metrics["extra"]["pairs"],
+                      "seconds": focus_metrics["extra"]["train_seconds"],
+                      "final_epoch_loss": focus_metrics["epochs"][-1]["mean_loss"]} if recipe.focus else None,
+        },
+    }
 
 
 def model_card(name: str, info: dict, manifest: dict) -> str:
