@@ -9,7 +9,7 @@ index links it to with each (the same `Linker`, the encoder swapped; k = 5). Spe
 and 1,000 of those texts, the two alternated in one process, median of --runs; wall seconds and this process's CPU
 seconds (the cores are shared: CPU seconds travel better). Each encoder runs as the query path sets it up: the numpy
 runtime on one BLAS thread (`linker.runtime.RUNTIME_THREADS`), torch on its default threads. The loads are timed
-once each (the first load of a process; whole-process start-up is in docs/performance.md). Writes
+once each, after the index's load (whole-process start-up is in docs/performance.md). Writes
 eval/bench/NAME.{md,json}.
 """
 
@@ -88,8 +88,9 @@ def main() -> None:
         speed_rows.append([size, f"{n['wall_s'] * 1e3:.1f}", f"{t['wall_s'] * 1e3:.1f}", f"{n['cpu_s'] * 1e3:.1f}",
                            f"{t['cpu_s'] * 1e3:.1f}", f"{t['cpu_s'] / n['cpu_s']:.2f}"])
     lines = [
-        f"Index `{args.index}` (encoder `{name}`, {dense.size:,} names); encoder loads: numpy runtime "
-        f"{load_seconds['numpy']} s, torch {load_seconds['torch']} s (wall, first load in this process).", "",
+        f"Index `{args.index}` (encoder `{name}`, {dense.size:,} names); encoder loads, wall: numpy runtime "
+        f"{load_seconds['numpy']} s (its modules imported by the index's own load before), torch "
+        f"{load_seconds['torch']} s (torch, transformers and sentence-transformers imported first).", "",
         "## Parity (query vectors and linked top-1 concept, k = 5)", "",
         *table(["mentions", "distinct texts", "same top-1", "min cosine", "mean cosine", "max |difference|"],
                parity_rows, "lrrrrr"), "",

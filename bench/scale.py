@@ -77,7 +77,9 @@ NOTES = [
     "process by 239 MB at 1,024 entries, 95 MB at 256 in the same time, 68 MB at 64 (5% slower). linker now sets "
     "`ONEDNN_PRIMITIVE_CACHE_CAPACITY=256` unless it is set. An earlier 5M build at 1,024 held 3.7 GB of anonymous "
     "memory from chunk ~340 of 610 on; the one above, at 256, was resident at 3.6 GB by chunk 539: the cap does not "
-    "bound that plateau, whose cause is not traced, nor the FAISS stage's peak after it.",
+    "bound that plateau, whose cause is not traced. The FAISS stage after it is traced at 1M names in "
+    "[build_peak.md](build_peak.md): it added ~1.3 GB (the training sample's copies, rows of the recall check read "
+    "through the memory map), ~0.65 GB since; the rest of the 5M peak is held before it starts.",
     "- **Serving memory.** Re-scoring reads the short list's vectors with pread, not through the memory map: the "
     "kernel maps 16 pages around each page touched, and 3 passes of 995 queries over the 1M index mapped the whole "
     "768 MB vector file into the server (RssFile +744 MB) where pread left it at +56 MB for the same searches.",

@@ -1,4 +1,4 @@
-"""Load test of `linker serve` beside the library it serves, and of `linker normalize`; writes eval/service/NAME.{md,json}.
+"""Load test of `linker serve` beside the library it serves, and of `linker normalize`: eval/service/NAME.{md,json}.
 
     python -m bench.service_load --index indexes/default [--seconds 10] [--sizes 1,10] [--clients 8] [--rounds 3]
         [--baseline DIR] [--library-batch 500] [--spans 10000] [--out eval/service/service_load]
@@ -389,10 +389,12 @@ def service_lines(s: dict) -> list[str]:
         f"`Linker.link` call of {s['library_batch']} mentions in the bench's process, the better of its default "
         "threads and one BLAS thread, measured in the same round; *of library* is the median of each round's ratio.",
         "",
-        "| server | mentions/request | mentions/s | p50 ms | p99 ms | failed | library mentions/s | of library | load |",
+        "| server | mentions/request | mentions/s | p50 ms | p99 ms | failed | library mentions/s | of library "
+        "| load |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
-        *[f"| {r['server']} | {r['mentions_per_request']} | {r['mentions_per_second']} | {r['p50_ms']} | {r['p99_ms']} | "
-          f"{r['failed_requests']} | {r['library_mentions_per_second']} | {r['of_library']:.0%} | {load(r)} |"
+        *[f"| {r['server']} | {r['mentions_per_request']} | {r['mentions_per_second']} | {r['p50_ms']} | "
+          f"{r['p99_ms']} | {r['failed_requests']} | {r['library_mentions_per_second']} | {r['of_library']:.0%} | "
+          f"{load(r)} |"
           for r in rows],
         "",
         "One client, one mention a request, one after another (the library: one-mention `Linker.link` calls):",
@@ -421,7 +423,8 @@ def write_report(report: Report, result: dict) -> None:
         lines += [
             f"## Batch (`linker normalize --format jsonl --k 1`, {b['spans']:,} perturbed dictionary names)",
             "",
-            "| spans | linked | seconds (incl. index load) | spans/s | peak RSS MiB | perturbed name -> own concept at rank 1 |",
+            "| spans | linked | seconds (incl. index load) | spans/s | peak RSS MiB "
+            "| perturbed name -> own concept at rank 1 |",
             "|---:|---:|---:|---:|---:|---:|",
             f"| {b['spans']:,} | {b['linked']:,} | {b['seconds_total']} | {b['spans_per_second_incl_index_load']} | "
             f"{b['peak_rss_mib']} | {b['perturbed_name_top1_own_concept']:.1%} |",

@@ -1,7 +1,8 @@
 """One registry style for the pluggable parts.
 
 Sources (`linker.sources.SOURCES`), index kinds (`linker.index.KINDS`), dataset formats
-(`linker.datasets.LOADERS`), output formats (`linker.normalize.FORMATS`), encoder aliases
+(`linker.datasets.LOADERS`), the formats `linker normalize` reads and writes back (`linker.normalize.FORMATS`), output
+writers (`linker.formats.writers.WRITERS`), extractors by release kind (`linker.extract.extractor.EXTRACTORS`), encoder aliases
 (`linker.encoders.ENCODERS`) and the dense build's encoding engines (`linker.index.dense.ENCODING_ENGINES`) are
 each one module-level `Registry`: name -> entry, filled by `register` (a decorator, or a call with the entry), read
 by `get(name)`, which names the choices when the name is unknown, and `names()`. A registry reads like a mapping

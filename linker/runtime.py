@@ -21,6 +21,7 @@ import logging
 import math
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -389,23 +390,38 @@ class RuntimeEncoder:
 
 # BLAS threads of a forward pass, unless the index's config sets them (`_blas_threads`: why one).
 RUNTIME_THREADS = 1
-# Texts in one encode call from which the torch encoder is faster than this runtime, its load included
-# (docs/performance.md, "Start-up": measured on the 2 cores).
-TORCH_MIN_TEXTS = 2048
+# Texts in one encode call from which the torch encoder takes over: a batch job's call (`linker normalize` sends
+# 1,024 spans a call, `eval` whole datasets). eval/bench/bench_runtime.md, 2 shared cores: this runtime spent 0.74x
+# torch's CPU time on 1 text, 0.98x on 100 and 1.11x on 1,000 (torch's GEMMs are faster on big batches, and it runs
+# them on every core where this runtime keeps one); torch's import, seconds, is repaid over a few such calls.
+TORCH_MIN_TEXTS = 1024
+
+
+_blas = {"lock": threading.Lock(), "users": 0, "limits": None}
 
 
 @contextmanager
 def _blas_threads(threads: int):
-    """numpy's BLAS limited to `threads` while a forward pass runs. A query batch's products are small (tens of
+    """numpy's BLAS limited to `threads` while forward passes run. A query batch's products are small (tens of
     rows): OpenBLAS's hand-off between threads costs more than it saves, and on a busy machine far more (a 40 x 384
-    by 384 x 1,536 product: 0.9 ms on one thread, 114 ms on two while other jobs held the 2 cores)."""
+    by 384 x 1,536 product: 0.9 ms on one thread, 114 ms on two while other jobs held the 2 cores). The limit is
+    process-wide: the first of concurrent passes (a service's threads) sets it, the last puts the original back."""
     try:
         from threadpoolctl import threadpool_limits  # installed with scikit-learn, a base dependency
     except ImportError:  # pragma: no cover
         yield
         return
-    with threadpool_limits(threads, user_api="blas"):
+    with _blas["lock"]:
+        if not _blas["users"]:
+            _blas["limits"] = threadpool_limits(threads, user_api="blas")
+        _blas["users"] += 1
+    try:
         yield
+    finally:
+        with _blas["lock"]:
+            _blas["users"] -= 1
+            if not _blas["users"]:
+                _blas["limits"].restore_original_limits()
 
 
 def load_runtime(spec, *, torch_loader: Callable[[], object] | None = None,

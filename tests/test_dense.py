@@ -366,3 +366,17 @@ def test_auto_compiles_bf16_builds_only(monkeypatch):
     assert encoders.should_compile("auto", 10**6, "bf16")
     assert not encoders.should_compile("auto", 10**6, "fp32")  # an fp32 forward is matrix products: nothing gained
     assert encoders.should_compile("on", 10**6, "fp32")
+
+
+def test_the_training_sample_is_read_in_blocks_exactly(tmp_path):
+    from linker.index.dense import _rows_float32
+
+    vectors = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float16)
+    np.save(tmp_path / "v.npy", vectors)
+    mapped = np.load(tmp_path / "v.npy", mmap_mode="r")
+    rows = np.array([0, 3, 4, 17, 18, 19, 49])
+    for source in (mapped, vectors):
+        got = _rows_float32(source, rows, block=3)
+        assert got.dtype == np.float32 and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, vectors[rows].astype(np.float32))
+    assert _rows_float32(mapped, rows[:0]).shape == (0, 8)

@@ -181,3 +181,12 @@ def test_finite_check_of_mapped_vectors_is_paid_once(cache, tmp_path, monkeypatc
     with pytest.raises(InputFormatError, match=r"v\.npy.*finite numbers.*nan at flat position 29"):
         read()
     assert len(scans) == 2
+
+
+def test_index_info_hashes_again(cache, folder, hashes):
+    from linker.cli.main import main
+
+    load_index(folder)
+    hashes.clear()
+    main(["index", "info", str(folder)])
+    assert len(hashes) == len(read_manifest(folder)["files"])

@@ -228,3 +228,20 @@ def test_flat_search_fewer_names_than_k():
 
     scores, rows = flat_search(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32), 5)
     assert rows.shape == (3, 3) and rows[:, 0].tolist() == [0, 1, 2] and scores[:, 0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_blas_limit_is_put_back_after_concurrent_encodes(tiny_encoder_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas_threads()
+    fast = load_query_encoder(str(tiny_encoder_dir))
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda text: fast.encode([text] * 3, role="query"), TEXTS))
+    assert blas_threads() == before
+    for text, vectors in zip(TEXTS, results):
+        np.testing.assert_allclose(vectors[0], fast.encode([text], role="query")[0], atol=TOLERANCE, rtol=0)

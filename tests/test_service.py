@@ -656,8 +656,9 @@ def test_concurrent_requests_share_one_call_and_answer_as_sequential_ones(indexe
     responses = _concurrent_posts(app, bodies, counting.release)
     assert [r.status_code for r in responses] == [200] * len(bodies)
     assert [r.content for r in responses] == sequential  # byte for byte
-    # the first call took the requests queued when it began; all the others came during it and shared one call
-    assert len(counting.calls) == 2 and sum(map(len, counting.calls)) == len(bodies)
+    # the first call took the requests queued when it began (one, or all 8 when the worker was slower to start);
+    # all the others came during it and shared the second
+    assert len(counting.calls) <= 2 and sum(map(len, counting.calls)) == len(bodies)
 
 
 def test_whole_small_requests_share_a_call_even_when_calls_are_sized_small():

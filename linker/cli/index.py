@@ -39,16 +39,17 @@ def _parameters(config_type: type, parts: dict[type, Callable[[], Any]], own: di
     return {**params, **own}
 
 
+_SHAPE = ("analyzer", "ngram_min", "ngram_max", "normalization")  # the fields a --preset sets
+
+
 def _tfidf_config(options: dict[str, Any]) -> TfidfConfig:
     fields = config_fields(TfidfConfig, options)
     preset = fields.pop("preset", None)
-    if preset is not None and {"analyzer", "ngram_min", "normalization"} & fields.keys():
+    shaped = [key for key in fields if key in _SHAPE]
+    if preset is not None and shaped:
         raise ConfigError(f"--preset {preset} sets the analyzer, n-gram range and normalisation; "
-                          f"found also {', '.join(dict.fromkeys('--' + key.split('_')[0] for key in fields if key in _SHAPE))}")
+                          f"found also {', '.join(dict.fromkeys('--' + key.split('_')[0] for key in shaped))}")
     return dataclasses.replace(get_preset(preset) if preset is not None else TfidfConfig(), **fields)
-
-
-_SHAPE = ("analyzer", "ngram_min", "ngram_max", "normalization")  # what a --preset sets
 
 
 def _dense_config(options: dict[str, Any]) -> DenseConfig:
@@ -68,11 +69,11 @@ def _part_options() -> list[inspect.Parameter]:
     field order, tf-idf's then the encoder's; a flag two parts share (--threads) once, with the first one's help."""
     params: dict[str, inspect.Parameter] = {}
     for config_type in _PARTS:
-        for _, kind, opt in build_options(config_type):
+        for _, option_type, opt in build_options(config_type):
             if opt.name not in params:
                 info = typer.Option(opt.default, opt.flag, help=opt.help)
                 params[opt.name] = inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, default=info,
-                                                     annotation=kind)
+                                                     annotation=option_type)
     return list(params.values())
 
 
@@ -96,6 +97,7 @@ def _build_tail(
 
 
 def _own(template: Callable[..., None]) -> list[inspect.Parameter]:
+    """A template's typer options as keyword-only parameters of `build_cli`'s generated signature."""
     hints = typing.get_type_hints(template)
     return [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
             for p in inspect.signature(template).parameters.values()]
@@ -198,7 +200,7 @@ def info_cli(
     """Show an index folder's manifest and check its files."""
     manifest = read_manifest(folder)
     if not no_check:
-        verify(folder, manifest)
+        verify(folder, manifest, trust_stamp=False)  # the explicit check: every file hashed again
     if as_json:
         echo_json(manifest)
         return

@@ -171,11 +171,12 @@ _OPTIONAL: dict[str, type] = {"prior": dict, "calibration": dict, "reranker": di
 _MISSING = object()
 
 
-def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> None:
+def verify(folder: str | Path, manifest: dict, *, checksums: bool = True, trust_stamp: bool = True) -> None:
     """Refuse (IndexMismatchError) an index whose files or library version do not match its manifest.
 
     With ``checksums=False`` only presence and sizes are checked (fast start for large dense
-    indexes on trusted storage); the default hashes every file.
+    indexes on trusted storage); the default hashes every file, once: a `VerifiedStamp` records the check and
+    later calls trust it while every file is unchanged (``trust_stamp=False`` hashes them again).
     """
     folder = Path(folder)
     hint = _rebuild_hint(manifest)
@@ -204,7 +205,7 @@ def verify(folder: str | Path, manifest: dict, *, checksums: bool = True) -> Non
         paths[relative] = path
     if checksums:
         stamp = VerifiedStamp.of(folder, manifest, paths)
-        if stamp.holds():
+        if trust_stamp and stamp.holds():
             log.debug("%s: files unchanged since their checksums were verified (%s)", folder, stamp.path)
             return
         # Largest first, on as many threads as cores (hashlib releases the GIL): a 5M-name index holds GBs, and

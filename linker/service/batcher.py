@@ -133,16 +133,15 @@ class _Job:
     next: int = 0  # first mention not yet handed to the linker
     error: BaseException | None = None
     finished: bool = False
-    queued: float = field(default_factory=time.perf_counter)
 
 
 class CallCost:
     """The seconds of a `Linker.link` call of n mentions, fitted as ``fixed + per_mention * n`` over the last calls.
 
-    A dense index pays a fixed part per call whatever its size (the query encoder's set-up, and below 20 queries
-    FAISS scans every name vector once per query, ~25 ms at 150,749 names) beside ~1.2 ms a mention; tf-idf's
-    fixed part is ~0. Fitted by least squares when the last calls differ in size; when they are all alike, only
-    the machine's load changed, and both parts are scaled to the latest call.
+    A dense index pays a fixed part per call whatever its size (the query encoder's set-up; a flat search reads
+    every name vector, 231 MB at 150,749 names, once per call) beside the encoding of each mention; tf-idf's fixed
+    part is ~0. Fitted by least squares when the last calls differ in size; when they are all alike, only the
+    machine's load changed, and both parts are scaled to the latest call.
     """
 
     WINDOW = 16  # calls: enough sizes to tell the two parts apart, recent enough to follow a change of load
@@ -172,20 +171,21 @@ class CallCost:
 class MentionBatcher:
     """Links the mentions of concurrent requests in shared `Linker.link` calls, fairly, one call at a time.
 
-    A call of many mentions costs little more than a call of one (the encoder's set-up, a scan of the name vectors:
-    `CallCost`), so concurrent requests share calls, as Triton's and Ray Serve's dynamic batchers do:
+    A call of many mentions costs little more than a call of one (the query encoder's set-up, a read of every name
+    vector: `CallCost`), so concurrent requests share calls, as Triton's and Ray Serve's dynamic batchers do:
 
-    - Batch size: a call takes about `CALL_SECONDS` at the fitted cost, so that a request of 1,000 mentions is cut
-      into slices and a one-mention request that arrives behind it waits for about two calls; but it is never so
-      small that the fixed part passes a `FIXED_SHARE` of the call (on a loaded machine, 16 mentions of a dense
-      index took ~0.5 s, 0.15 s of it fixed: sized by time alone, calls shrank until most of a call was set-up).
-    - Shares: each waiting request gets an equal share of the call (max-min fair: a request that needs less than
-      its share is taken whole and leaves the rest to the others); a request not finished goes to the back.
-    - Waiting: when the last call served several requests, a call that is not full waits for as many requests as
-      the last one had, up to the fixed cost of a call after the oldest arrived: what running the latecomers in a
-      call of their own would cost. Concurrent clients answered by one call come back within a few ms of each
-      other; without the wait, the first to come back rode alone and the others waited a whole call for the next.
-      A lone client never waits.
+    - Slices: each call takes up to `batch_size()` mentions of every waiting request, so a small request goes whole
+      and a request of 1,000 mentions is cut into slices of about `CALL_SECONDS` of work (never so small that the
+      fixed part passes `FIXED_SHARE` of it); a one-mention request that arrives behind it rides the next call.
+      Past MAX_BATCH mentions in all, the requests get max-min fair shares (one that needs less than its share goes
+      whole and leaves the rest to the others). A request not finished goes to the back of the line. Before, a call
+      held `batch_size()` mentions in all, cut into equal shares: on a loaded machine a dense call of 16 took ~0.6 s,
+      so calls were sized at the minimum, 16, and 8 requests of 10 mentions went 2 mentions each into 5 calls.
+    - Waiting: a call that is not full waits for as many requests as were in flight when the last call ended,
+      until the fixed cost of a call has passed since that end: what running the latecomers in a call of their
+      own would cost. Clients answered by one call come back within a few ms of each other; without the wait, the
+      first back rode alone and the rest waited a whole call for the next one (8 clients of 10 mentions: calls of
+      60 and 20 in turn). A lone client, or the first request after a pause, never waits.
 
     Runs on an `InferencePool` (its own one-thread pool when none is given), one thread at a time: that thread
     is the only one that touches its `Linker` then, which keeps the Linker's lazy caches safe.
@@ -244,7 +244,8 @@ class MentionBatcher:
         self._link_round(round_)
         self._last_call = time.perf_counter()
         # the requests in flight now: those this call served and those that came meanwhile
-        self._expected = len({id(job) for job, _, _ in round_} | {id(job) for job in self._active}) + self._queue.qsize()
+        served = {id(job) for job, _, _ in round_} | {id(job) for job in self._active}
+        self._expected = len(served) + self._queue.qsize()
         for job, _start, _stop in round_:
             if not job.finished and (job.error is not None or job.next == len(job.texts)):
                 self._finish(job)
@@ -261,8 +262,7 @@ class MentionBatcher:
         if not self._active:
             return
         waiting = sum(len(job.texts) - job.next for job in self._active)
-        # from the last call's end too: the requests it answered are on their way back
-        deadline = max(min(job.queued for job in self._active), self._last_call) + self.cost.fixed
+        deadline = self._last_call + self.cost.fixed  # for the requests it answered, on their way back
         while waiting < self.MAX_BATCH and len(self._active) < self._expected:
             timeout = deadline - time.perf_counter()
             if timeout <= 0:
