@@ -1,7 +1,9 @@
 """Sentence encoders by name: built-in offline aliases, local folders, hub names.
 
 Every dense component (index build, query, training) gets its model through
-`load_encoder`, so the name written into a manifest is enough to reload the same model.
+`load_encoder`, so the name written into a manifest is enough to reload the same model. A query path
+(`linker.index.dense.DenseNameIndex.load`) calls `load_query_encoder`, which runs a plain BERT encoder in fp32 on
+the CPU in numpy (`linker.runtime`: the same vectors without importing torch) and falls back to `load_encoder`.
 
 Names (`resolve_encoder`; the aliases are the `ENCODERS` registry):
 

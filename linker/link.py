@@ -289,7 +289,10 @@ class Linker:
     def load(cls, index_dir: str | Path, *, checksums: bool = True, rerank: str | Path | None = None,
              rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None,
              precision: str | None = None, rerank_precision: str = "auto") -> Linker:
-        """Load and verify an index folder (IndexMismatchError when its files do not match its manifest).
+        """Load and verify an index folder (IndexMismatchError when its files do not match its manifest). The
+        checksums are paid once per folder and manifest: a stamp in the user cache lets later loads trust them while
+        the files are unchanged (`linker.index.manifest.VerifiedStamp`). A dense index of a plain BERT encoder in
+        fp32 encodes its mentions without torch (`linker.runtime`; ``$LINKER_RUNTIME=torch`` keeps torch).
 
         `rerank`: a re-ranker folder or hub name; None uses the one bound to the index
         (`linker index build --reranker`) if any, ``"none"`` disables it. `precision`: how a dense
