@@ -106,7 +106,7 @@ class DenseConfig:
     token_budget: int = BUILD_TOKEN_BUDGET  # tokens per batch, padding included
     parity_sample: int = 512  # names encoded in fp32 and in the chosen precision to check it (0 = no check)
     compile: str = field(default="auto", metadata=option(  # auto: large CPU builds in bf16 (linker.encoders)
-        "--compile", "dense/hybrid: torch.compile the encoder: auto (CPU builds of >= 20,000 names, with a C++ "
+        "--compile", "dense/hybrid: torch.compile the encoder: auto (bf16 CPU builds of >= 20,000 names, with a C++ "
                      "compiler), on or off.", default="auto"))
     chunk_rows: int = 8192  # names encoded between two progress checkpoints (~12 MB at 384-d)
     faiss_kind: str = field(default="auto", metadata=option(  # auto: flat up to AUTO_FLAT_MAX_NAMES; recorded
