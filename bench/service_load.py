@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 import psutil
 import pyarrow.parquet as pq
+from threadpoolctl import threadpool_limits
 
 from bench.report import REPO as ROOT
 from bench.report import Report
@@ -129,7 +130,7 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class Server:
-    """A running `linker serve`: its label ("before" / "after"), process, URL and RSS sampler."""
+    """A running `linker serve`: its label ("service", or "before" / "after" with a baseline), process, URL, RSS."""
 
     label: str
     tree: Path
@@ -141,7 +142,7 @@ class Server:
     runs: list = field(default_factory=list)
 
 
-def start_server(index: Path, label: str = "after", tree: Path = ROOT) -> Server:
+def start_server(index: Path, label: str = "service", tree: Path = ROOT) -> Server:
     """`linker serve` of `index` run from the source tree `tree`, once /health answers. Its stderr goes to a
     temporary file (a pipe nobody reads could fill and block it)."""
     port = free_port()
@@ -227,11 +228,15 @@ def service_run(server: Server, texts: list[str], clients: int, seconds: float, 
 # ----------------------------------------------------------------------------- the library, in this process
 
 
+# The library's thread settings: its defaults, and numpy's BLAS on one thread (the service's share on 2 cores).
+SETTINGS = (("default_threads", None), ("one_blas_thread", 1))
+
+
 class Library:
     """The index's `Linker` in this process: the rate a caller gets from one batched call, and one mention's call."""
 
     def __init__(self, index: Path, texts: list[str]) -> None:
-        from linker.link import Linker
+        from linker.link import Linker  # imported here: the report and the servers need none of the library
 
         self.linker = Linker.load(index)
         self.texts = texts
@@ -245,43 +250,51 @@ class Library:
 
     def batched(self, n: int) -> dict:
         """mentions/s of one `Linker.link` call of `n` mentions: at the library's default threads, and with numpy's
-        BLAS on one thread (as the service runs its calls)."""
-        from threadpoolctl import threadpool_limits
-
+        BLAS on one thread (as the service runs its calls); the better of the two is the library's rate."""
         out = {"load": load1(), "mentions": n}
-        for setting, threads in (("default_threads", None), ("one_blas_thread", 1)):
+        for setting, threads in SETTINGS:
             texts = self._take(n)
             with threadpool_limits(threads, user_api="blas"):
                 started = time.perf_counter()
                 self.linker.link(texts, k=5)
                 out[setting] = round(n / (time.perf_counter() - started), 1)
-        out["mentions_per_second"] = max(out["default_threads"], out["one_blas_thread"])
+        out["mentions_per_second"] = max(out[setting] for setting, _ in SETTINGS)
         return out
 
     def one(self, seconds: float) -> dict:
-        """Latency of one-mention calls, back to back, for `seconds`."""
-        load, latencies = load1(), []
+        """p50 and p99 of one-mention calls, back to back for `seconds`, the two settings in turns; the better's."""
+        load, latencies = load1(), {setting: [] for setting, _ in SETTINGS}
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            [text] = self._take(1)
-            started = time.perf_counter()
-            self.linker.link([text], k=5)
-            latencies.append(time.perf_counter() - started)
-        return {"load": load, "calls": len(latencies), "p50_ms": round(1000 * statistics.median(latencies), 1),
-                "p99_ms": round(1000 * percentile(latencies, 0.99), 1)}
+            for setting, threads in SETTINGS:
+                [text] = self._take(1)
+                with threadpool_limits(threads, user_api="blas"):
+                    started = time.perf_counter()
+                    self.linker.link([text], k=5)
+                    latencies[setting].append(time.perf_counter() - started)
+        best = min(latencies.values(), key=statistics.median)
+        return {"load": load, "calls": sum(map(len, latencies.values())),
+                **{f"{setting}_p50_ms": round(1000 * statistics.median(xs), 1) for setting, xs in latencies.items()},
+                "p50_ms": round(1000 * statistics.median(best), 1), "p99_ms": round(1000 * percentile(best, 0.99), 1)}
 
 
 def run_rounds(servers: list[Server], library: Library, texts: list[str], args: argparse.Namespace) -> dict:
-    """Library and servers measured in turns, `args.rounds` times (see the module docstring)."""
+    """Library and servers measured in turns, `args.rounds` times (see the module docstring). The library's rate of
+    a round is the mean of its batched calls just before and just after the servers' runs, which halves the error
+    of a load that drifts."""
     library_runs, sequential, library_one = [], [], []
     for number in range(args.rounds):
         order = servers[number % len(servers):] + servers[: number % len(servers)]  # who goes first takes turns
         for size in args.sizes:
-            library_runs.append({"round": number, "size": size, **library.batched(args.library_batch)})
+            first = library.batched(args.library_batch)
             for server in order:
                 server.runs.append({"round": number, **service_run(server, texts, args.clients, args.seconds, size)})
-                print(f"round {number} size {size} {server.label}: {server.runs[-1]['mentions_per_second']} "
-                      f"mentions/s (library {library_runs[-1]['mentions_per_second']})", file=sys.stderr)
+            last = library.batched(args.library_batch)
+            rate = round((first["mentions_per_second"] + last["mentions_per_second"]) / 2, 1)
+            library_runs.append({"round": number, "size": size, "mentions_per_second": rate, "calls": [first, last]})
+            print(f"round {number} size {size}: " + ", ".join(f"{s.label} {s.runs[-1]['mentions_per_second']}"
+                                                               for s in order)
+                  + f" mentions/s, library {rate}", file=sys.stderr)
         library_one.append({"round": number, **library.one(args.seconds)})
         for server in order:
             sequential.append({"round": number, **service_run(server, texts, 1, args.seconds, 1)})
@@ -318,7 +331,7 @@ def summarise(servers: list[Server], rounds: dict, sizes: list[int]) -> list[dic
 
 def service_phase(index: Path, texts: list[str], args: argparse.Namespace) -> dict:
     """The servers (this checkout's, and the baseline's) and the library, measured in turns."""
-    servers = [start_server(index, "after")]
+    servers = [start_server(index, "after" if args.baseline is not None else "service")]
     try:
         if args.baseline is not None:
             servers.insert(0, start_server(index, "before", args.baseline))
@@ -333,7 +346,7 @@ def service_phase(index: Path, texts: list[str], args: argparse.Namespace) -> di
     return {
         "clients": args.clients, "k": 5, "rounds": args.rounds, "seconds_per_run": args.seconds,
         "library_batch": args.library_batch,
-        "servers": {s.label: {"tree": "this checkout" if s.tree == ROOT else str(s.tree),
+        "servers": {s.label: {"tree": "this checkout" if s.tree == ROOT else f"--baseline {s.tree.name}",
                               "startup_seconds": s.startup_seconds, "server_rss_mib": s.sampler.summary(),
                               "runs": s.runs} for s in servers},
         **rounds,
@@ -385,9 +398,10 @@ def service_lines(s: dict) -> list[str]:
     lines = [
         f"## HTTP service (`linker serve`, {s['clients']} concurrent clients on loopback, k={s['k']})",
         "",
-        f"Medians of {s['rounds']} rounds of {s['seconds_per_run']} s per server and size; the library's rate is one "
+        f"Medians of {s['rounds']} rounds of {s['seconds_per_run']} s per server and size. The library's rate: a "
         f"`Linker.link` call of {s['library_batch']} mentions in the bench's process, the better of its default "
-        "threads and one BLAS thread, measured in the same round; *of library* is the median of each round's ratio.",
+        "threads and one BLAS thread, just before and just after the servers' runs of the round (their mean); "
+        "*of library* is the median of each round's ratio.",
         "",
         "| server | mentions/request | mentions/s | p50 ms | p99 ms | failed | library mentions/s | of library "
         "| load |",
@@ -397,7 +411,8 @@ def service_lines(s: dict) -> list[str]:
           f"{load(r)} |"
           for r in rows],
         "",
-        "One client, one mention a request, one after another (the library: one-mention `Linker.link` calls):",
+        "One client, one mention a request, one after another (the library: one-mention `Linker.link` calls, the "
+        "better of its two thread settings):",
         "",
         "| server | p50 ms | p99 ms | failed | library p50 ms | load |",
         "|---|---:|---:|---:|---:|---|",
@@ -417,7 +432,8 @@ def service_lines(s: dict) -> list[str]:
 
 
 def write_report(report: Report, result: dict) -> None:
-    lines = [f"Index `{result['index']}` ({result['index_version']}).", "", *service_lines(result["service"])]
+    note = [result["note"], ""] if result["note"] else []
+    lines = [f"Index `{result['index']}` ({result['index_version']}).", "", *note, *service_lines(result["service"])]
     b = result["batch"]
     if b is not None:
         lines += [
@@ -441,6 +457,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of library and servers in turns")
     parser.add_argument("--baseline", type=Path, help="a source tree whose `linker serve` is measured as 'before'")
     parser.add_argument("--library-batch", type=int, default=500, help="mentions in the library's batched call")
+    parser.add_argument("--note", default="", help="a line for the report: what the trees are, e.g. their commits")
     parser.add_argument("--spans", type=int, default=10_000, help="batch spans; 0 skips the batch phase")
     parser.add_argument("--out", type=Path, default=Path("eval/service/service_load"), help="the report's path stem")
     args = parser.parse_args()
@@ -455,6 +472,7 @@ def main() -> None:
     result = {
         "index": args.index.name,
         "index_version": f"{manifest['kind']} built {manifest['built_at']}, {manifest['counts']['names']:,} names",
+        "note": args.note,
         "service": service_phase(args.index, [s["text"] for s in spans], args),
     }
     result["batch"] = batch_phase(args.index, spans) if args.spans else None

@@ -768,3 +768,16 @@ def test_annotate_links_its_events_in_the_calls_of_link_requests(indexes):
     assert responses[1].json()["results"][0]["spans"][0]["code"] == "10028813"
     # the adverse event beside the /link mention of the same k (a call is per k and language)
     assert sorted(counting.calls[1]) == ["Itching", "nausea"], counting.calls
+
+
+def test_the_pool_has_a_thread_per_queue_at_most_one_per_core_and_shares_the_cores_among_them(monkeypatch):
+    from linker.service import InferencePool, MentionBatcher, Tagger
+
+    cases = ((2, 1, 2, 1), (2, 3, 2, 1), (16, 1, 2, 8), (16, 3, 4, 4), (1, 1, 1, 1))  # cores, indexes: the pool
+    for cores, indexes, threads, math_threads in cases:
+        monkeypatch.setattr("linker.service.batcher.available_cpus", lambda cores=cores: cores)
+        pool = InferencePool()
+        for i in range(indexes):
+            MentionBatcher(_RecordingLinker(), f"index{i}", pool=pool)
+        Tagger(10, load=_FakeExtractor, pool=pool)  # /annotate's, one for every index
+        assert (pool.threads, pool.math_threads) == (threads, math_threads), cores

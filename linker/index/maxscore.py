@@ -81,8 +81,8 @@ def available() -> bool:
 
 
 def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, original, block_ptr, block_size, p_indices, p_data, max_weight, idf, r_indptr,
-            r_indices, r_data, name_scale, row_cost, acc, touched, query_dense, out_scores, out_rows, work
-            ):  # pragma: no cover - compiled
+            r_indices, r_data, name_scale, row_cost, acc, touched, query_dense, touched_scale, out_scores, out_rows,
+            work):  # pragma: no cover - compiled
     """The top k of queries q_first..q_last-1 into out_scores/out_rows (preset to 0 / -1): names
     sorted (score desc, row asc), or with `codes` (each name's concept code) the k best concepts,
     each as its best name (score desc, row asc), sorted (score desc, concept code asc); work[i] =
@@ -150,6 +150,11 @@ def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, original, bl
             # (partial score plus their own bound), then score the rest from their rows or, while that
             # costs more than the next list, read that list for them only.
             alive = n_seen
+            # Each seen name's bound scale, read once into an array that follows `touched`: the filter below runs
+            # once per list read, and reading name_scale[first + name] there (random, beside acc) was a fifth of
+            # the search's time at 5M names (eval/scale/report.md).
+            for c in range(n_seen):
+                touched_scale[c] = name_scale[first + touched[c]]
             while True:
                 # (cheap next to the list that follows, or when every list is read: then it leaves
                 # about k names to score from their rows)
@@ -160,8 +165,9 @@ def _kernel(q_first, q_last, q_indptr, q_indices, q_data, k, codes, original, bl
                 kept = 0
                 for c in range(alive):
                     name = touched[c]
-                    if acc[name] + min(rest[j], rest_idf[j] * name_scale[first + name]) >= theta - EPS:
+                    if acc[name] + min(rest[j], rest_idf[j] * touched_scale[c]) >= theta - EPS:
                         touched[kept] = name
+                        touched_scale[kept] = touched_scale[c]
                         kept += 1
                     else:
                         acc[name] = 0.0  # dropped: the scratch is left zeroed, and reading skips it
@@ -351,8 +357,11 @@ def build_postings(matrix: sp.csr_matrix, idf: np.ndarray, block_size: int = BLO
     # The search numbers names shortest first, so that a block holds names of similar length and its largest
     # weights bound it tightly: a short query cannot score high against a block of long names.
     order = np.argsort(np.diff(matrix.indptr), kind="stable").astype(np.int64)
+    counts = np.zeros(features, dtype=np.int64)  # postings per n-gram
+    for start in range(0, matrix.nnz, 1 << 24):  # in slices: bincount copies its input to int64 (2 GB at 5M names)
+        counts += np.bincount(matrix.indices[start : start + (1 << 24)], minlength=features)
     block_ptr = np.zeros((features, blocks + 1), dtype=np.int64)
-    np.cumsum(np.bincount(matrix.indices, minlength=features)[:-1], out=block_ptr[1:, 0])
+    np.cumsum(counts[:-1], out=block_ptr[1:, 0])
     ends = np.append(block_ptr[1:, 0], matrix.nnz)  # where each n-gram's list ends
     slice_size = matrix.nnz if files is None else min(SLICE_POSTINGS, matrix.nnz)
     names = np.empty(slice_size, dtype=np.int32 if n < 2**31 else np.int64)
@@ -420,8 +429,9 @@ def check_postings(postings: Postings, shape: tuple[int, int], path: Callable[[s
         if array.ndim != len(shape_) or any(w is not None and g != w for g, w in zip(array.shape, shape_)):
             refuse(field, f"an array of shape {shape_} for {n:,} names and {features:,} n-grams",
                    f"shape {array.shape}")
-        if array.dtype.kind not in kinds or not array.dtype.isnative:  # (numba reads native byte order only)
-            refuse(field, f"an array of dtype kind {'/'.join(kinds)} in this machine's byte order",
+        # (numba reads native byte order only, and computes with no float16)
+        if array.dtype.kind not in kinds or not array.dtype.isnative or array.dtype == np.float16:
+            refuse(field, f"an array of dtype kind {'/'.join(kinds)} (no float16) in this machine's byte order",
                    f"dtype {array.dtype.str}")
     ptr = np.asarray(postings.block_ptr)
     ends = np.append(ptr[:, 0], len(postings.names))  # each list's start, and the last one's end
@@ -473,16 +483,16 @@ class MaxScoreSearcher:
         self.max_weight, self.name_scale = self.postings.max_weight, self.postings.name_scale
         self.block_size = self.postings.block_size
         self.row_cost = matrix.nnz / matrix.shape[0] if matrix.shape[0] else 1.0
-        self._scratch: queue.SimpleQueue = queue.SimpleQueue()  # (acc, touched, query_dense), reused
+        self._scratch: queue.SimpleQueue = queue.SimpleQueue()  # (acc, touched, query_dense, touched_scale), reused
 
     def _take_scratch(self):
         try:
             return self._scratch.get_nowait()
         except queue.Empty:
             # touched: one slot more than a block's names (the kernel writes a slot before it knows
-            # whether the name is new)
+            # whether the name is new); touched_scale: their name_scale
             return (np.zeros(self.block_size, np.float32), np.empty(self.block_size + 1, np.int32),
-                    np.zeros(self.rows.shape[1], np.float32))
+                    np.zeros(self.rows.shape[1], np.float32), np.empty(self.block_size + 1, np.float32))
 
     def _search_queries(self, vectors: sp.csr_matrix, k: int, codes: np.ndarray, first: int, last: int, scores, rows,
                         work) -> None:

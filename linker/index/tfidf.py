@@ -19,7 +19,10 @@ at build time. The ``.npz`` is written uncompressed with every array starting on
 boundary of the file (`save_npz_aligned`), so that a load memory-maps the matrix read-only
 (`load_npz_mapped`) instead of reading it: the workers of a node (Ray actors, service processes)
 share its pages through the page cache. It stays a plain scipy ``.npz``; one written before
-(unaligned) is read into memory as before.
+(unaligned) is read into memory as before. An index that searches with maxscore also stores that
+search's postings and bounds (`POSTINGS`, one ``.npy`` per array), which a load maps and checks in
+one pass instead of computing them (at 5M names that took the load's peak from 7.4 to 3.4 GB,
+eval/scale/report.md); an index built before them computes them at load.
 
 Search is `sparse_dot_topn.sp_matmul_topn` (a multi-threaded sparse product that keeps only the
 top n per row; on one thread its OpenMP kernel, `sorted_top_n`), over chunks of queries so that memory stays bounded: a full scipy product
@@ -479,7 +482,8 @@ class TfidfNameIndex(NameIndexBase):
         vectorizer.idf_ = idf
         index = cls(config, vectorizer, matrix.astype(np.float32, copy=False))  # float32 already: stays mapped
         if index.search_method == "maxscore" and os.path.lexists(folder / POSTINGS_PARAMS):
-            index._maxscore = maxscore.MaxScoreSearcher(index.matrix, idf, postings=_read_postings(folder, index.matrix.shape))
+            postings = _read_postings(folder, index.matrix.shape)
+            index._maxscore = maxscore.MaxScoreSearcher(index.matrix, idf, postings=postings)
         elif index.search_method == "maxscore":
             log.info("%s: no stored maxscore postings (an index built before they were stored): computing them now; "
                      "rebuild the index to start faster", folder)

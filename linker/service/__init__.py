@@ -28,12 +28,13 @@ event loop), the mention length as sent and after NFKC normalisation (which expa
 18-fold), the mentions (or /annotate texts) and characters per request, the mentions waiting per index
 and the /annotate characters waiting for the tagger.
 
-Concurrency: linking is CPU-bound and runs on one worker thread per index (`MentionBatcher`), which
-links an equal share of every waiting request per call, so concurrent small requests share the work
-and a large request cannot hold the others up. /annotate tags on a worker thread of its own (`Tagger`),
-a slice of one request at a time, then links its adverse events through the same batcher as any
-/link request. Requests await those workers without holding a thread; the event loop stays free for
-/health and for reading other requests.
+Concurrency: every model call runs on one `InferencePool`, a thread per index and one for the tagger, at most
+one per core, each call's math on the cores divided among them. Linking goes through a `MentionBatcher` per index:
+concurrent requests share `Linker.link` calls (dynamic batching: a slice of every waiting request per call, a call
+waiting briefly for the requests its last call answered), and a large request is cut into slices so that it cannot
+hold the others up. /annotate tags through the `Tagger`, a slice of one request at a time, then links its adverse
+events in the same calls as /link requests. Requests await those workers without holding a thread; the event loop
+stays free for /health and for reading other requests.
 """
 
 from linker.extras import check as _check_extra
@@ -41,7 +42,9 @@ from linker.extras import check as _check_extra
 _check_extra(("fastapi",), extra="service", what="linker's HTTP service")  # one line, not an ImportError, without it
 
 from linker.service.app import DOCS_FILES_URL, create_app, swagger_files  # noqa: E402
-from linker.service.batcher import CallCost, InferencePool, LoadedIndex, MentionBatcher, Tagger, load_indexes  # noqa: E402
+from linker.service.batcher import (  # noqa: E402
+    CallCost, InferencePool, LoadedIndex, MentionBatcher, Tagger, load_indexes,
+)
 from linker.service.guards import (  # noqa: E402
     SCAN_MAX_DEPTH, SCAN_MAX_ITEMS, BodyLimit, BusyError, RequestFieldError, ScannedJSONRoute, ServiceLimits,
     scan_json, scan_max_tokens,

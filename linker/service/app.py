@@ -41,7 +41,7 @@ INLINE_CANDIDATES = 50
 def create_app(index_dirs: Sequence[str | Path], limits: ServiceLimits = ServiceLimits(), *,
                linker_options: dict | None = None) -> FastAPI:
     """The FastAPI app with `index_dirs` loaded (LinkerError here, before serving, if one is bad)."""
-    pool = InferencePool()  # every model call of this app: as many threads as cores, one core's math each
+    pool = InferencePool()  # every model call of this app: a thread per index and the tagger, the cores shared
     indexes = load_indexes(index_dirs, limits.max_pending_mentions, linker_options, pool)
     app = FastAPI(
         title="linker",

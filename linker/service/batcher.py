@@ -1,5 +1,5 @@
-"""The service's workers: one `InferencePool` of threads, as many as the cores, runs every model call; a
-`MentionBatcher` per index links the mentions of concurrent requests in shared calls, and one `Tagger` tags
+"""The service's workers: one `InferencePool` (a thread per model queue, at most one per core) runs every model
+call; a `MentionBatcher` per index links the mentions of concurrent requests in shared calls, and one `Tagger` tags
 /annotate's texts. Each queue is bounded; requests await their results without holding a thread."""
 
 from __future__ import annotations
@@ -52,32 +52,46 @@ async def _completion(submit: Callable[[Callable[[Any], None]], object]) -> Any:
 class InferencePool:
     """The threads that run the service's models: every index's `MentionBatcher` and the `Tagger` take turns here.
 
-    `threads` defaults to the cores this process may use (`available_cpus`), and each call runs its math on
-    `math_threads` = cores // threads of them (FAISS's OpenMP threads, set per pool thread; torch's for the tagger;
-    the numpy query encoder uses one already), so the models never run more threads than there are cores: before,
-    each index and the tagger had a thread of its own and each call used every core, so a tagger's 2 torch threads,
-    an index's encoder and FAISS's 2 threads time-sliced 2 cores. A queue runs on one thread at a time (a `Linker`
+    One thread per queue that may run a model (`attach`), at most one per core, and each call's math on the cores
+    divided among them (`math_threads`: FAISS's OpenMP threads, set per pool thread, numpy's BLAS, torch's for the
+    tagger; the numpy query encoder uses one thread already), so the models never run more threads than there are
+    cores: one index and the tagger on 2 cores get a thread each, one core's math each; on 16 cores, 8 each.
+    Before, each index and the tagger had a thread of its own and each call used every core, so a tagger's 2 torch
+    threads, an index's encoder and search time-sliced 2 cores. A queue runs on one thread at a time (a `Linker`
     is not thread-safe) and one step at a time (a call, or a slice of tagging), then goes to the back of the line,
-    so two busy queues share the pool by turns and a third waits for the first free thread.
+    so busy queues share the pool by turns.
     """
 
     def __init__(self, threads: int | None = None, name: str = "linker-inference") -> None:
-        cores = available_cpus()
-        self.threads = threads or cores
-        self.math_threads = max(1, cores // self.threads)
+        self._threads = threads  # None: sized when the threads start, by the queues attached then
         self.name = name
+        self._sources = 0
         self._ready: deque = deque()  # queues with work and no thread on them
         self._scheduled: set[int] = set()  # ids of the queues waiting in _ready or running on a thread
         self._cond = threading.Condition()
         self._started = False
 
+    @property
+    def threads(self) -> int:
+        return self._threads or max(1, min(available_cpus(), self._sources))
+
+    @property
+    def math_threads(self) -> int:
+        return max(1, available_cpus() // self.threads)
+
+    def attach(self, source: Any) -> None:
+        """Count `source` (a MentionBatcher or Tagger) among the queues this pool's threads are sized for."""
+        with self._cond:
+            self._sources += 1
+
     def wake(self, source: Any) -> None:
-        """`source` (a MentionBatcher or Tagger) has work: line it up for a thread unless it is lined up or running.
-        The threads start at the first call, after the indexes loaded (their math libraries then exist)."""
+        """`source` has work: line it up for a thread unless it is lined up or running. The threads start at the
+        first call, once the app made its queues and loaded its indexes (their math libraries then exist)."""
         with self._cond:
             if not self._started:
                 self._started = True
-                for i in range(self.threads):
+                self._threads = self.threads  # fixed from now on
+                for i in range(self._threads):
                     threading.Thread(target=self._run, name=f"{self.name}-{i}", daemon=True).start()
             if id(source) not in self._scheduled:
                 self._scheduled.add(id(source))
@@ -201,6 +215,7 @@ class MentionBatcher:
         self.linker = linker
         self.max_pending = max_pending
         self.pool = pool or InferencePool(1, name=f"linker-batcher-{name}")
+        self.pool.attach(self)
         self.cost = CallCost(0.003)  # the first guess: tf-idf's cost a mention; the fit takes over after one call
         self._pending = 0  # mentions admitted and not yet finished
         self._lock = threading.Lock()
@@ -380,6 +395,7 @@ class Tagger:
                  pool: InferencePool | None = None) -> None:
         self.max_pending = max_pending
         self.pool = pool or InferencePool(1, name="linker-tagger")
+        self.pool.attach(self)
         self._load = load or (lambda: _load_tagger(self.pool.math_threads))
         self._pending = 0  # characters admitted and not yet finished
         self._lock = threading.Lock()
