@@ -26,6 +26,8 @@ from bench.report import REPO, Report, table
 from linker.eval.capabilities import capability_table
 
 RUNS = (("terms", "rules"), ("auto", "rules"), ("terms", "model"))  # (style, assertion) of the TAC dev runs
+LOOKUP_RUN = ("lookup", "none")  # the plain lookup of the dictionary's names (`Lookup`), beside the tagger's runs
+LOOKUP_KEY = "/".join(LOOKUP_RUN)
 PAPER_ROWS = [("PHEE paper: sequence labelling", 70.75, 79.72), ("PHEE paper: extractive QA", 71.21, 80.26),
               ("PHEE paper: generative QA", 74.00, 83.63)]
 TAC_PUBLISHED = ("Belousov et al. 2019, 'Extracting adverse drug reactions and their context using sequence labelling "
@@ -66,10 +68,63 @@ def closed_world_linker(train_files: list[Path], tmp: Path):
     return Linker.load(tmp / "closed-index"), {"pts": meddra["pts"], "llts": meddra["llts"]}
 
 
+class Lookup:
+    """The plain dictionary lookup as an extractor: every name of the lexicon found in a text (lower case, whole
+    words, longest first; `linker.extract.lexicon`) is a positive AdverseEvent span; no model. The row a tagger has
+    to beat."""
+
+    revision = "lookup"
+
+    def __init__(self, lexicon) -> None:
+        self.lexicon = lexicon
+
+    def extract(self, texts, **_):
+        from linker.extract import AE, ExtractedSpan
+
+        return [[ExtractedSpan(a, b, text[a:b], AE, "positive", 1.0) for a, b in self.lexicon.find(text)]
+                for text in texts]
+
+
+def label_pt_scores(gold_files: list[Path], out_files: dict[str, Path]) -> dict:
+    """Label-level MedDRA PT micro P/R/F: each label's set of PT ids (its <Reactions>' Normalization elements)
+    against the set its written ade-xml gives."""
+    tp = fp = fn = 0
+    for file in gold_files:
+        gold, found = _label_pts(file), _label_pts(out_files[file.name]) if file.name in out_files else set()
+        tp, fp, fn = tp + len(gold & found), fp + len(found - gold), fn + len(gold - found)
+    p, r = tp / (tp + fp) if tp + fp else 0.0, tp / (tp + fn) if tp + fn else 0.0
+    return {"precision": round(100 * p, 2), "recall": round(100 * r, 2),
+            "f1": round(200 * p * r / (p + r), 2) if p + r else 0.0, "gold": tp + fn, "predicted": tp + fp}
+
+
+PROXY_LABELS = 20  # the document-label proxy's label set: the PTs most labels of the training split hold
+
+
+def _label_pts(path: Path) -> set[str]:
+    from linker.formats.ade_xml import read_ade_xml
+
+    return {n.get("meddra_pt_id") for n in read_ade_xml(path).root.iter("Normalization") if n.get("meddra_pt_id")}
+
+
+def doc_label_proxy(train_files: list[Path], dev_files: list[Path], out_files: dict[str, Path]) -> dict:
+    """The NTCIR-17 SM-ADE shape on a TAC proxy (no public data exists for that task): each dev label a document,
+    its labels the `PROXY_LABELS` PTs most frequent over the training labels (by labels holding them), gold from
+    its <Reactions>, predicted from the written ade-xml; scored by `linker.formats.doc_labels.score_doc_labels`."""
+    from linker.formats.doc_labels import DocLabels, score_doc_labels
+
+    counts = Counter(pt for file in train_files for pt in _label_pts(file))
+    labels = tuple(pt for pt, _ in counts.most_common(PROXY_LABELS))
+    gold = DocLabels(labels, {f.stem: frozenset(_label_pts(f) & set(labels)) for f in dev_files})
+    found = DocLabels(labels, {f.stem: frozenset(_label_pts(out_files[f.name]) & set(labels)) if f.name in out_files
+                               else frozenset() for f in dev_files})
+    return score_doc_labels(gold, found)
+
+
 def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
-    """Mention scores, end-to-end ADE Eval and throughput of each of `RUNS` on the TAC dev labels."""
+    """Mention scores, end-to-end ADE Eval, label-level PT F1 and throughput of each of `RUNS` on the TAC dev
+    labels, and of the plain lookup of the same dictionary's names (`Lookup`)."""
     from linker.eval.ade_eval import score_paths
-    from linker.extract import AE, annotate_documents
+    from linker.extract import AE, annotate_documents, lexicon_of
     from linker.extract.data import read_tac
     from linker.extract.io import read_inputs, write_output
     from linker.extract.metrics import mention_scores
@@ -82,10 +137,15 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-extract-") as tmp:
         tmp = Path(tmp)
         linker, out["dictionary"] = closed_world_linker(train_files, tmp)
-        for style, assertion in RUNS:
+        lexicon = lexicon_of(linker)  # the index's names: what `annotate` gives the tagger as evidence
+        out["dictionary"]["lexicon_names"] = len(lexicon)
+        lookup = Lookup(lexicon)
+        for style, assertion in (*RUNS, LOOKUP_RUN):
             key = f"{style}/{assertion}"
+            model = lookup if key == LOOKUP_KEY else extractor
             t0 = time.perf_counter()
-            predicted = annotate_documents([d.text for d in sections], model=extractor, style=style, assertion=assertion)
+            predicted = annotate_documents([d.text for d in sections], model=model, style=style, assertion=assertion,
+                                           lexicon=lexicon)
             extract_seconds = time.perf_counter() - t0
             spans = {"all": [[(s.start, s.end) for s in p if s.label == AE] for p in predicted],
                      "positive": [[(s.start, s.end) for s in p if s.label == AE and s.status == "positive"]
@@ -95,22 +155,80 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
             t0, n_spans = time.perf_counter(), 0
             for doc in docs:
                 texts = [text for _, text in doc.sections]
-                doc.spans = annotate_documents(texts, model=extractor, linker=linker, style=style, assertion=assertion)
+                doc.spans = annotate_documents(texts, model=model, linker=linker, style=style, assertion=assertion)
                 n_spans += sum(len(s) for s in doc.spans)
             seconds = time.perf_counter() - t0
             write_output(docs, tmp / key, "ade-xml", coded=True)
-            run["ade_eval"] = _summary(score_paths(dev_files, sorted((tmp / key).glob("*.xml"))).to_dict())
+            written = sorted((tmp / key).glob("*.xml"))
+            run["ade_eval"] = _summary(score_paths(dev_files, written).to_dict())
+            run["label_pt"] = label_pt_scores(dev_files, {f.name: f for f in written})
+            run["doc_labels"] = doc_label_proxy(train_files, dev_files, {f.name: f for f in written})
             run["throughput"] = {"annotate_seconds": round(seconds, 1), "docs_per_s": round(len(docs) / seconds, 3),
                                  "spans_per_s": round(n_spans / seconds, 1), "extract_seconds": round(extract_seconds, 1),
-                                 "annotate_over_extract": round(seconds / extract_seconds, 2)}
+                                 "annotate_over_extract": round(seconds / max(extract_seconds, 1e-3), 2)}
             out[key] = run
         t0 = time.perf_counter()
         (tmp / "gold-coded").mkdir()
         for file in dev_files:  # the same dictionary coding the gold mentions: the coding part alone
             normalize_path(linker, file, tmp / "gold-coded" / file.name, fmt="ade-xml")
         out["normalize_gold_seconds"] = round(time.perf_counter() - t0, 1)
-        out["gold_mentions_coded"] = _summary(score_paths(dev_files, sorted((tmp / "gold-coded").glob("*.xml"))).to_dict())
+        written = sorted((tmp / "gold-coded").glob("*.xml"))
+        out["gold_mentions_coded"] = _summary(score_paths(dev_files, written).to_dict())
+        out["gold_mentions_coded"]["label_pt"] = label_pt_scores(dev_files, {f.name: f for f in written})
+        out["gold_mentions_coded"]["doc_labels"] = doc_label_proxy(train_files, dev_files, {f.name: f for f in written})
     return out
+
+
+EXAMPLES = (  # the docs' own examples (docs/extract.md, README) and issue 47's case text
+    "A 45-year-old woman developed severe nausea and hair loss after starting cisplatin. She had no headache.",
+    "Severe rash after lamotrigine; no fever.",
+    "Patient started amoxicillin 3 days ago and developed an itchy rash and diarrhea. No fever. She had headaches "
+    "before starting the drug. The rash cleared after stopping.",
+    "He was given ibuprofen for his headache and developed a rash.",
+)
+
+
+def _shown_path(path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
+def examples(extractor, linker, index: Path) -> dict:
+    """`annotate` (the defaults: style auto, assertion rules) of `EXAMPLES` with the index users get from `make
+    demo`: each span's label, status, code, name and decision."""
+    from linker.extract import annotate_documents
+
+    if linker is None:
+        return {"index": None}
+    rows = annotate_documents(list(EXAMPLES), model=extractor, linker=linker)
+    return {"index": _shown_path(index), "texts": [
+        {"text": text, "spans": [{k: row[k] for k in ("text", "label", "status", "code", "name", "decision")}
+                                 | {"confidence": row["confidence"], "link_confidence": row["link_confidence"]}
+                                 for row in doc]} for text, doc in zip(EXAMPLES, rows)]}
+
+
+def speed_against(extractor, other_folder: Path, runs: int = 3, sentences: int = 400) -> dict:
+    """Sentences per second of `extractor` and of the release in `other_folder` (e.g. the previous linker-ae, from
+    `git archive`), in this process, alternating, on the first `sentences` of PHEE dev: the median of `runs` each."""
+    import os
+    import statistics
+
+    from linker.extract import load_extractor
+    from linker.extract.data import read_phee
+
+    texts = [d.text for d in read_phee(data.get("phee").path("dev"))][:sentences]
+    other = load_extractor(other_folder, threads=1)
+    times: dict[str, list[float]] = {"this": [], "other": []}
+    load = os.getloadavg()
+    for _ in range(runs):
+        for name, model in (("other", other), ("this", extractor)):
+            t0 = time.perf_counter()
+            model.extract(texts, style="phrases")
+            times[name].append(time.perf_counter() - t0)
+    this, before = statistics.median(times["this"]), statistics.median(times["other"])
+    return {"other": other.revision, "sentences": len(texts), "runs": runs, "load_average_before": list(load),
+            "this_per_s": round(len(texts) / this, 1), "other_per_s": round(len(texts) / before, 1),
+            "ratio": round(before / this, 3)}
 
 
 def phee_test(extractor, previous: dict, rescore: bool) -> tuple[dict, str, int]:
@@ -134,31 +252,77 @@ def phee_test(extractor, previous: dict, rescore: bool) -> tuple[dict, str, int]
     return scores, extractor.revision, count + 1
 
 
+DECISION_CLASSES = ("adverse event", "negated or hypothetical", "beneficial", "indication")
+
+
+def _decision_class(label: str, status: str) -> str | None:
+    from linker.extract.data import AE, AR, BENEFIT, INDICATION
+
+    if label in (AE, AR):
+        return "adverse event" if status == "positive" else "negated or hypothetical"
+    return {BENEFIT: "beneficial", INDICATION: "indication"}.get(label)
+
+
+def decision_on_phee_dev(extractor) -> dict:
+    """Adverse event or not, on PHEE dev: each gold span's class (an Effect of an Adverse_event, positive or negated /
+    hypothetical; an Effect of a Potential_therapeutic_event: beneficial; a Treat-Disorder: indication) against the
+    classes of the spans `annotate` returns (style auto, assertion rules), matched by overlap: per class, recall is
+    the share of its gold spans that a span of that class overlaps, precision the share of its predicted spans that
+    overlap a gold span of that class."""
+    from linker.extract.data import read_phee
+
+    docs = read_phee(data.get("phee").path("dev"))
+    predicted = extractor.extract([d.text for d in docs])
+    counts = {c: {"gold": 0, "found": 0, "predicted": 0, "right": 0} for c in DECISION_CLASSES}
+    for doc, spans in zip(docs, predicted, strict=True):
+        gold = [(s, e, c) for s, e, label, status in doc.spans if (c := _decision_class(label, status))]
+        pred = [(s.start, s.end, c) for s in spans if (c := _decision_class(s.label, s.status))]
+        for s, e, c in gold:
+            counts[c]["gold"] += 1
+            counts[c]["found"] += any(a < e and s < b and k == c for a, b, k in pred)
+        for a, b, k in pred:
+            counts[k]["predicted"] += 1
+            counts[k]["right"] += any(a < e and s < b and c == k for s, e, c in gold)
+    out = {}
+    for c, n in counts.items():
+        p = n["right"] / n["predicted"] if n["predicted"] else 0.0
+        r = n["found"] / n["gold"] if n["gold"] else 0.0
+        out[c] = {**n, "precision": round(100 * p, 2), "recall": round(100 * r, 2),
+                  "f1": round(200 * p * r / (p + r), 2) if p + r else 0.0}
+    return out
+
+
 def assertion_on_gold(dev_files: list[Path]) -> dict:
     """Gold status x the rules' status of every gold event span of TAC dev and PHEE dev (no tagger involved)."""
     from linker.extract.assertion import load_cues, status_of
-    from linker.extract.data import DRUG, read_phee, read_tac
+    from linker.extract.data import DRUG, INDICATION, read_phee, read_tac
 
     cues = load_cues()
     out = {"cues_version": cues.version, "cues_sha256": cues.sha256}
     for name, docs in (("TAC dev", [d for f in dev_files for d in read_tac(f)]),
                        ("PHEE dev", read_phee(data.get("phee").path("dev")))):
         pairs = Counter(f"{status} -> {status_of(d.text, s, e, cues) or 'positive'}"
-                        for d in docs for s, e, label, status in d.spans if label != DRUG)
+                        for d in docs for s, e, label, status in d.spans if label not in (DRUG, INDICATION))
         out[name] = dict(sorted(pairs.items()))
     return out
 
 
-def capabilities(extractor, per_template: int, seed: int) -> tuple[dict, list[str]]:
+def capabilities(extractor, per_template: int, seed: int, linker=None) -> tuple[dict, list[str]]:
+    from linker.extract import lexicon_of
     from linker.extract.capabilities import run_suite
 
-    reports = run_suite(extractor, per_template=per_template, seed=seed)
+    lexicon = lexicon_of(linker) if linker is not None else None
+    reports = run_suite(extractor, per_template=per_template, seed=seed, lexicon=lexicon)
     c = reports[0].config
     lines = [f"Suite data version {c['suite_data_version']} (`linker/data/capabilities/extract/`), {c['templates']} "
              f"templates, up to {c['per_template']} (drug, symptom) pairs each (seed {c['seed']}), {c['cases']:,} "
-             f"sentences, `style=\"{c['style']}\"`; failure rate in %, 95% Wilson interval in brackets. A case of an "
+             f"sentences, `style=\"{c['style']}\"`, "
+             + (f"with the names of `{_shown_path(c['lexicon'])}` as `annotate --index` gives them to the tagger"
+                if c.get("lexicon") else "without an index's names (as `extract`)")
+             + "; failure rate in %, 95% Wilson interval in brackets. A case of an "
              "`expect event` template fails when no positive AdverseEvent span overlaps the symptom; of an `expect "
              "no_event` template, when one does (it would be coded as an adverse event of the drug). "
+             "A coordination case fails unless each symptom has a positive AdverseEvent span of its own. "
              "`assertion=model`: the tagger's status head alone; `assertion=rules`: with the NegEx-style step. The cue "
              "lists and these templates were written together, by one hand: the rules' rows here are optimistic, and "
              "the gold-span table above is their independent check.", "",
@@ -179,6 +343,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--per-template", type=int, default=40, help="Capability cases per template.")
     parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument("--compare-to", type=Path, default=None,
+                        help="Another tagger release folder (the previous linker-ae) to time against, alternating.")
+    parser.add_argument("--index", type=Path, default=REPO / "indexes" / "default",
+                        help="Index of the examples' codes (`make demo` builds it).")
     args = parser.parse_args()
     from linker.extract import load_extractor
     from linker.extract.extractor import release_path
@@ -196,7 +364,14 @@ def main() -> None:
     r = {"model": extractor.revision, "threshold": extractor.thresholds(), "tac_dev_labels": len(dev_files),
          "tac_dev": tac_dev(extractor, dev_files, train_files), "assertion_on_gold": assertion_on_gold(dev_files)}
     r["phee_test"], r["phee_test_model"], r["phee_test_evaluations"] = phee_test(extractor, previous, args.rescore_test)
-    r["capabilities"], cap_lines = capabilities(extractor, args.per_template, args.seed)
+    r["decision_phee_dev"] = decision_on_phee_dev(extractor)
+    if args.compare_to is not None:
+        r["speed_against"] = speed_against(extractor, args.compare_to)
+    from linker.link import Linker
+
+    default = Linker.load(args.index) if (args.index / "manifest.json").is_file() else None
+    r["capabilities"], cap_lines = capabilities(extractor, args.per_template, args.seed, default)
+    r["examples"] = examples(extractor, default, args.index)
     r["wall_seconds"] = round(time.perf_counter() - started)
     report.write(r, render(r, manifest, cap_lines))
 
@@ -209,6 +384,40 @@ def _uc(result: dict) -> list[str]:
     m, c = result["use_case_1_mentions_micro_weighted"], result["use_case_2_codes_macro_by_section"]
     values = (m["precision"], m["recall"], m["f1"], c["precision"], c["recall"], c["f1"], result["quality"]["value"])
     return [f"{100 * v:.2f}" for v in values]
+
+
+def _decision(scores: dict | None) -> list[str]:
+    if not scores:
+        return []
+    return ["## Adverse event, or not? (PHEE dev)", "",
+            "Each gold span's class against the class of the spans `extract` returns (style auto, assertion rules), "
+            "matched by overlap (`decision_on_phee_dev`). PHEE marks an event negated or speculated per event; the "
+            "reader carries the mark to the effects of one-event sentences only, so that class is small. No "
+            "pre-existing symptoms are annotated in PHEE or TAC: that class is measured by the capability suite alone.",
+            "", *table(["class", "gold spans", "predicted spans", "P", "R", "F1"],
+                       [(c, f"{v['gold']:,}", f"{v['predicted']:,}", v["precision"], v["recall"], v["f1"])
+                        for c, v in scores.items()]), ""]
+
+
+def _examples(found: dict) -> list[str]:
+    if not found.get("texts"):
+        return []
+    lines = ["## Examples: the docs' texts, annotated", "",
+             f"`linker annotate --index {found['index']}` (style auto, assertion rules); every span the tagger "
+             "returns, with its decision (`null`: not an adverse event: a drug, a therapeutic effect, an indication).",
+             ""]
+    for item in found["texts"]:
+        lines += [f"> {item['text']}", "", *table(
+            ["span", "label", "status", "confidence", "code", "name", "link confidence", "decision"],
+            [(f"`{s['text']}`", s["label"], s["status"], s["confidence"], s["code"] or "–", s["name"] or "–",
+              "–" if s["link_confidence"] is None else s["link_confidence"], s["decision"] or "null")
+             for s in item["spans"]] or [("(none)", "", "", "", "", "", "", "")]), ""]
+    return lines
+
+
+def _pt(run: dict) -> list[str]:
+    pt = run.get("label_pt")
+    return [f"{pt[k]:.2f}" for k in ("precision", "recall", "f1")] if pt else ["–"] * 3
 
 
 def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
@@ -237,10 +446,14 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
         "`terms` is the head trained on TAC's convention, `auto` (the default) the terms and the phrase head's spans "
         "where no term overlaps them; `rules` (the default) the status head then the NegEx-style cues, `model` the "
         "status head alone. `positive`: positive gold mentions against positive predictions.", "",
+        "With the release's dictionary evidence (`lexicon` in its manifest) the tagger reads the closed-world "
+        f"dictionary's {tac['dictionary'].get('lexicon_names', 0):,} names below; `lookup/none` is that "
+        "dictionary's plain lookup alone (lower case, whole words, longest first, every match positive: "
+        "`linker/extract/lexicon.py`), the row the tagger must beat.", "",
         *table(["run", "mentions", "exact P", "exact R", "exact F1", "relaxed P", "relaxed R", "relaxed F1"],
                [(k, f"{n} ({tac[k][n]['exact']['gold']:,} gold, {tac[k][n]['exact']['predicted']:,} predicted)",
                  *(tac[k][n][m][f] for m in ("exact", "relaxed") for f in ("precision", "recall", "f1")))
-                for k in keys for n in ("all", "positive")]), "",
+                for k in keys + [k for k in (LOOKUP_KEY,) if k in tac] for n in ("all", "positive")]), "",
         f"Published, for scale only: {TAC_PUBLISHED}", "",
         "### End to end: ADE Eval use cases (`linker.eval.ade_eval`)", "",
         f"Closed-world MedDRA-format dictionary: {tac['dictionary']['pts']:,} PTs and {tac['dictionary']['llts']:,} LLTs "
@@ -248,9 +461,23 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
         "used; codes that occur only in the dev labels cannot be found). tf-idf index, default settings. The ade-xml "
         "writer leaves negated and hypothetical spans out (TAC's rule). The open default dictionary is not measured "
         "here (it holds no MedDRA codes).", "",
-        *table(["run", "UC1 P", "UC1 R", "UC1 F", "UC2 P", "UC2 R", "UC2 F", "quality"],
-               [*((f"annotate {k}", *_uc(tac[k]["ade_eval"])) for k in keys),
-                ("gold mentions, linked", *_uc(tac["gold_mentions_coded"]))]), "",
+        "Label PT F1: each label's set of MedDRA PT ids against the set of its written ade-xml, micro-averaged over "
+        "the labels (the TAC 2017 task 4 measure on this split).", "",
+        *table(["run", "UC1 P", "UC1 R", "UC1 F", "UC2 P", "UC2 R", "UC2 F", "quality", "label PT P", "label PT R",
+                "label PT F1"],
+               [*((f"annotate {k}", *_uc(tac[k]["ade_eval"]), *_pt(tac[k])) for k in keys),
+                *((f"annotate {k}", *_uc(tac[k]["ade_eval"]), *_pt(tac[k])) for k in (LOOKUP_KEY,) if k in tac),
+                ("gold mentions, linked", *_uc(tac["gold_mentions_coded"]), *_pt(tac["gold_mentions_coded"]))]), "",
+        "### Document labels on a TAC proxy (the NTCIR-17 SM-ADE shape)", "",
+        f"No public data exists for that task. Proxy: each of the {r['tac_dev_labels']} dev labels is a document, its "
+        f"labels the {PROXY_LABELS} MedDRA PTs most training labels hold; gold from its <Reactions>, predicted from "
+        "the written ade-xml (`linker annotate --format labels` writes the same rows for any label list; "
+        "`linker eval --dataset doc-labels:GOLD --submission SUB` scores them).", "",
+        *table(["run", "exact-match accuracy", "micro P", "micro R", "micro F1", "macro F1"],
+               [(name, f"{d['exact_match_accuracy']:.2f}", *(f"{d['micro'][m]:.2f}" for m in ("precision", "recall", "f1")),
+                 f"{d['macro_f1']:.2f}") for name, d in (
+                    *((f"annotate {k}", tac[k].get("doc_labels")) for k in keys + [LOOKUP_KEY] if k in tac),
+                    ("gold mentions, linked", tac["gold_mentions_coded"].get("doc_labels"))) if d]), "",
         "## Throughput (1 torch thread, shared 2-core machine)", "",
         *[f"- annotate {k} on the {r['tac_dev_labels']} dev labels: {tac[k]['throughput']['annotate_seconds']} s, "
           f"{tac[k]['throughput']['docs_per_s']} labels/s, {tac[k]['throughput']['spans_per_s']} spans/s; "
@@ -258,7 +485,11 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
           f"({tac[k]['throughput']['extract_seconds']} s, the same sections in one call)." for k in keys],
         f"- linking the gold mentions alone (normalize): {tac['normalize_gold_seconds']} s: the tagger is the cost (a "
         "ratio below 1 is the noise of a shared machine).",
-        f"- extract on PHEE test: {phee.get('sentences_per_s')} sentences/s.", "",
+        f"- extract on PHEE test: {phee.get('sentences_per_s')} sentences/s (on the machine of its one scoring).",
+        *([f"- against `{v['other']}`, in this process, alternating, median of {v['runs']} runs on {v['sentences']} "
+           f"PHEE dev sentences, 1 thread, load average {[round(x, 2) for x in v['load_average_before']]}: "
+           f"{v['this_per_s']} against {v['other_per_s']} sentences/s, **{v['ratio']}x** its speed."]
+          if (v := r.get("speed_against")) else []), "",
         "## Assertion rules on gold spans (dev data, no tagger)", "",
         f"Cues version {r['assertion_on_gold']['cues_version']} (`linker/data/assertion/cues.tsv`): the gold status "
         "of every gold event span -> the status the rules give it. TAC marks hypothetical only a reaction of a drug "
@@ -266,7 +497,9 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
         *table(["data", "gold -> rules: spans"], [(name, ", ".join(f"{k}: {v:,}" for k, v in pairs.items()))
                                                  for name, pairs in r["assertion_on_gold"].items()
                                                  if isinstance(pairs, dict)]), "",
+        *_decision(r.get("decision_phee_dev")),
         "## Capabilities (after MacPhail et al., templates)", "", *cap_lines, "",
+        *_examples(r.get("examples", {})),
         "## Training (from the release manifest)", "",
         f"`{t['command']}`: {t['windows']:,} windows, {t['wall_seconds']:,} s wall, {t['cpu_seconds']:,} s CPU, "
         f"{t['torch_threads']} thread(s), load average {t['load_average']}; epoch chosen "

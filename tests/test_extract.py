@@ -3,6 +3,7 @@ decoding and the span metrics. No trained model: a stub encoder whose outputs de
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 
@@ -259,3 +260,166 @@ def test_train_extractor_cli_writes_a_release_that_loads(tmp_path, capsys):
     code, err = cli([*args[:-5], tmp_path / "other", "--epochs", "1"], capsys)
     assert_one_line_error(code, err, "not a release")
     assert json.loads((out / "manifest.json").read_text())["name"] == "linker-ae"
+
+
+def test_lexicon_finds_whole_names_longest_first_at_exact_offsets():
+    from linker.extract.lexicon import Lexicon
+
+    lexicon = Lexicon(["Rash", "Nausea", "Nausea/vomiting", "hair loss", "BP", "Pain", 7, "Pain in extremity"])
+    text = "Crash, then NAUSEA  Vomiting and rash; hair\tloss, BP up. Pain in extremity (pain)."
+    found = [text[a:b] for a, b in lexicon.find(text)]
+    # "rash" not inside "Crash"; the two-word name before its first word; 2-letter names skipped; any white space
+    assert found == ["NAUSEA  Vomiting", "rash", "hair\tloss", "Pain in extremity", "pain"]
+    assert Lexicon([]).find("rash") == [] and len(lexicon) == 6
+    assert Lexicon(["Severe", "Mild", "Severe pain"]).find("severe pain, mild") == [(0, 11)]  # grades are no events
+
+
+def test_lexicon_names_become_terms_where_the_tagger_sees_evidence():
+    from linker.extract.model import ExtractedSpan, lexicon_spans
+
+    text = "itchy rash and diarrhea"
+    offsets = np.array([(0, 5), (6, 10), (11, 14), (15, 23)])
+    probs = np.zeros((4, len(LABELS), 3))
+    probs[:, :, O] = 1.0
+    probs[:, LABELS.index(AE)] = [[0.1, 0.9, 0.0], [0.2, 0.0, 0.8], [0.3, 0.0, 0.7], [0.6, 0.0, 0.4]]  # phrase head
+    marks = np.tile([0.9, 0.05, 0.05], (4, 1))
+    have = [ExtractedSpan(0, 10, "itchy rash", AR, "positive", 0.9)]
+    found = [(6, 10), (15, 23)]
+    # "rash" overlaps a term already found; "diarrhea" has evidence 0.4 from the phrase head
+    spans = lexicon_spans(text, offsets, probs, marks, LABELS, have, found, {AR: 0.3})
+    assert [(s.text, s.label, s.status) for s in spans] == [("itchy rash", AR, "positive"), ("diarrhea", AR, "positive")]
+    assert spans[1].confidence == pytest.approx(0.4)
+    assert lexicon_spans(text, offsets, probs, marks, LABELS, have, found, {AR: 0.5}) == have
+    assert lexicon_spans(text, offsets, probs, marks, LABELS, have, found, {}) == have
+
+
+def test_extractor_takes_the_lexicon_only_where_its_release_says(tokenizer):
+    from dataclasses import replace
+
+    from linker.extract.lexicon import Lexicon
+
+    extractor = _stub_extractor(tokenizer, ["rash"], 32, 16)
+    text = "A rash and some diarrhea."
+    lexicon = Lexicon(["diarrhea"])
+    assert [s.text for s in extractor.extract([text], lexicon=lexicon)[0]] == ["rash"]  # no `lexicon` in the config
+    extractor.config = replace(extractor.config, lexicon=((AR, 0.0),))
+    assert [s.text for s in extractor.extract([text], lexicon=lexicon)[0]] == ["rash", "diarrhea"]
+    extractor.config = replace(extractor.config, lexicon=((AR, 0.5),))  # the stub gives "diarrhea" no evidence
+    assert [s.text for s in extractor.extract([text], lexicon=lexicon)[0]] == ["rash"]
+
+
+def test_a_release_lexicon_field_is_checked_and_older_digests_hold(tmp_path):
+    from linker.errors import InputFormatError
+    from linker.extract.extractor import tagger_config
+    from linker.models import DECODING_DIGEST, decoding_digest
+
+    manifest = {"labels": [AR], "max_length": 16, "stride": 8, "frozen_layers": 0, "threshold": {AR: 0.5},
+                "files": {"weights.safetensors": {"sha256": "0" * 64}}}
+    old = decoding_digest(manifest)
+    assert decoding_digest({**manifest, "lexicon": None}) != old  # present, it counts
+    manifest[DECODING_DIGEST] = old
+    assert tagger_config(tmp_path, manifest).lexicon == ()
+    with_lexicon = {**manifest, "lexicon": {AR: 0.2}}
+    with_lexicon[DECODING_DIGEST] = decoding_digest(with_lexicon)
+    assert tagger_config(tmp_path, with_lexicon).lexicon == ((AR, 0.2),)
+    for bad in ({AR: float("nan")}, {AR: 2}, {"Nope": 0.1}, [0.1]):
+        broken = {**manifest, "lexicon": bad}  # the fields are checked before the digest (NaN has no JSON digest)
+        with pytest.raises(InputFormatError, match="lexicon"):
+            tagger_config(tmp_path, broken)
+
+
+def test_an_indication_or_a_relief_overlapping_an_event_takes_it_when_surer():
+    from linker.extract.data import INDICATION
+    from linker.extract.extractor import without_treated
+    from linker.extract.model import ExtractedSpan
+
+    text = "He was given ibuprofen for nausea and got a rash."
+    nausea, rash = text.index("nausea"), text.index("rash")
+    event = ExtractedSpan(nausea, nausea + 6, "nausea", AE, "positive", 0.6)
+    other = ExtractedSpan(rash, rash + 4, "rash", AE, "positive", 0.9)
+    for confidence, kept in ((0.8, [INDICATION, AE]), (0.5, [AE, INDICATION, AE])):
+        indication = ExtractedSpan(nausea, nausea + 6, "nausea", INDICATION, "positive", confidence)
+        assert [s.label for s in without_treated([event, indication, other])] == kept
+    assert without_treated([event, other]) == [event, other]
+    relieved = ExtractedSpan(rash - 10, rash + 4, "cleared a rash", "TherapeuticEffect", "positive", 0.95)
+    assert [s.text for s in without_treated([event, relieved, other]) if s.label == AE] == ["nausea"]
+
+
+def test_a_phrase_of_several_dictionary_names_is_one_span_per_name():
+    from linker.extract.lexicon import Lexicon
+    from linker.extract.model import ExtractedSpan, split_phrases
+
+    text = "She developed severe nausea and hair loss, then an itchy rash."
+    lexicon = Lexicon(["nausea", "hair loss", "rash"])
+    phrase = ExtractedSpan(14, 41, "severe nausea and hair loss", AE, "positive", 0.8)
+    one = ExtractedSpan(51, 61, "itchy rash", AE, "positive", 0.7)
+    drug = ExtractedSpan(14, 41, "severe nausea and hair loss", DRUG, "positive", 0.8)
+    spans = split_phrases(text, [phrase, one, drug], lexicon.find(text))
+    assert [(s.text, s.label, s.group) for s in spans] == [
+        ("nausea", AE, (14, 41)), ("hair loss", AE, (14, 41)), ("itchy rash", AE, None), (phrase.text, DRUG, None)]
+    assert spans[0].to_dict()["group"] == [14, 41] and "group" not in spans[2].to_dict()
+    text = "A severe rash."  # one name among grades and fillers: the name
+    trimmed = split_phrases(text, [ExtractedSpan(0, 13, "A severe rash", AE, "positive", 0.8)], lexicon.find(text))
+    assert [(s.text, s.group) for s in trimmed] == [("rash", (0, 13))]
+
+
+def _tiny_training_data(tmp_path):
+    phee = tmp_path / "phee"
+    phee.mkdir()
+    for i in range(6):
+        (phee / f"{i}.txt").write_text(f"Rash developed after amoxicillin {i}.", encoding="utf-8")
+        (phee / f"{i}.ann").write_text("T1\tEffect 0 4\tRash\nT2\tDrug 21 32\tamoxicillin\n"
+                                       "T3\tAdverse_event 5 14\tdeveloped\nE1\tAdverse_event:T3\n", encoding="utf-8")
+    tac = tmp_path / "tac"
+    tac.mkdir()
+    for name in "ABCDE":
+        (tac / f"{name}.xml").write_text(TAC_LABEL, encoding="utf-8")
+    return phee, tac
+
+
+def test_a_stopped_training_run_resumes_after_its_last_epoch(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from linker.errors import ConfigError
+    from linker.extract import train
+
+    phee, tac = _tiny_training_data(tmp_path)
+    config = train.ExtractorTrainConfig(epochs=2, threads=1, batch_size=4)
+    straight = train.train_extractor(phee, phee, tac, tmp_path / "straight", config)
+    assert not (tmp_path / "straight" / train.STATE).exists()  # removed once the release is written
+
+    choose = train._choose_epoch
+
+    def stop_in_epoch_2(run, data, epoch, loss):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        choose(run, data, epoch, loss)
+
+    out = tmp_path / "resumed"
+    monkeypatch.setattr(train, "_choose_epoch", stop_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_extractor(phee, phee, tac, out, config)
+    monkeypatch.setattr(train, "_choose_epoch", choose)
+    assert (out / train.STATE / "state.json").is_file() and not (out / "manifest.json").exists()
+    with pytest.raises(ConfigError, match="lr"):  # another run's state is not taken
+        train.train_extractor(phee, phee, tac, out, train.ExtractorTrainConfig(epochs=2, threads=1, batch_size=4, lr=1e-3))
+    messages = []
+    resumed = train.train_extractor(phee, phee, tac, out, config, report=messages.append)
+    assert any("resumed" in m and "after epoch 1" in m for m in messages)
+    assert [h["epoch"] for h in json.loads((out / "manifest.json").read_text())["history"]] == [1, 2]
+    assert not (out / train.STATE).exists() and resumed["chosen_epoch"] == straight["chosen_epoch"]
+    a, b = load_file(str(tmp_path / "straight" / "weights.safetensors")), load_file(str(out / "weights.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-2) for k in a)
+
+
+def test_a_damaged_training_state_starts_over(tmp_path, caplog):
+    from linker.extract import train
+
+    phee, tac = _tiny_training_data(tmp_path)
+    out = tmp_path / "out"
+    (out / train.STATE).mkdir(parents=True)
+    (out / train.STATE / "state.json").write_text('{"sha256": "0"}', encoding="utf-8")
+    (out / train.STATE / "state.safetensors").write_bytes(b"not tensors")
+    caplog.set_level("WARNING", logger="linker")
+    result = train.train_extractor(phee, phee, tac, out, train.ExtractorTrainConfig(epochs=1, threads=1))
+    assert "damaged" in caplog.text and result["chosen_epoch"] == 1 and not (out / train.STATE).exists()

@@ -100,6 +100,23 @@ def test_failure_is_a_positive_event_over_the_symptom_or_a_missed_one():
     assert report.config["found"]["negation"] == 2 / 3 and report.config["found"]["sentiment"] is None
 
 
+def test_coordination_needs_a_span_of_its_own_for_each_symptom(tmp_path):
+    data = _suite(tmp_path, "coordination\tevent\t{drug} gave me {symptom} and {symptom2}.\n")
+    cases = generate_cases(data, per_template=10, seed=1)
+    assert len(cases) == 4  # 2 drugs x 2 ordered pairs of different symptoms
+    case = cases[0]
+    first, second = case.text[slice(*case.symptom)], case.text[slice(*case.other)]
+    assert {first, second} == {"rash", "nausea"} and case.text.endswith(f"{first} and {second}.")
+
+    def span(start, end, status="positive"):
+        return ExtractedSpan(start, end, "", "AdverseEvent", status, 0.9)
+
+    both = span(case.symptom[0], case.other[1])
+    each = [span(*case.symptom), span(*case.other)]
+    report = score([case] * 4, [[both], each, each[:1], [each[0], span(*case.other, "negated")]], label="x")
+    assert report.row("coordination").failures == 3  # one span for both, a missed one and a negated one fail
+
+
 @pytest.mark.parametrize("row, message", [
     ("negation\tmaybe\tNo {symptom} with {drug}.", "expect event|no_event"),
     ("negation\tno_event\tNo {symptom}.", "template with {drug}"),
@@ -114,7 +131,8 @@ def test_bad_template_rows_are_one_line(tmp_path, row, message):
 
 def test_package_suite_is_valid():
     data = load_suite()
-    assert data.version == "1" and {"negation", "temporal", "beneficial", "sentiment"} <= {t.capability for t in data.templates}
+    assert data.version == "2" and {"negation", "temporal", "beneficial", "sentiment", "coordination"} <= {
+        t.capability for t in data.templates}
     assert len(data.fillers["drug"]) >= 10 and len(data.fillers["symptom"]) >= 10
 
 
@@ -152,3 +170,16 @@ def test_extract_cli_assertion_option(tmp_path, capsys, extractor):
     code, err = cli(["extract", "--input", tmp_path / "in.txt", "--output", tmp_path / "x.jsonl",
                      "--assertion", "maybe"], capsys)
     assert_one_line_error(code, err, "--assertion: expected rules, model, found 'maybe'")
+
+
+def test_a_negated_dictionary_name_is_returned_where_the_tagger_found_nothing():
+    from linker.extract.assertion import negated_names
+    from linker.extract.lexicon import Lexicon
+
+    text = "Rash after the first dose. No fever. If you develop jaundice, stop. Nausea was seen."
+    found = Lexicon(["rash", "fever", "jaundice", "nausea"]).find(text)
+    rash = ExtractedSpan(0, 4, "Rash", "AdverseEvent", "positive", 0.9)
+    spans = negated_names(text, [rash], found, lambda start, end: 0.25)
+    assert [(s.text, s.status, s.confidence) for s in spans] == [
+        ("Rash", "positive", 0.9), ("fever", "negated", 0.25), ("jaundice", "hypothetical", 0.25)]
+    assert negated_names(text, [rash], [], lambda start, end: 0.0) == [rash]

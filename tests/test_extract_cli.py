@@ -57,7 +57,7 @@ def test_release_loads_offline_by_its_short_name_and_finds_events():
     release = read_release(RELEASE)
     manifest = release.manifest
     assert (manifest["name"], manifest["kind"], manifest["base"]) == ("linker-ae", "tagger", "minilm")
-    assert manifest["labels"] == ["AdverseEvent", "Drug", "TherapeuticEffect", "AdverseReaction"]
+    assert manifest["labels"] == ["AdverseEvent", "Drug", "TherapeuticEffect", "AdverseReaction", "Indication"]
     assert manifest["files"]["weights.safetensors"]["bytes"] < 30_000_000
     trained = {key.split(".")[2] for key in manifest["tensors"]["shapes"] if key.startswith("encoder.layer.")}
     assert trained == {str(i) for i in range(manifest["frozen_layers"], 6)}  # only the top layers ship
@@ -105,7 +105,7 @@ def test_extract_writes_brat_that_reads_back(inputs, tmp_path, capsys):
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.ann")) == ["case1.ann", "sub/case2.ann"]
     doc = read_brat(out / "case1.ann")  # checks every span against the .txt
     assert doc.text == CASE and doc.entities
-    assert {e.type for e in doc.entities} <= {"AdverseEvent", "Drug", "TherapeuticEffect"}
+    assert {e.type for e in doc.entities} <= {"AdverseEvent", "Drug", "TherapeuticEffect", "Indication"}
     assert all(note.startswith("confidence=") for note in doc.notes.values())
     # again without --overwrite: refused; with it: replaced
     code, err = cli(["extract", "--input", inputs["folder"], "--output", out, "--format", "brat"], capsys)
@@ -342,7 +342,7 @@ def test_annotate_endpoint(indexes):
         response = client.post("/annotate", json={"texts": [{"text": CASE, "id": 7}], "k": 2})
         assert response.status_code == 200, response.text
         body = response.json()
-        assert body["model"].startswith("linker-ae==1 sha256:") and body["results"][0]["id"] == 7
+        assert body["model"].startswith("linker-ae==2 sha256:") and body["results"][0]["id"] == 7
         spans = body["results"][0]["spans"]
         assert spans and all(CASE[s["start"]:s["end"]] == s["text"] for s in spans)
         assert {s["code"] for s in spans if s["code"]} & MEDDRA_CODES
@@ -405,3 +405,32 @@ def test_fuzz_annotate_never_5xx(indexes, body):
 
 
 _FUZZ_CLIENT = None
+
+
+def test_annotate_writes_document_labels_that_eval_scores(inputs, indexes, tmp_path, capsys):
+    labels = tmp_path / "pts.txt"
+    labels.write_text("".join(f"{code}\n" for code in sorted(MEDDRA_CODES)), encoding="utf-8")
+    out = tmp_path / "labels.tsv"
+    code, err = cli(["annotate", "--index", indexes["meddra"], "--input", inputs["folder"], "--output", out,
+                     "--format", "labels", "--labels", labels], capsys)
+    assert code == 0, err
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "doc\t" + "\t".join(sorted(MEDDRA_CODES)) and sorted(line.split("\t")[0] for line in lines[1:]) \
+        == ["case1", "sub/case2"]
+    coded = tmp_path / "coded.jsonl"  # the same codes as the jsonl output's coded events
+    code, err = cli(["annotate", "--index", indexes["meddra"], "--input", inputs["folder"], "--output", coded], capsys)
+    rows = [json.loads(line) for line in coded.read_text(encoding="utf-8").splitlines()]
+    for line in lines[1:]:
+        doc, *cells = line.split("\t")
+        found = {c for c, cell in zip(sorted(MEDDRA_CODES), cells) if cell == "1"}
+        assert found == {r["code"] for r in rows if r["doc"] == doc and r["decision"] in ("coded", "review")} \
+            & MEDDRA_CODES
+    code, err = cli(["eval", "--dataset", f"doc-labels:{out}", "--submission", out], capsys)
+    assert code == 0, err
+    for args, needle in (([], "--format labels and --labels LIST go together"),
+                         (["--format", "jsonl", "--labels", labels], "go together: pass --format labels")):
+        code, err = cli(["annotate", "--index", indexes["meddra"], "--input", inputs["txt"], "--output",
+                         tmp_path / "x.tsv", *(args or ["--format", "labels"])], capsys)
+        assert_one_line_error(code, err, needle)
+    code, err = cli(["extract", "--input", inputs["txt"], "--output", tmp_path / "y.tsv", "--format", "labels"], capsys)
+    assert_one_line_error(code, err, "linker annotate --labels")

@@ -18,7 +18,7 @@ import linker.folders
 from linker.models import DECODING_DIGEST, MANIFEST, decoding_digest, read_release, release_folder
 
 pytest.importorskip("torch")
-SHIPPED_AE_WEIGHTS = "a892d9e03f63b7eaef4b9809baa9229c0fe64ec28ecd924524d0055284de6c5b"
+SHIPPED_AE_WEIGHTS = "fc7268b1371e4ccdd4b5d84783a22f7cb36e1187bcfba358eb47fff92bec2586"
 
 
 def digests(folder: Path) -> dict[str, str]:

@@ -475,7 +475,7 @@ class _FakeExtractor:
         self.release = threading.Event()
         self.release.set()
 
-    def extract(self, texts, *, threshold, style):
+    def extract(self, texts, *, threshold, style, lexicon=None):
         from linker.extract.model import ExtractedSpan
 
         self.release.wait(5)

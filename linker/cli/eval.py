@@ -44,12 +44,15 @@ def eval_cli(
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
     max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),
     max_document_bytes: int = typer.Option(None, "--max-document-bytes", help=MAX_DOCUMENT_HELP),
-    submission: Path = typer.Option(None, "--submission", help="ADE Eval: submission labels (a TAC/ADE XML file or folder) scored against --dataset ade-xml:GOLD with the ADE-Eval measures; no --index."),
+    submission: Path = typer.Option(None, "--submission", help="ADE Eval: submission labels (a TAC/ADE XML file or folder) scored against --dataset ade-xml:GOLD with the ADE-Eval measures; or a document-labels file (`annotate --format labels`) against --dataset doc-labels:GOLD. No --index."),
     missing: str = typer.Option("error", "--missing", help="--submission: a gold label without a submission is an error, skipped (skip) or scored as empty (empty)."),
 ) -> None:
     """Score an index on a test set, or score ADE-Eval submissions; prints the table (and writes a report with --report)."""
     if suite is not None:
         raise ConfigError(f"--suite {suite} is now its own command: linker capabilities --index FOLDER [--index ...]")
+    if submission is not None and dataset is not None and dataset.startswith("doc-labels:"):
+        _score_doc_labels(dataset, submission, index=index, report=report, overwrite=overwrite)
+        return
     if submission is not None:
         _score_ade(dataset, submission, index=index, missing=missing, report=report, overwrite=overwrite,
                    limits=read_limits(max_line_bytes, max_document_bytes))
@@ -119,6 +122,42 @@ def capabilities_cli(
         # The chart is left out when it could not be drawn (a warning said so); the tables always are written.
         written = [f"{report}.{ext}" for ext in ("md", "json", "png") if Path(f"{report}.{ext}").is_file()]
         typer.echo(f"report: {', '.join(written)}")
+
+
+def _score_doc_labels(dataset: str, submission: Path, *, index, report: Path | None, overwrite: bool) -> None:
+    """`linker eval --dataset doc-labels:GOLD --submission SUB`: the document-label measures
+    (`linker.formats.doc_labels.score_doc_labels`): exact-match accuracy, per-label P/R/F1, micro and macro F1."""
+    import json
+
+    from linker.fileio import Input, atomic_file, check_output
+    from linker.formats.doc_labels import read_doc_labels, score_doc_labels
+
+    if index:
+        raise ConfigError("--submission scores labels against gold labels; it takes no --index")
+    gold = Path(dataset.split(":", 1)[1])
+    for path, option in ((gold, "--dataset"), (submission, "--submission")):
+        if not path.is_file():
+            raise ConfigError(f"{option} {path}: expected a document-labels file (doc<TAB>label...), found no such file")
+    outputs = {ext: Path(f"{report}.{ext}") for ext in ("md", "json")} if report is not None else {}
+    for path in outputs.values():
+        check_output(path, inputs=[Input(gold, "--dataset"), Input(submission, "--submission")], overwrite=overwrite,
+                     option="--report")
+    result = score_doc_labels(read_doc_labels(gold), read_doc_labels(submission), where=str(submission))
+    m = result["micro"]
+    lines = ["| measure | value |", "|---|---|", f"| documents | {result['documents']:,} |",
+             f"| labels | {result['labels']:,} |", f"| exact-match accuracy | {result['exact_match_accuracy']:.2f} |",
+             f"| micro P / R / F1 | {m['precision']:.2f} / {m['recall']:.2f} / {m['f1']:.2f} |",
+             f"| macro F1 | {result['macro_f1']:.2f} |", "", "| label | support | P | R | F1 |", "|---|---|---|---|---|",
+             *(f"| {label} | {v['support']:,} | {v['precision']:.2f} | {v['recall']:.2f} | {v['f1']:.2f} |"
+               for label, v in result["per_label"].items())]
+    text = "\n".join(lines) + "\n"
+    typer.echo(text, nl=False)
+    if outputs:
+        with atomic_file(outputs["json"]) as tmp:
+            tmp.write_text(json.dumps(result, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        with atomic_file(outputs["md"]) as tmp:
+            tmp.write_text(f"# Document labels: {submission.name} against {gold.name}\n\n{text}", encoding="utf-8")
+        typer.echo(f"report: {outputs['md']}, {outputs['json']}")
 
 
 def _score_ade(dataset: str | None, submission: Path, *, index, missing: str, report: Path | None, overwrite: bool,

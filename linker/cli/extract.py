@@ -35,10 +35,12 @@ from linker.errors import ConfigError
 
 _INPUT_HELP = ("A .txt, a .jsonl of documents {\"text\", \"id\"?}, a TAC 2017 / ADE Eval .xml label, or a folder of "
                ".txt (a brat folder) or .xml files.")
-_FORMAT_HELP = "Output: jsonl (a file, one span a line), brat (a folder of .txt/.ann) or ade-xml (a folder of labels)."
+_FORMAT_HELP = ("Output: jsonl (a file, one span a line), brat (a folder of .txt/.ann), ade-xml (a folder of labels) "
+                "or, for annotate, labels (a file: one row per document, 0/1 per concept of --labels).")
 _MODEL_HELP = "Tagger: the shipped linker-ae, or a release folder from `linker train extractor`."
 _THRESHOLD_HELP = "In-span probability a word piece needs (default: the tagger's, chosen on dev data)."
-_OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml")
+_OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml", "labels")
+_FILE_FORMATS = ("jsonl", "labels")  # formats that write one file; the others a folder
 # Names that say "a file": a folder format given one would write a folder called c.jsonl.
 _FILE_SUFFIXES = (".jsonl", ".json", ".txt", ".ann", ".xml", ".csv", ".tsv", ".gz", ".zip", ".parquet")
 _STYLE_HELP = ("AdverseEvent spans as terms (TAC 2017's convention, 'nausea', 'rash': learnt from drug labels), "
@@ -97,14 +99,27 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
 
     if fmt not in _OUTPUT_FORMATS:
         raise ConfigError(f"--format: expected one of {', '.join(_OUTPUT_FORMATS)}, found {fmt!r}")
-    if fmt != "jsonl" and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
+    if fmt not in _FILE_FORMATS and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
         raise ConfigError(f"--output {output}: --format {fmt} writes a folder, found a file name ending in "
                           f"{output.suffix}; name a folder (such as {output.with_suffix('')}), or pass --format jsonl")
     folder = _check_tagger(style, assertion, threshold, model)
     check_file(input_path, "--input")
     check_inputs(input_path, option="--input")
     inputs = [Input(input_path, "--input"), Input(folder, "--model"), *extra_inputs]
-    check_output(output, inputs=inputs, overwrite=overwrite, folder=fmt != "jsonl")
+    check_output(output, inputs=inputs, overwrite=overwrite, folder=fmt not in _FILE_FORMATS)
+
+
+def _label_list(fmt: str, labels: Path | None) -> list[str] | None:
+    """The concept ids of --labels (`linker.formats.doc_labels.read_label_list`), which goes with --format labels."""
+    if (fmt == "labels") != (labels is not None):
+        raise ConfigError("--format labels and --labels LIST go together" + (
+            f": pass --format labels to write the columns of {labels}" if labels is not None else ""))
+    if labels is None:
+        return None
+    from linker.formats.doc_labels import read_label_list
+
+    check_file(labels, "--labels")
+    return read_label_list(labels)
 
 
 def _read(input_path: Path, fmt: str, max_line_bytes, max_document_bytes):
@@ -133,6 +148,8 @@ def extract_cli(
     from linker.extract import load_extractor
     from linker.extract.io import tag_documents, write_output
 
+    if fmt == "labels":
+        raise ConfigError("--format labels writes the codes of each document: run `linker annotate --labels LIST`")
     _check_common(input_path, output, fmt, overwrite, threshold, model, [], style, assertion)
     docs = _read(input_path, fmt, max_line_bytes, max_document_bytes)  # inputs and file names checked before the model
     started = time.perf_counter()
@@ -164,6 +181,7 @@ def annotate_cli(
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    labels: Path = typer.Option(None, "--labels", help="--format labels: a file of concept ids (one a line, optionally a tab and a name): the columns."),
 ) -> None:
     """Extract adverse events and code each with the index: code, confidence, and the decision (coded, review,
     no link, or not coded for a negated / hypothetical event)."""
@@ -175,7 +193,11 @@ def annotate_cli(
     if not 0.0 <= review_below <= 1.0:
         raise ConfigError(f"--review-below: expected a probability from 0 to 1, found {review_below}")
     check_coded_output(fmt, k, db)
-    _check_common(input_path, output, fmt, overwrite, threshold, model, option_inputs(index, rerank), style, assertion)
+    from linker.fileio import Input
+
+    label_list = _label_list(fmt, labels)
+    extra = [*option_inputs(index, rerank), *([Input(labels, "--labels")] if labels is not None else [])]
+    _check_common(input_path, output, fmt, overwrite, threshold, model, extra, style, assertion)
     check_index(index, rerank)
     docs = _read(input_path, fmt, max_line_bytes, max_document_bytes)
     started = time.perf_counter()
@@ -196,7 +218,7 @@ def annotate_cli(
 
     annotated = tag_documents(docs, extractor, threshold=threshold, style=style, assertion=assertion, linker=linker,
                               k=k, lang=lang, review_below=review_below)
-    written = write_output(counted(annotated), output, fmt, db=db, coded=True)
+    written = write_output(counted(annotated), output, fmt, db=db, coded=True, labels=label_list)
     typer.echo(f"annotated {written:,} spans from {len(docs):,} document(s) ("
                + ", ".join(f"{n:,} {name}" for name, n in counts.items())
                + f" adverse events) -> {output} in {time.perf_counter() - started:.1f}s", err=True)

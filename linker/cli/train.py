@@ -176,7 +176,7 @@ def extractor_cli(
     phee_train: Path = typer.Option(..., "--phee-train", help="PHEE train (brat zip or folder), e.g. ../shared/data/phee/train.zip."),
     phee_dev: Path = typer.Option(..., "--phee-dev", help="PHEE dev (brat zip or folder): for the choice of epoch and threshold."),
     tac: Path = typer.Option(..., "--tac", help="Folder of TAC 2017 training labels (XML); a seeded 20% of the files is held out as dev."),
-    out: Path = typer.Option(..., "--out", "-o", help="Release folder to write, e.g. linker/models/linker-ae."),
+    out: Path = typer.Option(..., "--out", "-o", help="Release folder to write, e.g. linker/models/linker-ae. A stopped run resumes after its last finished epoch from the training-state folder it keeps there."),
     epochs: int = typer.Option(3, "--epochs", help="Epochs (the best on dev is kept)."),
     lr: float = typer.Option(1e-4, "--lr", help="Learning rate of the trained transformer layers (the head: 10x)."),
     batch_size: int = typer.Option(16, "--batch-size", help="Windows per step."),
@@ -220,7 +220,9 @@ def extractor_cli(
         echo_json(tune_release(out, phee_dev, tac, command=command, threads=threads,
                                report=lambda message: typer.echo(message, err=True)))
         return
-    if out.exists() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+    from linker.extract.train import STATE
+
+    if out.exists() and any(p.name != STATE for p in out.iterdir()) and not (out / "manifest.json").is_file():
         raise ConfigError(f"{out}: a folder that is not a release (no manifest.json); choose another --out")
     if out.exists() and (out / "manifest.json").is_file() and not overwrite:
         raise ConfigError(f"{out}: a release is there; pass --overwrite to replace it")

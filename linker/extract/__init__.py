@@ -12,17 +12,23 @@ do with it (`DECISIONS`).
 
 from __future__ import annotations
 
+import logging
+import threading
+import weakref
 from collections.abc import Sequence
 from os import PathLike
 from typing import TYPE_CHECKING
 
 from linker.errors import ConfigError, InputFormatError, shorten
-from linker.extract.data import AE, BENEFIT, DRUG, LABELS, STATUSES
+from linker.extract.data import AE, BENEFIT, DRUG, INDICATION, LABELS, STATUSES
 from linker.extract.extractor import NAME, Extractor, load_extractor
+from linker.extract.lexicon import Lexicon
 from linker.extract.model import ExtractedSpan
 
 if TYPE_CHECKING:
     from linker.link import Linker
+
+log = logging.getLogger(__name__)
 
 # What `annotate` decides for a span: "coded" (its best concept is the code), "review" (coded, but the extraction
 # or the link is not sure: a person should look), "no link" (a positive adverse event the index has no concept
@@ -50,7 +56,7 @@ def extract(texts: Sequence[str], *, model: str | Extractor = NAME, threshold: f
 
     model: a release name or folder (default: the shipped `linker-ae`) or a loaded `Extractor`; threshold: the
     in-span probability a word piece needs (default: the release's, chosen on dev); labels: keep only these
-    (AdverseEvent, Drug, TherapeuticEffect); style: AdverseEvent spans as ``terms`` (TAC 2017's convention, learnt
+    (AdverseEvent, Drug, TherapeuticEffect, Indication); style: AdverseEvent spans as ``terms`` (TAC 2017's convention, learnt
     from drug labels), ``phrases`` (PHEE's, from case reports) or ``auto`` (the default: terms, and phrases where no
     term was found; `linker.extract.extractor.STYLES`); assertion: ``rules`` (the default: the tagger's status, then
     the NegEx-style cues of `linker.extract.assertion` for the spans it calls positive) or ``model`` (its status only).
@@ -65,15 +71,17 @@ def _check_options(threshold: float | None, labels: Sequence[str] | None) -> Non
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ConfigError(f"threshold: expected a probability between 0 and 1, found {threshold}")
     if labels is not None:
-        unknown = [label for label in labels if label not in (AE, DRUG, BENEFIT)]
+        unknown = [label for label in labels if label not in (AE, DRUG, BENEFIT, INDICATION)]
         if unknown:
-            raise ConfigError(f"labels: expected some of {AE}, {DRUG}, {BENEFIT}, found {', '.join(map(str, unknown))}")
+            raise ConfigError(f"labels: expected some of {AE}, {DRUG}, {BENEFIT}, {INDICATION}, found "
+                              f"{', '.join(map(str, unknown))}")
 
 
 def annotate_documents(texts: Sequence[str], *, model: str | Extractor = NAME, linker: Linker | None = None,
                        k: int = 1, lang: str | None = None, langs: Sequence[str | None] | None = None,
                        threshold: float | None = None, labels: Sequence[str] | None = None, style: str = "auto",
-                       assertion: str = "rules", review_below: float = REVIEW_BELOW) -> list[list]:
+                       assertion: str = "rules", review_below: float = REVIEW_BELOW,
+                       lexicon: Lexicon | None = None) -> list[list]:
     """The one extract-then-link pipeline: every front end runs it on its batch of texts (`extract` and `annotate`,
     `linker extract` / `linker annotate` through `linker.extract.io.tag_documents`, Ray's
     `linker.engine.ray.annotate_shard`, the spaCy component and `bench/extract.py`).
@@ -82,13 +90,40 @@ def annotate_documents(texts: Sequence[str], *, model: str | Extractor = NAME, l
     returns each text's `ExtractedSpan`s; with it, each text's annotated spans (`annotate_spans`: the positive
     AdverseEvent spans linked in one `Linker.link` call, `langs` each text's language, None for `lang`). The
     options are checked by the callers' edges (`extract`, `annotate`, the CLI), once, not here per batch.
+    `lexicon`: dictionary names the tagger takes as evidence; by default those of `linker`'s index (`lexicon_of`).
     """
     # a name or folder is loaded; anything else is a loaded extractor (an `Extractor`, or a stand-in with `extract`)
     extractor = load_extractor(model) if isinstance(model, (str, PathLike)) else model
-    spans = extractor.extract(list(texts), threshold=threshold, labels=labels, style=style, assertion=assertion)
+    if lexicon is None and linker is not None and isinstance(extractor, Extractor):
+        lexicon = lexicon_of(linker)
+    options = {"lexicon": lexicon} if lexicon is not None else {}  # stand-ins without the argument keep working
+    spans = extractor.extract(list(texts), threshold=threshold, labels=labels, style=style, assertion=assertion,
+                              **options)
     if linker is None:
         return spans
     return annotate_spans(linker, texts, spans, k=k, lang=lang, langs=langs, review_below=review_below)
+
+
+# An index of more names than this lends the tagger none: a set of 5M normalised names holds ~1 GB, and names by the
+# million are mostly synonyms of rare concepts that a drug-safety text does not hold.
+LEXICON_MAX_NAMES = 2_000_000
+_LEXICONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LEXICONS_LOCK = threading.Lock()
+
+
+def lexicon_of(linker: Linker) -> Lexicon | None:
+    """The names of `linker`'s index as a `Lexicon`, built once per Linker; None above `LEXICON_MAX_NAMES`."""
+    index = linker.index
+    with _LEXICONS_LOCK:
+        if linker not in _LEXICONS:
+            table = index.concepts.table
+            if table.num_rows > LEXICON_MAX_NAMES:
+                log.warning("%s: %d names, more than the %d the tagger reads as evidence; it tags without them",
+                            index.folder, table.num_rows, LEXICON_MAX_NAMES)
+                _LEXICONS[linker] = None
+            else:
+                _LEXICONS[linker] = Lexicon(table.column("name").to_pylist(), source=str(index.folder))
+        return _LEXICONS[linker]
 
 
 def events_to_link(spans: Sequence[Sequence[ExtractedSpan]]) -> list[tuple[int, int]]:
@@ -168,6 +203,6 @@ def public(row: dict) -> dict:
     return {key: value for key, value in row.items() if not key.startswith("_")}
 
 
-__all__ = ["AE", "BENEFIT", "DECISIONS", "DRUG", "LABELS", "NAME", "REVIEW_BELOW", "STATUSES", "ExtractedSpan",
-           "Extractor", "annotate", "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "link_text", "load_extractor",
+__all__ = ["AE", "BENEFIT", "DECISIONS", "DRUG", "INDICATION", "LABELS", "NAME", "REVIEW_BELOW", "STATUSES", "ExtractedSpan",
+           "Extractor", "annotate", "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "Lexicon", "lexicon_of", "link_text", "load_extractor",
            "public"]

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import bisect
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -158,4 +160,27 @@ def assert_spans(text: str, spans, labels: Sequence[str], cues: Cues | None = No
     return out
 
 
-__all__ = ["WINDOW", "Cues", "assert_spans", "load_cues", "read_cues", "status_of"]
+def negated_names(text: str, spans, found: Sequence[tuple[int, int]], evidence, cues: Cues | None = None) -> list:
+    """`spans` with each dictionary name `found` in `text` that no span overlaps and that the cues make negated or
+    hypothetical, as an AdverseEvent span of that status ("No fever.": returned, and not coded, where the tagger
+    found nothing to negate). `evidence(start, end)`: the tagger's in-span probability, its confidence."""
+    from linker.extract.data import AE
+    from linker.extract.model import ExtractedSpan
+
+    if not found:
+        return spans
+    cues = cues or load_cues()
+    taken = sorted((s.start, s.end) for s in spans)
+    starts = [a for a, _ in taken]
+    reach = list(itertools.accumulate((b for _, b in taken), max))
+    added = []
+    for start, end in found:
+        if (i := bisect.bisect_left(starts, end)) and reach[i - 1] > start:
+            continue
+        status = status_of(text, start, end, cues)
+        if status in ("negated", "hypothetical"):
+            added.append(ExtractedSpan(start, end, text[start:end], AE, status, evidence(start, end)))
+    return sorted([*spans, *added], key=lambda s: (s.start, s.end, s.label)) if added else spans
+
+
+__all__ = ["WINDOW", "Cues", "assert_spans", "load_cues", "negated_names", "read_cues", "status_of"]

@@ -46,7 +46,8 @@ DATA = "data/capabilities/extract"
 PER_TEMPLATE = 40
 SEED = 15
 EXPECT = ("event", "no_event")
-SLOTS = ("drug", "symptom")
+SLOTS = ("drug", "symptom")  # filler slots; a template may also hold {symptom2}: a second, different symptom
+TEMPLATE_SLOTS = (*SLOTS, "symptom2")
 _SLOT = re.compile(r"\{(\w+)\}")
 DESCRIPTIONS = {  # of the package's capabilities; a user's is described by its expectation
     "baseline": "symptom after the drug: the adverse event must be found",
@@ -55,6 +56,7 @@ DESCRIPTIONS = {  # of the package's capabilities; a user's is described by its 
     "beneficial": "the drug relieved the symptom: no event",
     "hypothetical": "symptom conditional or feared: no event",
     "sentiment": "sentiment words, with an adverse event (found) or without one (none)",
+    "coordination": "two symptoms after the drug, joined by 'and': each must be its own adverse event",
 }
 
 
@@ -73,6 +75,7 @@ class Case:
     origin: str
     text: str
     symptom: tuple[int, int] | None  # offsets of the symptom in `text`; None for a template without one
+    other: tuple[int, int] | None = None  # offsets of {symptom2}: an `event` case then needs a span for each alone
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,10 @@ def read_templates(path, lines) -> list[Template]:
     out = []
     for number, (capability, expect, text) in _rows(path, lines, 3, "capability<TAB>expect<TAB>template"):
         slots = set(_SLOT.findall(text))
-        if expect not in EXPECT or "drug" not in slots or not slots <= set(SLOTS) or not capability.strip():
+        if (expect not in EXPECT or "drug" not in slots or not slots <= set(TEMPLATE_SLOTS) or not capability.strip()
+                or ("symptom2" in slots and "symptom" not in slots)):
             raise InputFormatError(path, "a capability, expect event|no_event, a template with {drug} and at most "
-                                   "{symptom}", shorten(f"{capability} {expect} {text}"), line=number)
+                                   "{symptom} and {symptom2}", shorten(f"{capability} {expect} {text}"), line=number)
         if expect == "event" and "symptom" not in slots:
             raise InputFormatError(path, "an `event` template holding {symptom}", shorten(text), line=number)
         out.append(Template(capability.strip(), expect, text, f"{Path(str(path)).name}:{number}"))
@@ -137,31 +141,50 @@ def load_suite(templates: Sequence[str | Path] = (), fillers: Sequence[str | Pat
 
 def fill(template: str, values: dict[str, str]) -> tuple[str, tuple[int, int] | None]:
     """The sentence, sentence-initial letter capitalised, and the symptom's offsets in it."""
-    text, symptom = "", None
+    text, spans = fill_slots(template, values)
+    return text, spans.get("symptom")
+
+
+def fill_slots(template: str, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The sentence, sentence-initial letter capitalised, and the offsets of each symptom slot in it."""
+    text, spans = "", {}
     for i, part in enumerate(_SLOT.split(template)):
         if i % 2:  # a slot name
-            if part == "symptom":
-                symptom = (len(text), len(text) + len(values[part]))
+            if part.startswith("symptom"):
+                spans[part] = (len(text), len(text) + len(values[part]))
             part = values[part]
         text += part
-    return text[:1].upper() + text[1:], symptom
+    return text[:1].upper() + text[1:], spans
 
 
 def generate_cases(data: SuiteData, *, per_template: int = PER_TEMPLATE, seed: int = SEED) -> list[Case]:
     cases = []
     for tpl in data.templates:
         rng = _rng(seed, f"{tpl.capability} {tpl.text}")  # a template's cases do not depend on the other rows
-        symptoms = data.fillers["symptom"] if "{symptom}" in tpl.text else ("",)
+        symptoms = [(s,) for s in data.fillers["symptom"]] if "{symptom}" in tpl.text else [("",)]
+        if "{symptom2}" in tpl.text:
+            symptoms = list(itertools.permutations(data.fillers["symptom"], 2))
         pairs = _sample(rng, list(itertools.product(data.fillers["drug"], symptoms)), per_template)
-        for drug, symptom in pairs:
-            text, span = fill(tpl.text, {"drug": drug, "symptom": symptom})
-            cases.append(Case(tpl.capability, tpl.expect, tpl.origin, text, span))
+        for drug, (symptom, *second) in pairs:
+            text, spans = fill_slots(tpl.text, {"drug": drug, "symptom": symptom, "symptom2": "".join(second)})
+            cases.append(Case(tpl.capability, tpl.expect, tpl.origin, text, spans.get("symptom"), spans.get("symptom2")))
     return cases
 
 
 def _overlaps(spans, span: tuple[int, int] | None, *, positive: bool):
     return [s for s in spans if s.label == AE and (not positive or s.status == "positive")
             and (span is None or (s.start < span[1] and span[0] < s.end))]
+
+
+def _failed(case: Case, spans) -> bool:
+    """An `event` case fails when a symptom has no positive AdverseEvent span of its own (one span over both
+    symptoms of a coordination is one code for two events); a `no_event` case when either symptom has one."""
+    targets = [case.symptom] + ([case.other] if case.other is not None else [])
+    if case.expect == "no_event":
+        return any(_overlaps(spans, target, positive=True) for target in targets)
+    return not all(any(not (case.other is not None and _overlaps([s], rival, positive=True))
+                       for s in _overlaps(spans, target, positive=True))
+                   for target, rival in zip(targets, targets[::-1]))
 
 
 def score(cases: Sequence[Case], predicted, *, label: str, config: dict | None = None,
@@ -174,8 +197,7 @@ def score(cases: Sequence[Case], predicted, *, label: str, config: dict | None =
         members = [(c, spans) for c, spans in zip(cases, predicted, strict=True) if c.capability == capability]
         failed = []
         for case, spans in members:
-            hit = _overlaps(spans, case.symptom, positive=True)
-            if bool(hit) != (case.expect == "event"):
+            if _failed(case, spans):
                 failed.append((case, spans))
         n, k = len(members), len(failed)
         low, high = wilson_interval(k, n)
@@ -195,19 +217,23 @@ def score(cases: Sequence[Case], predicted, *, label: str, config: dict | None =
 
 
 def run_suite(extractor, data: SuiteData | None = None, *, per_template: int = PER_TEMPLATE, seed: int = SEED,
-              assertions: Sequence[str] = ("model", "rules"), style: str = "auto") -> list[CapabilityReport]:
+              assertions: Sequence[str] = ("model", "rules"), style: str = "auto", lexicon=None
+              ) -> list[CapabilityReport]:
     """The suite on an `Extractor`, once per assertion mode (`linker.extract.extractor.ASSERTIONS`): the model's
-    status alone, and with the rule-based step."""
+    status alone, and with the rule-based step. `lexicon`: the names of an index, as `annotate` gives the tagger
+    (`linker.extract.lexicon_of`); None tags as `extract` does."""
     data = data or load_suite()
     cases = generate_cases(data, per_template=per_template, seed=seed)
     config = {"suite_data_version": data.version, "suite_data_sha256": data.sha256, "per_template": per_template,
               "seed": seed, "cases": len(cases), "templates": len(data.templates), "style": style,
-              "model": extractor.revision, "interval": "Wilson score, 95%"}
+              "model": extractor.revision, "interval": "Wilson score, 95%",
+              "lexicon": getattr(lexicon, "source", None)}
+    options = {"lexicon": lexicon} if lexicon is not None else {}
     reports = []
     for mode in assertions:
-        predicted = extractor.extract([c.text for c in cases], style=style, assertion=mode)
+        predicted = extractor.extract([c.text for c in cases], style=style, assertion=mode, **options)
         reports.append(score(cases, predicted, label=f"assertion={mode}", config={**config, "assertion": mode}))
     return reports
 
 
-__all__ = ["Case", "SuiteData", "Template", "fill", "generate_cases", "load_suite", "run_suite", "score"]
+__all__ = ["Case", "SuiteData", "Template", "fill", "fill_slots", "generate_cases", "load_suite", "run_suite", "score"]

@@ -7,7 +7,8 @@ pieces that cover the mention, and `Doc.groups` keeps which pieces form one ment
 
 - PHEE (brat, `linker.formats.brat`): ``Effect`` spans are adverse events when the sentence has an
   ``Adverse_event`` trigger, beneficial (therapeutic) effects when its only triggers are
-  ``Potential_therapeutic_event``; ``Drug`` spans are drugs. The brat files carry no event arguments
+  ``Potential_therapeutic_event``; ``Drug`` spans are drugs; ``Treat-Disorder`` spans (the disorder a drug is
+  given for) are indications. The brat files carry no event arguments
   (``E`` lines hold the trigger only), so an event attribute (``A1 Negated E1`` / ``Speculated``) marks the
   Effect spans of its sentence when the sentence has one event, and is left out otherwise.
 - TAC 2017 (XML, `linker.formats.ade_xml`): ``AdverseReaction`` mentions, a label of their own (`AR`): TAC's
@@ -33,7 +34,8 @@ AE = "AdverseEvent"
 DRUG = "Drug"
 BENEFIT = "TherapeuticEffect"
 AR = "AdverseReaction"  # adverse events as TAC 2017 marks them (terms); AE: as PHEE marks them (phrases)
-LABELS = (AE, DRUG, BENEFIT, AR)
+INDICATION = "Indication"  # the disorder a drug is given for (PHEE's Treat-Disorder): no adverse event of it
+LABELS = (AE, DRUG, BENEFIT, AR, INDICATION)
 EVENT_LABELS = (AE, BENEFIT, AR)  # labels with a status
 STATUSES = ("positive", "negated", "hypothetical")
 
@@ -76,7 +78,7 @@ def read_phee(path: str | Path, skipped: list[str] | None = None) -> list[Doc]:
             status = "negated" if "Negated" in marks else "hypothetical" if "Speculated" in marks else "positive"
         spans = []
         for entity in doc.entities:
-            label = effect if entity.type == "Effect" else DRUG if entity.type == "Drug" else None
+            label = {"Effect": effect, "Drug": DRUG, "Treat-Disorder": INDICATION}.get(entity.type)
             if label is None:
                 continue
             for start, end in entity.spans:
@@ -129,6 +131,16 @@ def tac_split(folder: str | Path, dev_share: float = 0.2, seed: int = 13) -> tup
     random.Random(seed).shuffle(shuffled)
     dev = set(shuffled[: round(len(files) * dev_share)])
     return [f for f in files if f not in dev], [f for f in files if f in dev]
+
+
+def tac_names(files: list[Path]) -> list[str]:
+    """The MedDRA PT and LLT names that the labels' Normalization elements give: the closed-world dictionary of a
+    TAC split (`bench.extract` codes with the same names)."""
+    names = set()
+    for file in files:
+        for norm in read_ade_xml(file).root.iter("Normalization"):
+            names.update(n for n in (norm.get("meddra_pt"), norm.get("meddra_llt")) if n)
+    return sorted(names)
 
 
 def read_tac_files(files: list[Path]) -> list[Doc]:

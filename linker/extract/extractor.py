@@ -15,15 +15,19 @@ import numpy as np
 
 from linker.errors import ConfigError, InputFormatError
 from linker.registry import Registry
-from linker.extract.assertion import assert_spans
-from linker.extract.data import AE, AR, BENEFIT
+from linker.extract.assertion import assert_spans, negated_names
+from linker.extract.data import AE, AR, BENEFIT, INDICATION
+from linker.extract.lexicon import Lexicon
 from linker.extract.model import (
+    Evidence,
     ExtractedSpan,
     TaggerConfig,
     bottom,
     build_head,
     decode,
+    lexicon_spans,
     split_logits,
+    split_phrases,
     tokenize_arrays,
     top,
     windows,
@@ -115,10 +119,13 @@ class Extractor:
         return {label: self.config.cut(label) if threshold is None else threshold for label in labels}
 
     def extract(self, texts: list[str], *, threshold: float | None = None, labels: tuple[str, ...] | None = None,
-                style: str = "auto", assertion: str = "rules") -> list[list[ExtractedSpan]]:
+                style: str = "auto", assertion: str = "rules", lexicon: Lexicon | None = None
+                ) -> list[list[ExtractedSpan]]:
         """The spans of each text (offsets into it), sorted by position. `style` (`STYLES`) picks the head whose
         spans are returned as AdverseEvent (`select_style`); `assertion` (`ASSERTIONS`) who marks a span
-        negated or hypothetical."""
+        negated or hypothetical; `lexicon`: the names of the dictionary the spans will be coded with, taken as
+        evidence where the release says how (`TaggerConfig.lexicon`; `linker.extract.lexicon`), and, with style
+        auto, to split a phrase holding several names into one span per name (`split_phrases`)."""
         if style not in STYLES:
             raise ConfigError(f"style: expected one of {', '.join(STYLES)}, found {style!r}")
         if assertion not in ASSERTIONS:
@@ -128,9 +135,18 @@ class Extractor:
         for text, (offsets, probs, marks) in zip(texts, self._probabilities(list(texts)), strict=True):
             spans = decode(text, offsets, probs, marks, self.config.labels, cuts,
                            **self.config.decoding()) if len(offsets) else []
-            spans = select_style(spans, style)
+            if lexicon is not None:
+                found = lexicon.find(text)
+                if self.config.lexicon:
+                    spans = lexicon_spans(text, offsets, probs, marks, self.config.labels, spans, found,
+                                          dict(self.config.lexicon))
+                if style == "auto":  # one code per event; `phrases` keeps PHEE's whole phrases
+                    spans = split_phrases(text, spans, found)
+            spans = without_treated(select_style(spans, style))
             if assertion == "rules":
                 spans = assert_spans(text, spans, (AE, BENEFIT))
+                if lexicon is not None:  # a negated name the tagger saw nothing of is still returned, not coded
+                    spans = negated_names(text, spans, found, Evidence(offsets, probs, self.config.labels))
             result.append([s for s in spans if labels is None or s.label in labels])
         return result
 
@@ -153,6 +169,33 @@ def select_style(spans: list[ExtractedSpan], style: str) -> list[ExtractedSpan]:
                and not ((i := bisect.bisect_left(starts, s.end)) and reach[i - 1] > s.start)]
     kept = [replace(s, label=AE) if s.label == AR else s for s in spans if s.label != AE] + phrases
     return sorted(kept, key=lambda s: (s.start, s.end, s.label))
+
+
+NOT_EVENTS = (INDICATION, BENEFIT)  # what the drug is given for, and what it relieved: no adverse event of it
+
+
+def without_treated(spans: list[ExtractedSpan]) -> list[ExtractedSpan]:
+    """The spans less the AdverseEvent spans that an Indication span (the disorder the drug is given for: "given
+    ibuprofen for nausea") or a TherapeuticEffect span (what it relieved: "ibuprofen cleared my rash") overlaps with
+    at least their confidence: the tagger read them as what is treated, not as what the drug caused. A release
+    without these heads returns `spans` as they are."""
+    rivals = {label: sorted((s.start, s.end, s.confidence) for s in spans if s.label == label) for label in NOT_EVENTS}
+    rivals = {label: found for label, found in rivals.items() if found}
+    if not rivals:
+        return spans
+    # one head's spans never overlap: sorted by start, they are sorted by end too, and those overlapping a span
+    # are one run of them
+    bounds = {label: ([a for a, _, _ in found], [b for _, b, _ in found]) for label, found in rivals.items()}
+
+    def treated(span: ExtractedSpan) -> bool:
+        for label, found in rivals.items():
+            starts, ends = bounds[label]
+            overlapping = found[bisect.bisect_right(ends, span.start):bisect.bisect_left(starts, span.end)]
+            if any(confidence >= span.confidence for _, _, confidence in overlapping):
+                return True
+        return False
+
+    return [s for s in spans if s.label != AE or not treated(s)]
 
 
 _CACHE: dict[str, Extractor] = {}
@@ -225,6 +268,7 @@ def tagger_config(folder: Path, manifest: dict, *, digest: bool = True) -> Tagge
     thresholds = per_label("threshold", _probability, "a finite number from 0 to 1", required=True)
     extend = per_label("extend", _probability, "a finite number from 0 to 1", required=False)
     split = per_label("split", lambda item: type(item) is bool, "true or false", required=False)
+    lexicon = per_label("lexicon", _probability, "a finite number from 0 to 1", required=False)
     recorded = manifest.get(DECODING_DIGEST, MISSING)
     if digest and recorded != decoding_digest(manifest):
         found = f"{recorded[:16]}…: the decoding fields or the weights changed after the release was written" \
@@ -233,7 +277,8 @@ def tagger_config(folder: Path, manifest: dict, *, digest: bool = True) -> Tagge
                                "weights' sha256", found, fix=fix)
     return TaggerConfig(labels=tuple(labels), max_length=max_length, stride=stride, frozen_layers=frozen,
                         threshold=0.5, thresholds=tuple((k, float(v)) for k, v in thresholds), extend=tuple(
-                            (k, float(v)) for k, v in extend), split=split)
+                            (k, float(v)) for k, v in extend), split=split,
+                        lexicon=tuple((k, float(v)) for k, v in lexicon))
 
 
 # Extractor loaders by a release's manifest ``kind``: each takes the folder, its checked `linker.models.Release`,

@@ -35,7 +35,7 @@ import hashlib
 import re
 import xml.etree.ElementTree as ET
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +44,7 @@ from linker.fileio import FileNamer, atomic_dir, atomic_file, decode_line, descr
 from linker.formats import ReadLimits, read_document
 from linker.formats.writers import WRITERS, register_writer
 
-OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml")
+OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml", "labels")
 INPUT_SUFFIXES = (".txt", ".jsonl", ".xml")
 # The largest document the tagger takes by default (--max-document-bytes): 5 MB of text, some 1.2M word pieces,
 # which it holds as arrays of 84 bytes a piece while it tags them (~100 MB). The readers' 64 MiB default let a 50 MB
@@ -366,12 +366,17 @@ def _xml_label(doc: InputDoc, positive) -> tuple[ET.Element, list]:
 
 
 def write_output(docs: Iterable[InputDoc], output: Path, fmt: str, *, db: str | None = None,
-                 coded: bool = False) -> int:
+                 coded: bool = False, labels: Sequence[str] | None = None) -> int:
     """Write the documents' spans in `fmt` to `output` (a file for jsonl, a folder otherwise) with the writer
     `linker.formats.writers.WRITERS` holds for it; the spans written. `docs` is taken one document at a time (a
     stream: `tag_documents`). `db`: brat's database name of every code (default: each code's source, `_source_db`).
-    `coded` (annotate): ade-xml labels get their <Reactions>, even an empty one."""
+    `coded` (annotate): ade-xml labels get their <Reactions>, even an empty one. `labels`: the concept ids of
+    ``labels`` (`linker.formats.doc_labels`)."""
     check_format(fmt)
+    if fmt == "labels":  # the label list is the format's own option
+        if labels is None:
+            raise ConfigError("--format labels needs --labels LIST (a file of concept ids, one a line)")
+        return WRITERS.get(fmt).write(docs, Path(output), labels=labels)
     return WRITERS.get(fmt).write(docs, Path(output), db=db, coded=coded)
 
 
@@ -433,6 +438,25 @@ def write_ade_xml_spans(docs: Iterable[InputDoc], output: Path, *, db: str | Non
             write_ade_xml(label, files[0][0])
             written += len(pairs)
     return written
+
+
+@register_writer("labels", folder=False)
+def write_doc_labels(docs: Iterable[InputDoc], output: Path, *, labels: Sequence[str]) -> int:
+    """One row per document (`linker.formats.doc_labels`): 1 under each listed concept that a positive adverse event
+    of it is coded with (decision coded or review), written atomically; the documents written."""
+    from linker.formats.doc_labels import doc_label_lines
+
+    def rows():
+        for doc in docs:
+            yield doc.name, {row.get("code") for rows in doc.spans for row in rows
+                             if isinstance(row, dict) and row.get("decision") in ("coded", "review")}
+
+    written = 0
+    with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8", newline="") as handle:
+        for line in doc_label_lines(labels, rows()):
+            handle.write(line)
+            written += 1
+    return written - 1
 
 
 __all__ = [

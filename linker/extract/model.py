@@ -15,15 +15,18 @@ text, so offsets map back exactly whatever the window sizes.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from linker.extract.data import AR, EVENT_LABELS, LABELS, STATUSES
+from linker.extract.data import AE, AR, EVENT_LABELS, LABELS, STATUSES
 
 O, B, I = 0, 1, 2
 _WORD = re.compile(r"\w", re.UNICODE)
+_WORD_RUN = re.compile(r"[^\W_]+")
 _JOIN = re.compile(r"[-/‐‑–]?")  # what may separate two pieces of one span: nothing, a hyphen, a slash
 
 
@@ -37,6 +40,9 @@ class TaggerConfig:
     thresholds: tuple[tuple[str, float], ...] = ()  # per label, overriding `threshold` (chosen on dev)
     extend: tuple[tuple[str, float], ...] = ()  # per label: hysteresis of `decode` (1.0 = none; chosen on dev)
     split: tuple[tuple[str, bool], ...] = ()  # per label: a B piece starts a new span inside a run (chosen on dev)
+    # per label: a dictionary name found in the text (`linker.extract.lexicon`) becomes a span of that label when
+    # the tagger's in-span probability over it reaches this (chosen on dev); a label absent here takes none
+    lexicon: tuple[tuple[str, float], ...] = ()
 
     def cut(self, label: str) -> float:
         return dict(self.thresholds).get(label, self.threshold)
@@ -57,10 +63,14 @@ class ExtractedSpan:
     label: str
     status: str  # positive | negated | hypothetical
     confidence: float  # mean over its word pieces of the probability of being inside a span
+    group: tuple[int, int] | None = None  # the whole phrase this span was split from ("nausea and hair loss")
 
     def to_dict(self) -> dict:
-        return {"start": self.start, "end": self.end, "text": self.text, "label": self.label, "status": self.status,
-                "confidence": round(self.confidence, 4)}
+        out = {"start": self.start, "end": self.end, "text": self.text, "label": self.label, "status": self.status,
+               "confidence": round(self.confidence, 4)}
+        if self.group is not None:
+            out["group"] = list(self.group)
+        return out
 
 
 def head_size(config: TaggerConfig) -> int:
@@ -249,6 +259,84 @@ def decode(text: str, offsets: list[tuple[int, int]], probs: np.ndarray, status_
     return unique
 
 
+def lexicon_spans(text: str, offsets, probs: np.ndarray, status_probs: np.ndarray, labels: tuple[str, ...],
+                  spans: list[ExtractedSpan], found: list[tuple[int, int]], cuts: dict[str, float]
+                  ) -> list[ExtractedSpan]:
+    """`spans` with the dictionary names `found` in `text` added as spans of each label of `cuts`, where the
+    tagger's evidence reaches that label's cut and no span of the label overlaps them already.
+
+    The evidence of a name is the mean over its word pieces of the higher in-span probability (1 - P(O)) of the
+    label's own head and of the adverse-event phrase head: a name inside a phrase the phrase head finds counts, so
+    does a term the terms head half-found; a drug's or an indication's head lends none."""
+    if not found or not cuts or not len(offsets):
+        return spans
+    out = list(spans)
+    for label, cut in cuts.items():
+        evidence = Evidence(offsets, probs, labels, label)
+        taken = sorted((s.start, s.end) for s in spans if s.label == label)
+        starts = [a for a, _ in taken]
+        reach = list(itertools.accumulate((b for _, b in taken), max))  # overlap test in log time (`select_style`)
+        for start, end in found:
+            if (i := bisect.bisect_left(starts, end)) and reach[i - 1] > start:
+                continue
+            pieces = evidence.pieces(start, end)
+            if not len(pieces) or (score := evidence(start, end)) < cut:
+                continue
+            status = STATUSES[int(status_probs[pieces].mean(axis=0).argmax())] if label in EVENT_LABELS else "positive"
+            out.append(ExtractedSpan(start, end, text[start:end], label, status, score))
+    return sorted(out, key=lambda s: (s.start, s.end, s.label))
+
+
+class Evidence:
+    """The tagger's evidence that characters [start, end) are an event of `label`: the mean over their word pieces
+    of the higher in-span probability (1 - P(O)) of the label's head and the adverse-event phrase head."""
+
+    def __init__(self, offsets, probs: np.ndarray, labels: tuple[str, ...], label: str = AR) -> None:
+        self.offsets = np.asarray(offsets).reshape(-1, 2)
+        heads = [labels.index(head) for head in dict.fromkeys((label, AE)) if head in labels]
+        self.inside = (1.0 - probs[:, heads, O]).max(axis=1) if len(self.offsets) else np.zeros(0)
+
+    def pieces(self, start: int, end: int) -> np.ndarray:
+        return np.arange(np.searchsorted(self.offsets[:, 1], start, "right"),
+                         np.searchsorted(self.offsets[:, 0], end, "left"))
+
+    def __call__(self, start: int, end: int) -> float:
+        pieces = self.pieces(start, end)
+        return float(self.inside[pieces].mean()) if len(pieces) else 0.0
+
+
+# Words a phrase may hold besides its dictionary names and still be those names alone ("a severe rash": "rash")
+FILLERS = frozenset("a an the my his her their your our its and or of some any very".split())
+
+
+def split_phrases(text: str, spans: list[ExtractedSpan], found: list[tuple[int, int]], label: str = AE,
+                  fillers: frozenset[str] = FILLERS) -> list[ExtractedSpan]:
+    """Each `label` span holding two or more of the dictionary names `found` ("severe nausea and hair loss": "nausea",
+    "hair loss") as one span per name, each coded on its own, the phrase kept as their ``group``; and a span of one
+    name among only grades and `fillers` ("a severe rash") as that name. A span holding one name with other words
+    ("itchy rash") is kept whole: the linker codes it as it is."""
+    if not found:
+        return spans
+    from linker.extract.lexicon import modifier_words
+
+    grades = fillers | modifier_words()
+    starts = [start for start, _ in found]
+    out = []
+    for span in spans:
+        inside = [(a, b) for a, b in found[bisect.bisect_left(starts, span.start):bisect.bisect_left(starts, span.end)]
+                  if b <= span.end] if span.label == label else []
+        if len(inside) == 1:
+            rest = text[span.start:inside[0][0]] + " " + text[inside[0][1]:span.end]
+            if any(word.lower() not in grades for word in _WORD_RUN.findall(rest)):
+                inside = []
+        if not inside or inside == [(span.start, span.end)]:
+            out.append(span)
+            continue
+        out.extend(ExtractedSpan(a, b, text[a:b], span.label, span.status, span.confidence, (span.start, span.end))
+                   for a, b in inside)
+    return out
+
+
 def _whole_words(text: str, start: int, end: int) -> tuple[int, int]:
     """Widen [start, end) to whole words: a span never starts or ends inside a run of word characters."""
     while start > 0 and _WORD.match(text[start - 1]) and _WORD.match(text[start]):
@@ -264,5 +352,5 @@ def split_logits(logits, n_labels: int):
     return tag.reshape(*tag.shape[:-1], n_labels, 3), logits[..., 3 * n_labels:]
 
 
-__all__ = ["AR", "TOKENIZE_CHARS", "ExtractedSpan", "TaggerConfig", "bottom", "build_head", "decode", "head_size",
+__all__ = ["AR", "TOKENIZE_CHARS", "ExtractedSpan", "TaggerConfig", "bottom", "Evidence", "build_head", "decode", "head_size", "lexicon_spans", "split_phrases",
            "split_logits", "token_tags", "token_windows", "tokenize", "tokenize_arrays", "top", "windows"]

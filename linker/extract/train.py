@@ -10,6 +10,7 @@ per training window (stored in fp16) and every step runs only the trained layers
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -27,12 +28,15 @@ from linker.extract.data import (
     AR,
     BENEFIT,
     DRUG,
+    INDICATION,
     LABELS,
     Doc,
     read_phee,
     read_tac_files,
+    tac_names,
     tac_split,
 )
+from linker.extract.lexicon import Lexicon
 from linker.extract.extractor import KIND, NAME, Extractor
 from linker.extract.metrics import mention_scores, phee_scores
 from linker.extract.model import (
@@ -40,6 +44,7 @@ from linker.extract.model import (
     bottom,
     build_head,
     decode,
+    lexicon_spans,
     split_logits,
     token_tags,
     tokenize,
@@ -48,7 +53,8 @@ from linker.extract.model import (
 from linker.extract.model import windows as cut_windows
 
 log = logging.getLogger(__name__)
-THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+VERSION = "2"  # 2: every layer trained, dictionary names as evidence (`linker.extract.lexicon`)
+THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
 
 @dataclass(frozen=True)
@@ -135,13 +141,18 @@ def _pad(windows: list[_Window], pad_id: int):
 
 EXTENDS = (1.0, 0.6, 0.35, 0.2, 0.1)
 SPLITS = (True, False)
+LEXICON_CUTS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)  # the tagger's evidence a dictionary name needs (`lexicon_spans`)
 
 
 def evaluate_dev(extractor: Extractor, phee_dev: list[Doc], tac_dev: list[Doc], thresholds=THRESHOLDS,
-                 extends=EXTENDS, splits=SPLITS) -> dict:
+                 extends=EXTENDS, splits=SPLITS, lexicon: Lexicon | None = None) -> dict:
     """Dev scores of every decoding (threshold, extend, split): PHEE Effect EM/Token F1 of the phrase heads
     (AdverseEvent, TherapeuticEffect), TAC AdverseReaction exact/relaxed F1 of the term head; the best decoding of
-    each by PHEE EM_F1 and TAC exact F1, and the choice score (the mean of the two) of the epoch."""
+    each by PHEE EM_F1 and TAC exact F1, and the choice score (the mean of the two) of the epoch.
+
+    With `lexicon` (the TAC training split's names, `tac_names`), the term head's lexicon cut is chosen too, by TAC
+    exact F1 at its best decoding, against none at all; ``lexicon_dev`` holds every cut's scores and the plain
+    lookup's (the names alone, no tagger)."""
     labels = extractor.config.labels
     phee_probs = extractor.probabilities_many([d.text for d in phee_dev])
     tac_probs = extractor.probabilities_many([d.text for d in tac_dev])
@@ -158,11 +169,36 @@ def evaluate_dev(extractor: Extractor, phee_dev: list[Doc], tac_dev: list[Doc], 
         tac_at[rule] = mention_scores(tac_gold, [[(s.start, s.end) for s in spans] for spans in tac_pred])
     phee_rule = max(phee_at, key=lambda r: (phee_at[r]["EM_F1"], r))
     tac_rule = max(tac_at, key=lambda r: (tac_at[r]["exact"]["f1"], r))
-    per_label = {AE: phee_rule, DRUG: phee_rule, BENEFIT: phee_rule, AR: tac_rule}
-    return {"thresholds": {k: v[0] for k, v in per_label.items()}, "extend": {k: v[1] for k, v in per_label.items()},
-            "split": {k: v[2] for k, v in per_label.items()},
-            "phee_dev": phee_at[phee_rule], "tac_dev": tac_at[tac_rule],
-            "choice": round((phee_at[phee_rule]["EM_F1"] + tac_at[tac_rule]["exact"]["f1"]) / 2, 2)}
+    per_label = {AE: phee_rule, DRUG: phee_rule, BENEFIT: phee_rule, AR: tac_rule, INDICATION: phee_rule}
+    per_label = {label: rule for label, rule in per_label.items() if label in labels}  # a release of fewer heads
+    out = {"thresholds": {k: v[0] for k, v in per_label.items()}, "extend": {k: v[1] for k, v in per_label.items()},
+           "split": {k: v[2] for k, v in per_label.items()},
+           "phee_dev": phee_at[phee_rule], "tac_dev": tac_at[tac_rule], "lexicon": {}}
+    if lexicon is not None:
+        out.update(_lexicon_choice(tac_dev, tac_probs, tac_gold, labels, tac_rule, tac_at[tac_rule], lexicon))
+    out["choice"] = round((phee_at[phee_rule]["EM_F1"] + out["tac_dev"]["exact"]["f1"]) / 2, 2)
+    return out
+
+
+def _lexicon_choice(tac_dev: list[Doc], tac_probs, tac_gold, labels: tuple[str, ...], rule: tuple, without: dict,
+                    lexicon: Lexicon) -> dict:
+    """The term head's lexicon cut (`LEXICON_CUTS`) with the best TAC dev exact F1, if it beats none."""
+    cut, extend, split = rule
+    found = [lexicon.find(d.text) for d in tac_dev]
+    decoded = [decode(d.text, *p, (AR,), cut, extend=extend, split=split) if p[0] else []
+               for d, p in zip(tac_dev, _columns(tac_probs, labels, (AR,)))]
+    at = {}
+    for lexicon_cut in LEXICON_CUTS:
+        pred = [lexicon_spans(d.text, offsets, probs, marks, labels, spans, names, {AR: lexicon_cut})
+                for d, (offsets, probs, marks), spans, names in zip(tac_dev, tac_probs, decoded, found)]
+        at[lexicon_cut] = mention_scores(tac_gold, [[(s.start, s.end) for s in spans if s.label == AR]
+                                                    for spans in pred])
+    plain = mention_scores(tac_gold, found)
+    best = max(at, key=lambda c: (at[c]["exact"]["f1"], c))
+    table = {"none": without, **{str(c): v for c, v in at.items()}, "lookup alone": plain}
+    if at[best]["exact"]["f1"] <= without["exact"]["f1"]:
+        return {"lexicon_dev": table}
+    return {"lexicon": {AR: best}, "tac_dev": at[best], "lexicon_dev": table}
 
 
 def _columns(probabilities, labels: tuple[str, ...], keep: tuple[str, ...]):
@@ -204,14 +240,132 @@ def train_extractor(phee_train: Path, phee_dev: Path, tac_folder: Path, out: Pat
            f"TAC labels); dev: {len(data.dev_phee):,} PHEE sentences, {len(data.tac_dev_files)} TAC labels")
     run = _start_run(encoder, tagger, data, config, started, report)
     report(f"frozen layers computed in {time.perf_counter() - started:.0f}s")
+    state = TrainingState(Path(out) / STATE, _fingerprint(config, data))
+    done = state.restore(run, rng)
+    if done:
+        report(f"resumed from {state.folder} after epoch {done} of {config.epochs}")
     stopped = False
-    for epoch in range(1, config.epochs + 1):
+    for epoch in range(done + 1, config.epochs + 1):
         stopped, loss = _train_epoch(run, data.windows, epoch, rng)
         _choose_epoch(run, data, epoch, loss)
         if stopped:
             break
-    return _write_release(run, data, out, encoder.spec.revision, command=command, stopped=stopped,
-                          cpu=_cpu_seconds() - cpu0)
+        state.save(run, rng, epoch)
+    summary = _write_release(run, data, out, encoder.spec.revision, command=command, stopped=stopped,
+                             cpu=_cpu_seconds() - cpu0)
+    state.remove()
+    return summary
+
+
+STATE = "training-state"  # inside --out while a run trains: what a stopped run resumes from (`TrainingState`)
+
+
+def _fingerprint(config: ExtractorTrainConfig, data: _Data) -> dict:
+    """What a resumed run must share with the stopped one: the settings that change what is trained (not the
+    threads, nor the time budget) and the data read."""
+    settings = {k: v for k, v in asdict(config).items() if k not in ("threads", "max_seconds")}
+    return {**settings, "windows": len(data.windows), "tac_train_labels": [f.stem for f in data.tac_used],
+            "tac_dev_labels": [f.stem for f in data.tac_dev_files], "phee_sentences": data.phee_sentences,
+            "version": VERSION}
+
+
+class TrainingState:
+    """A run's state after its last finished epoch, in ``--out/training-state/``: ``state.safetensors`` (the trained
+    tensors, the best epoch's, the optimizer's moments, torch's random state) and ``state.json`` (the epoch, the
+    history, the optimizer's and schedule's settings, Python's random state, the fingerprint, and the tensors'
+    sha256). Written whole or not at all (a new folder renamed over the old), checked on resume: a state of another
+    run (fingerprint) is refused, a damaged one (sha256) is logged and training starts over. Removed once the
+    release is written."""
+
+    def __init__(self, folder: Path, fingerprint: dict) -> None:
+        self.folder, self.fingerprint = Path(folder), fingerprint
+
+    def save(self, run: _Run, rng: random.Random, epoch: int) -> None:
+        import shutil
+
+        import torch
+        from safetensors.torch import save_file
+
+        from linker.folders import sha256_file
+
+        tensors = {f"model.{k}": v for k, v in _trained_tensors(run.bert, run.head, run.config.frozen_layers).items()}
+        tensors |= {f"best.{k}": v for k, v in (run.best_state or {}).items()}
+        optimizer = run.optimizer.state_dict()
+        for index, moments in optimizer["state"].items():
+            tensors |= {f"optimizer.{index}.{key}": torch.as_tensor(value) for key, value in moments.items()}
+        tensors["rng.torch"] = torch.get_rng_state()
+        tmp = self.folder.with_name(self.folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp / "state.safetensors"))
+        state = {"fingerprint": self.fingerprint, "epoch": epoch, "step": run.step, "history": run.history,
+                 "best": run.best, "param_groups": optimizer["param_groups"],
+                 "schedule": {k: v if k != "lr_lambdas" else [None] * len(v)  # lambdas: code, not state
+                              for k, v in run.schedule.state_dict().items()},
+                 "python_rng": _jsonable(rng.getstate()), "sha256": sha256_file(tmp / "state.safetensors")}
+        (tmp / "state.json").write_text(json.dumps(state), encoding="utf-8")
+        old = self.folder.with_name(self.folder.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if self.folder.exists():
+            self.folder.rename(old)
+        tmp.rename(self.folder)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def restore(self, run: _Run, rng: random.Random) -> int:
+        """Put the saved state into `run` and `rng`; the epochs done (0: none saved, or a damaged state)."""
+        import torch
+        from safetensors.torch import load_file
+
+        from linker.errors import ConfigError
+        from linker.folders import sha256_file
+
+        path = self.folder / "state.json"
+        if not path.is_file():
+            return 0
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+            damaged = state.get("sha256") != sha256_file(self.folder / "state.safetensors")
+        except (OSError, ValueError, AttributeError):
+            damaged = True
+        if damaged:
+            log.warning("%s: damaged (unreadable, or its tensors' sha256 differs); training starts over", self.folder)
+            return 0
+        if state["fingerprint"] != self.fingerprint:
+            changed = sorted(k for k in {*state["fingerprint"], *self.fingerprint}
+                             if state["fingerprint"].get(k) != self.fingerprint.get(k))
+            raise ConfigError(f"{self.folder}: the state of a stopped run with other settings or data ({', '.join(changed)}"
+                              f"); run it with the same options to resume, or remove {self.folder} to start over")
+        tensors = load_file(str(self.folder / "state.safetensors"))
+        trained = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+        body = {k: v for k, v in trained.items() if not k.startswith("head.")}
+        with torch.no_grad():
+            run.bert.load_state_dict(body, strict=False)
+            run.head.load_state_dict({k.removeprefix("head."): v for k, v in trained.items() if k.startswith("head.")})
+        moments: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key.startswith("optimizer."):
+                _, index, name = key.split(".", 2)
+                moments.setdefault(int(index), {})[name] = value
+        run.optimizer.load_state_dict({"state": moments, "param_groups": state["param_groups"]})
+        run.schedule.load_state_dict(state["schedule"])
+        torch.set_rng_state(tensors["rng.torch"])
+        rng.setstate(_tuples(state["python_rng"]))
+        run.step, run.history, run.best = state["step"], state["history"], state["best"]
+        run.best_state = {k.removeprefix("best."): v for k, v in tensors.items() if k.startswith("best.")} or None
+        return int(state["epoch"])
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _jsonable(value):
+    return [_jsonable(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _base(config: ExtractorTrainConfig):
@@ -239,6 +393,7 @@ class _Data:
     tac_dev_files: list[Path]
     dev_phee: list[Doc]
     dev_tac: list[Doc]
+    lexicon: Lexicon  # the training split's MedDRA names (`tac_names`): the evidence the term head is tuned with
 
 
 def _training_data(phee_train: Path, phee_dev: Path, tac_folder: Path, config: ExtractorTrainConfig, tokenizer,
@@ -254,7 +409,8 @@ def _training_data(phee_train: Path, phee_dev: Path, tac_folder: Path, config: E
     if config.dev_limit is not None:
         dev_phee, dev_tac = dev_phee[: config.dev_limit], dev_tac[: config.dev_limit]
     windows = _windows_of(train_docs, tokenizer, config, LABELS, rng)
-    return _Data(windows, len(phee), tac_used, tac_dev_files, dev_phee, dev_tac)
+    lexicon = Lexicon(tac_names(tac_used), source="TAC 2017 training split: Normalization names")
+    return _Data(windows, len(phee), tac_used, tac_dev_files, dev_phee, dev_tac, lexicon)
 
 
 @dataclass
@@ -355,7 +511,7 @@ def _choose_epoch(run: _Run, data: _Data, epoch: int, loss: float) -> None:
     """Score the epoch on the dev sets (`evaluate_dev`) into `run.history`; keep its tensors when it is the best."""
     run.bert.eval()
     run.head.eval()
-    scores = evaluate_dev(run.extractor, data.dev_phee, data.dev_tac)
+    scores = evaluate_dev(run.extractor, data.dev_phee, data.dev_tac, lexicon=data.lexicon)
     entry = {"epoch": epoch, "steps": run.step, "loss": round(loss, 4),
              "threshold": scores["thresholds"], **{k: v for k, v in scores.items() if k != "thresholds"},
              "seconds": round(time.perf_counter() - run.started)}
@@ -381,7 +537,7 @@ def _write_release(run: _Run, data: _Data, out: Path, base_revision: str, *, com
             "terms": f"AdverseEvent spans from the {AR} head (TAC 2017 convention)",
             "phrases": f"AdverseEvent spans from the {AE} head (PHEE convention)"}, "max_length": config.max_length,
         "stride": config.stride, "frozen_layers": config.frozen_layers, "threshold": best["threshold"],
-        "extend": best["extend"], "split": best["split"],
+        "extend": best["extend"], "split": best["split"], "lexicon": best["lexicon"],
         "training": {"config": {k: v for k, v in asdict(config).items()}, "command": command,
                      "windows": len(data.windows), "phee_sentences": data.phee_sentences,
                      "tac_train_labels": [f.stem for f in data.tac_used],
@@ -390,9 +546,9 @@ def _write_release(run: _Run, data: _Data, out: Path, base_revision: str, *, com
                      "torch_threads": torch.get_num_threads(), "stopped_by_max_seconds": stopped},
         "history": run.history,
         "metrics": {"chosen_epoch": best["epoch"], "threshold": best["threshold"], "phee_dev": best["phee_dev"],
-                    "tac_dev": best["tac_dev"]},
+                    "tac_dev": best["tac_dev"], "lexicon_dev": best.get("lexicon_dev", {})},
     }
-    manifest = write_release(Path(out), name=NAME, version="1", kind=KIND, base=config.base,
+    manifest = write_release(Path(out), name=NAME, version=VERSION, kind=KIND, base=config.base,
                              base_revision=base_revision, tensors=run.best_state, card=model_card(info, base_revision),
                              info=info)
     return {"out": str(out), "weights_bytes": manifest["files"]["weights.safetensors"]["bytes"], **info["metrics"],
@@ -401,9 +557,9 @@ def _write_release(run: _Run, data: _Data, out: Path, base_revision: str, *, com
 
 def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = "", threads: int | None = None,
                  report=lambda message: log.info("%s", message)) -> dict:
-    """Choose the decoding (threshold, extend, split per head) of an existing release on the dev data again, as
-    training does after each epoch, and rewrite the release with the same tensors (`linker train extractor
-    --tune-only`)."""
+    """Choose the decoding (threshold, extend, split per head, the lexicon cut) of an existing release on the dev data
+    again, as training does after each epoch, and rewrite the release with the same tensors (`linker train extractor
+    --tune-only`), as this version of linker writes it (its `VERSION`: the decoding it chose is this version's)."""
     from linker.errors import InputFormatError
     from linker.extract import extractor as extractor_module
     from linker.models import MANIFEST, check_release_out, load_tensors, read_release, shown, write_release
@@ -419,16 +575,21 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
         raise InputFormatError(f"{Path(out) / MANIFEST}: field 'training.tac_dev_labels'",
                                "a list of TAC label file names (no folders)", shown(stems))
     dev_files = [Path(tac_folder) / f"{stem}.xml" for stem in stems]
+    train_files = [f for f in sorted(Path(tac_folder).glob("*.xml")) if f.stem not in set(stems)]
     extractor = extractor_module._load(Path(out), threads, digest=False)  # the decoding is chosen again here
-    scores = evaluate_dev(extractor, read_phee(phee_dev), read_tac_files(dev_files))
-    report(f"tuned: thresholds {scores['thresholds']} extend {scores['extend']} split {scores['split']} PHEE dev "
-           f"EM_F1 {scores['phee_dev']['EM_F1']} TAC dev exact F1 {scores['tac_dev']['exact']['f1']}")
+    lexicon = Lexicon(tac_names(train_files), source="TAC 2017 training split: Normalization names")
+    scores = evaluate_dev(extractor, read_phee(phee_dev), read_tac_files(dev_files), lexicon=lexicon)
+    report(f"tuned: thresholds {scores['thresholds']} extend {scores['extend']} split {scores['split']} lexicon "
+           f"{scores['lexicon']} PHEE dev EM_F1 {scores['phee_dev']['EM_F1']} TAC dev exact F1 "
+           f"{scores['tac_dev']['exact']['f1']}")
     fixed = {"format", "name", "version", "kind", "base", "base_revision", "tensors", "files", "decoding_sha256"}
     info = {key: value for key, value in manifest.items() if key not in fixed}
-    info.update(threshold=scores["thresholds"], extend=scores["extend"], split=scores["split"])
+    info.update(threshold=scores["thresholds"], extend=scores["extend"], split=scores["split"],
+                lexicon=scores["lexicon"])
     metrics = info.get("metrics") if isinstance(info.get("metrics"), dict) else {}
     info["metrics"] = {**metrics, "threshold": scores["thresholds"], "extend": scores["extend"],
-                       "split": scores["split"], "phee_dev": scores["phee_dev"], "tac_dev": scores["tac_dev"]}
+                       "split": scores["split"], "lexicon": scores["lexicon"], "phee_dev": scores["phee_dev"],
+                       "tac_dev": scores["tac_dev"], "lexicon_dev": scores.get("lexicon_dev", {})}
     info["training"] = {**training, "tuned": {
         "command": command, "wall_seconds": round(time.perf_counter() - started),
         "cpu_seconds": round(_cpu_seconds() - cpu0), "load_average": [round(x, 2) for x in os.getloadavg()]}}
@@ -440,7 +601,7 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
                                "the training record `linker train extractor` writes",
                                f"{type(exc).__name__} {str(exc)[:60]}") from None
     tensors = load_tensors(release)
-    write_release(Path(out), name=release.name, version=release.version, kind=KIND, base=release.base,
+    write_release(Path(out), name=release.name, version=VERSION, kind=KIND, base=release.base,
                   base_revision=base_revision, tensors=tensors, card=card, info=info)
     with extractor_module._CACHE_LOCK:
         extractor_module._CACHE.pop(str(Path(out).resolve()), None)
@@ -460,13 +621,25 @@ def _tuned(training: dict) -> str:
             f"({tuned['wall_seconds']:,} s wall, {tuned['cpu_seconds']:,} s CPU).\n")
 
 
+def _lexicon_line(cuts: dict | None) -> str:
+    head = ("Dictionary evidence (the names of the index `linker annotate --index` codes with): a phrase of several "
+            "names becomes one span per name, and a name the cues negate is returned, not coded; ")
+    if cuts:
+        return head + (f"a name becomes a term where the tagger's in-span probability over it reaches {cuts} (chosen "
+                       "on the TAC dev split with the training split's MedDRA names).")
+    return head + ("no name becomes a term on the dictionary's word alone: on the TAC dev split, with the training "
+                   "split's MedDRA names, no cut beat the tagger alone.")
+
+
 def model_card(info: dict, base_revision: str) -> str:
     t, m = info["training"], info["metrics"]
-    return f"""# linker-ae 1: adverse-event span tagger
+    frozen = info['frozen_layers']
+    body = (f"the embeddings and the first {frozen} transformer layers as the base has them; the top {6 - frozen} layers"
+            if frozen else "the embeddings as the base has them (they would add 23 MB); all 6 transformer layers")
+    return f"""# linker-ae: adverse-event span tagger
 
-A BIO token classifier over word pieces on top of `minilm` (all-MiniLM-L6-v2, {base_revision}): embeddings and
-the first {info['frozen_layers']} transformer layers as the base has them; the top
-{6 - info['frozen_layers']} layers and a linear head trained here. Only the trained tensors ship (fp16).
+A BIO token classifier over word pieces on top of `minilm` (all-MiniLM-L6-v2, {base_revision}): {body} and a
+linear head trained here. Only the trained tensors ship (fp16).
 
 Heads: {', '.join(info['labels'])}, each B/I/O; a status head marks an event span positive, negated or
 hypothetical. `AdverseEvent` learns PHEE's convention (whole effect phrases), `AdverseReaction` TAC 2017's (short
@@ -474,14 +647,16 @@ reaction terms, severity left out). `extract(style=...)`: "terms" returns the la
 from drug labels only: it finds next to nothing in narrative text), "phrases" the former, "auto" (the default) the
 terms and the phrases where no term overlaps them. Windows of {info['max_length']} word pieces, step {info['stride']}; span thresholds
 per head {info['threshold']}, hysteresis {info.get('extend', {})}, split on B {info.get('split', {})}
-(all chosen on dev).
+(all chosen on dev). {_lexicon_line(info.get('lexicon'))}
 
 ## Training data and licences
 
 - PHEE train ({t['phee_sentences']:,} sentences; MIT licence, `../shared/data/phee/LICENSE`): `Effect` spans are
   adverse events in sentences with an `Adverse_event` trigger, therapeutic effects where the only triggers are
-  `Potential_therapeutic_event`; `Drug` spans; an event's `Negated` / `Speculated` attribute marks the effects of a
-  one-event sentence negated / hypothetical.
+  `Potential_therapeutic_event`; `Drug` spans; `Treat-Disorder` spans (what the drug is given for) as `Indication`;
+  an event's `Negated` / `Speculated` attribute marks the effects of a one-event sentence negated / hypothetical.
+  An adverse event that an Indication or TherapeuticEffect span overlaps with at least its confidence is dropped:
+  the tagger read it as what is treated.
 - TAC 2017 ADR training labels (public, NLM / FDA): {len(t['tac_train_labels'])} of the 101 labels;
   `AdverseReaction` mentions (discontinuous mentions as their pieces); `Negated` relations -> negated,
   `Hypothetical` relations to a DrugClass or Animal -> hypothetical. The other {len(t['tac_dev_labels'])}

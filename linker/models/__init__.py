@@ -37,7 +37,8 @@ MAX_MANIFEST_BYTES = 1 << 20
 SHIPPED = {"linker-en": "minilm", "linker-multi": "e5-small"}
 # A tagger's fields that decide what it finds (`linker.extract`). `decoding_sha256` covers them and the weights they
 # were chosen for: an edited threshold (NaN silently finds nothing) is refused as an edited weights file is.
-DECODING_FIELDS = ("labels", "max_length", "stride", "frozen_layers", "threshold", "extend", "split")
+DECODING_FIELDS = ("labels", "max_length", "stride", "frozen_layers", "threshold", "extend", "split", "lexicon")
+OPTIONAL_DECODING = ("lexicon",)  # in the digest only when present: releases written before it keep their digest
 DECODING_DIGEST = "decoding_sha256"
 FIX = "reinstall linker, or `git checkout -- linker/models`, or retrain it with `make models`"
 
@@ -140,7 +141,8 @@ def check_release_out(folder: str | Path, kind: str, *, option: str = "--out") -
 def decoding_digest(manifest: dict) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces, ASCII) of a tagger manifest's `DECODING_FIELDS` and
     its weights' sha256."""
-    payload = {field: manifest.get(field) for field in DECODING_FIELDS}
+    payload = {field: manifest.get(field) for field in DECODING_FIELDS
+               if field in manifest or field not in OPTIONAL_DECODING}
     payload["weights_sha256"] = manifest.get("files", {}).get(WEIGHTS, {}).get("sha256")
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return hashlib.sha256(text.encode("ascii")).hexdigest()

@@ -116,11 +116,13 @@ async def _annotate(request: AnnotateRequest, loaded: LoadedIndex, k: int, thres
                     review_below: float, tagger: Tagger) -> Response:
     """/annotate after its checks: tag on the tagger's worker, then link the positive adverse events through the
     index's batcher, where this request gets the same share as any /link request."""
-    from linker.extract import events_to_link, link_text
+    from linker.extract import events_to_link, lexicon_of, link_text
 
     try:
+        # the index's names as the tagger's evidence, as `annotate` gives them (built once per index, off the loop)
+        lexicon = await run_in_threadpool(lexicon_of, loaded.linker)
         tagged = await tagger.extract([t.text for t in request.texts], threshold=threshold,
-                                      style=request.style or "auto")
+                                      style=request.style or "auto", lexicon=lexicon)
     except BusyError as exc:
         raise busy("texts", "the tagger's queue", exc) from None
     spans = tagged.results

@@ -365,6 +365,7 @@ class TagJob:
     threshold: float | None
     style: str
     on_done: Callable[[TagJob], None]
+    lexicon: Any = None  # the names of the index the spans will be coded with (`linker.extract.lexicon_of`)
     results: list = field(default_factory=list)  # the spans of each text tagged so far
     model: str = ""  # the tagger's revision
     next: int = 0  # first text not yet tagged
@@ -403,22 +404,22 @@ class Tagger:
         self._active: deque[TagJob] = deque()  # admitted jobs with texts left (the pool's thread's)
 
     def submit(self, texts: list[str], threshold: float | None, style: str,
-               on_done: Callable[[TagJob], None]) -> TagJob:
+               on_done: Callable[[TagJob], None], lexicon: Any = None) -> TagJob:
         """Queue `texts`; `on_done(job)` runs on the worker thread with job.results or job.error set."""
         chars = sum(map(len, texts))
         with self._lock:
             if self._pending + chars > self.max_pending:
                 raise BusyError(f"{self._pending} characters are waiting")
             self._pending += chars
-        job = TagJob(texts, threshold, style, on_done)
+        job = TagJob(texts, threshold, style, on_done, lexicon)
         self._queue.put(job)
         self.pool.wake(self)
         return job
 
-    async def extract(self, texts: list[str], *, threshold: float | None, style: str) -> TagJob:
+    async def extract(self, texts: list[str], *, threshold: float | None, style: str, lexicon: Any = None) -> TagJob:
         """The tagged job (spans of each text in job.results, the tagger's revision in job.model), awaited without
-        holding a thread."""
-        return await _completion(lambda done: self.submit(texts, threshold, style, done))
+        holding a thread; `lexicon` as `linker.extract.annotate_documents` takes it."""
+        return await _completion(lambda done: self.submit(texts, threshold, style, done, lexicon))
 
     def has_work(self) -> bool:
         return bool(self._active) or not self._queue.empty()
@@ -452,7 +453,8 @@ class Tagger:
         while stop < len(job.texts) and size + len(job.texts[stop]) <= self.SLICE_CHARS:
             size += len(job.texts[stop])
             stop += 1
-        job.results += extractor.extract(job.texts[job.next:stop], threshold=job.threshold, style=job.style)
+        options = {"lexicon": job.lexicon} if job.lexicon is not None else {}
+        job.results += extractor.extract(job.texts[job.next:stop], threshold=job.threshold, style=job.style, **options)
         job.model, job.next = extractor.revision, stop
 
     def _finish(self, job: TagJob) -> None:

@@ -102,7 +102,7 @@ class SpanOut(BaseModel):
     start: int
     end: int
     text: str
-    label: str = Field(description="AdverseEvent, Drug or TherapeuticEffect.")
+    label: str = Field(description="AdverseEvent, Drug, TherapeuticEffect or Indication (what the drug is given for).")
     status: str = Field(description="positive, negated or hypothetical.")
     confidence: float = Field(description="The tagger's: mean in-span probability of the span's word pieces.")
     code: str | None = None
