@@ -44,7 +44,7 @@ BLOCK = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 RUNNABLE = ("sh", "python")
 # text: what the block before printed; console: shell lines shown but not run (installs, hour-long runs, licensed data)
 TAGS = {*RUNNABLE, "text", "console"}
-SCORE = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")  # scores differ between CPUs and precisions (1.0 vs 0.999984); ids like M25.562 may not
+SCORE = re.compile(r"(?<![\w.])\d+\.\d+(?!\w|\.\d)")  # scores differ between CPUs and precisions (1.0 vs 0.999984); ids like M25.562 may not
 WRITES = re.compile(r"--(?:out|output|report)[ =](\S+)")
 SCRATCH = ("indexes/", "models/", "out/")  # where blocks may write (git-ignored); never the repository root
 TOP_LEVEL = {"bin", "examples", "tests", "linker", "indexes", "models", "out"}  # the scratch root's entries after any block
@@ -203,6 +203,8 @@ def test_matching_rules():
     assert not _matches("a\nb", "a\nb\nextra line the page does not show")
     assert not _matches("M25.562 1.0", "M25.563 1.0")
     assert _matches("x 0.999984 y", "x 1.0 y")
+    assert _matches("confidence 0.1445. Acc@1 100.00.", "confidence 0.1443. Acc@1 99.00.")  # a sentence's period
+    assert not _matches("version 1.2.3", "version 1.2.4")
 
 
 @pytest.fixture(scope="module")
