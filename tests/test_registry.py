@@ -149,8 +149,9 @@ def test_writers_and_extractors_are_registries_that_name_the_valid_choices(tmp_p
     from linker.formats.writers import WRITERS
 
     assert isinstance(WRITERS, Registry) and isinstance(EXTRACTORS, Registry)
-    assert WRITERS.names() == ["ade-xml", "brat", "jsonl", "parquet"]
-    assert [WRITERS.get(n).folder for n in ("ade-xml", "brat", "jsonl", "parquet")] == [True, True, False, False]
+    assert WRITERS.names() == ["ade-xml", "brat", "jsonl", "labels", "parquet"]
+    assert [WRITERS.get(n).folder for n in ("ade-xml", "brat", "jsonl", "labels", "parquet")] == [
+        True, True, False, False, False]
     with pytest.raises(UnknownNameError, match=r"^unknown output format 'csv'; available: ade-xml, brat, jsonl, "):
         WRITERS.get("csv")
     assert EXTRACTORS.names() == ["tagger"]
