@@ -226,16 +226,7 @@ def test_train_extractor_cli_writes_a_release_that_loads(tmp_path, capsys):
     from linker.extract import extract, load_extractor
     from linker.models import read_release
 
-    phee = tmp_path / "phee"
-    phee.mkdir()
-    for i in range(6):
-        (phee / f"{i}.txt").write_text(f"Rash developed after amoxicillin {i}.", encoding="utf-8")
-        (phee / f"{i}.ann").write_text("T1\tEffect 0 4\tRash\nT2\tDrug 21 32\tamoxicillin\n"
-                                       "T3\tAdverse_event 5 14\tdeveloped\nE1\tAdverse_event:T3\n", encoding="utf-8")
-    tac = tmp_path / "tac"
-    tac.mkdir()
-    for name in "ABCDE":
-        (tac / f"{name}.xml").write_text(TAC_LABEL, encoding="utf-8")
+    phee, tac = _tiny_training_data(tmp_path)
     out = tmp_path / "release"
     args = ["train", "extractor", "--phee-train", phee, "--phee-dev", phee, "--tac", tac, "--out", out, "--epochs", "1",
             "--threads", "1"]
@@ -346,8 +337,8 @@ def test_an_indication_or_a_relief_overlapping_an_event_takes_it_when_surer():
 
 
 def test_a_phrase_of_several_dictionary_names_is_one_span_per_name():
-    from linker.extract.lexicon import Lexicon
-    from linker.extract.model import ExtractedSpan, split_phrases
+    from linker.extract.lexicon import Lexicon, split_phrases
+    from linker.extract.model import ExtractedSpan
 
     text = "She developed severe nausea and hair loss, then an itchy rash."
     lexicon = Lexicon(["nausea", "hair loss", "rash"])

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import bisect
-import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -165,17 +163,15 @@ def negated_names(text: str, spans, found: Sequence[tuple[int, int]], evidence, 
     hypothetical, as an AdverseEvent span of that status ("No fever.": returned, and not coded, where the tagger
     found nothing to negate). `evidence(start, end)`: the tagger's in-span probability, its confidence."""
     from linker.extract.data import AE
-    from linker.extract.model import ExtractedSpan
+    from linker.extract.model import ExtractedSpan, overlap_test
 
     if not found:
         return spans
     cues = cues or load_cues()
-    taken = sorted((s.start, s.end) for s in spans)
-    starts = [a for a, _ in taken]
-    reach = list(itertools.accumulate((b for _, b in taken), max))
+    taken = overlap_test((s.start, s.end) for s in spans)
     added = []
     for start, end in found:
-        if (i := bisect.bisect_left(starts, end)) and reach[i - 1] > start:
+        if taken(start, end):
             continue
         status = status_of(text, start, end, cues)
         if status in ("negated", "hypothetical"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import math
 import threading
@@ -17,7 +16,7 @@ from linker.errors import ConfigError, InputFormatError
 from linker.registry import Registry
 from linker.extract.assertion import assert_spans, negated_names
 from linker.extract.data import AE, AR, BENEFIT, INDICATION
-from linker.extract.lexicon import Lexicon
+from linker.extract.lexicon import Lexicon, split_phrases
 from linker.extract.model import (
     Evidence,
     ExtractedSpan,
@@ -26,8 +25,8 @@ from linker.extract.model import (
     build_head,
     decode,
     lexicon_spans,
+    overlap_test,
     split_logits,
-    split_phrases,
     tokenize_arrays,
     top,
     windows,
@@ -160,13 +159,8 @@ def select_style(spans: list[ExtractedSpan], style: str) -> list[ExtractedSpan]:
     if style == "phrases":
         return [s for s in spans if s.label != AR]
     # auto: the terms, and the phrases where no term was found (narrative text the label-trained terms head misses)
-    # A term overlaps phrase s when it starts before s.end and ends after s.start: with the terms sorted by start, the
-    # largest end among those starting before s.end says it (linear-log, not terms x phrases: 10^9 for a 5 MB text).
-    terms = sorted((s.start, s.end) for s in spans if s.label == AR)
-    starts = [start for start, _ in terms]
-    reach = list(itertools.accumulate((end for _, end in terms), max))
-    phrases = [s for s in spans if s.label == AE
-               and not ((i := bisect.bisect_left(starts, s.end)) and reach[i - 1] > s.start)]
+    term_at = overlap_test((s.start, s.end) for s in spans if s.label == AR)
+    phrases = [s for s in spans if s.label == AE and not term_at(s.start, s.end)]
     kept = [replace(s, label=AE) if s.label == AR else s for s in spans if s.label != AE] + phrases
     return sorted(kept, key=lambda s: (s.start, s.end, s.label))
 

@@ -4,24 +4,27 @@ On the TAC 2017 labels a plain lookup of the training labels' MedDRA names (lowe
 first) found more reactions than the tagger did (test recall 75.8 against 66.6). The tagger therefore reads the
 names of the dictionary it codes with: each name found in a text is proposed as a term, and kept when the tagger's
 own in-span probability over its word pieces reaches the release's ``lexicon`` threshold (chosen on dev; 0 keeps
-every match, which is the plain lookup added to the tagger's spans). `linker.extract.model.decode` applies it.
+every match, which is the plain lookup added to the tagger's spans; `linker.extract.model.lexicon_spans`), and a
+phrase holding several names is split into one span per name (`split_phrases`).
 
 Names and text are compared as `linker.text.normalize` "words" makes them (NFKC, lower case, punctuation as white
 space), word by word, so "Nausea/vomiting" matches "nausea vomiting" and "rash" never matches inside "crash".
-Names that only grade an event ("Severe", "Mild": HPO has them as concepts) are left out: `MODIFIERS`, the Severity
+Names that only grade an event ("Severe", "Mild": HPO has them as concepts) are left out: `modifiers`, the Severity
 mentions of the TAC 2017 training labels, written by ``python -m linker.extract.lexicon ../shared/data/tac2017/train_xml``.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import unicodedata
 from collections.abc import Iterable
-
 from importlib import resources
 from pathlib import Path
 
+from linker.extract.data import AE
+from linker.extract.model import ExtractedSpan
 from linker.text import normalize
 
 MAX_WORDS = 6  # names of more words are rare as written mentions and cost a lookup per word of every text
@@ -41,6 +44,11 @@ def modifiers() -> frozenset[str]:
 def modifier_words() -> frozenset[str]:
     """Every word of `modifiers` ("mild to moderate": mild, to, moderate)."""
     return frozenset(word for phrase in modifiers() for word in phrase.split())
+
+
+def _words(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, word as the names' keys hold it) of each word of `text`."""
+    return [(m.start(), m.end(), unicodedata.normalize("NFKC", m.group()).lower()) for m in _WORD.finditer(text)]
 
 
 class Lexicon:
@@ -64,7 +72,7 @@ class Lexicon:
     def find(self, text: str) -> list[tuple[int, int]]:
         """(start, end) character offsets of the names found in `text`: at each word the longest name that starts
         there, then on after it."""
-        words = [(m.start(), m.end(), unicodedata.normalize("NFKC", m.group()).lower()) for m in _WORD.finditer(text)]
+        words = _words(text)
         found, i = [], 0
         while i < len(words):
             for n in range(min(self.longest, len(words) - i), 0, -1):
@@ -75,6 +83,36 @@ class Lexicon:
             else:
                 i += 1
         return found
+
+
+# Words a phrase may hold besides its dictionary names and still be those names alone ("a severe rash": "rash")
+FILLERS = frozenset("a an the my his her their your our its and or of some any very".split())
+
+
+def split_phrases(text: str, spans: list[ExtractedSpan], found: list[tuple[int, int]], label: str = AE,
+                  fillers: frozenset[str] = FILLERS) -> list[ExtractedSpan]:
+    """Each `label` span holding two or more of the dictionary names `found` ("severe nausea and hair loss": "nausea",
+    "hair loss") as one span per name, each coded on its own, the phrase kept as their ``group``; and a span of one
+    name among only grades and `fillers` ("a severe rash") as that name. A span holding one name with other words
+    ("itchy rash") is kept whole: the linker codes it as it is."""
+    if not found:
+        return spans
+    grades = fillers | modifier_words()
+    starts = [start for start, _ in found]
+    out = []
+    for span in spans:
+        inside = [(a, b) for a, b in found[bisect.bisect_left(starts, span.start):bisect.bisect_left(starts, span.end)]
+                  if b <= span.end] if span.label == label else []
+        if len(inside) == 1:
+            rest = text[span.start:inside[0][0]] + " " + text[inside[0][1]:span.end]
+            if any(word not in grades for _, _, word in _words(rest)):
+                inside = []
+        if not inside or inside == [(span.start, span.end)]:
+            out.append(span)
+            continue
+        out.extend(ExtractedSpan(a, b, text[a:b], span.label, span.status, span.confidence, (span.start, span.end))
+                   for a, b in inside)
+    return out
 
 
 def severity_words(folder: Path) -> list[str]:
@@ -103,4 +141,4 @@ if __name__ == "__main__":
     sys.stdout.write(HEADER + "".join(f"{word}\n" for word in severity_words(Path(sys.argv[1]))))
 
 
-__all__ = ["Lexicon", "MAX_WORDS", "MIN_CHARS", "modifiers", "severity_words"]
+__all__ = ["FILLERS", "Lexicon", "MAX_WORDS", "MIN_CHARS", "modifiers", "severity_words", "split_phrases"]
