@@ -85,16 +85,20 @@ class Lookup:
                 for text in texts]
 
 
-def label_pt_scores(gold_files: list[Path], out_files: dict[str, Path]) -> dict:
-    """Label-level MedDRA PT micro P/R/F: each label's set of PT ids (its <Reactions>' Normalization elements)
-    against the set its written ade-xml gives."""
+def label_pt_sets(files) -> dict[str, set[str]]:
+    """Each label's set of MedDRA PT ids (its <Reactions>' Normalization elements), by file stem."""
+    return {Path(f).stem: _label_pts(Path(f)) for f in files}
+
+
+def label_pt_scores(gold: dict[str, set[str]], found: dict[str, set[str]]) -> dict:
+    """Label-level MedDRA PT micro P/R/F of `found` (a written ade-xml's PT sets) against `gold`, by label."""
+    from linker.extract.metrics import prf
+
     tp = fp = fn = 0
-    for file in gold_files:
-        gold, found = _label_pts(file), _label_pts(out_files[file.name]) if file.name in out_files else set()
-        tp, fp, fn = tp + len(gold & found), fp + len(found - gold), fn + len(gold - found)
-    p, r = tp / (tp + fp) if tp + fp else 0.0, tp / (tp + fn) if tp + fn else 0.0
-    return {"precision": round(100 * p, 2), "recall": round(100 * r, 2),
-            "f1": round(200 * p * r / (p + r), 2) if p + r else 0.0, "gold": tp + fn, "predicted": tp + fp}
+    for stem, truth in gold.items():
+        given = found.get(stem, set())
+        tp, fp, fn = tp + len(truth & given), fp + len(given - truth), fn + len(truth - given)
+    return prf(tp, tp + fp, tp, tp + fn)
 
 
 PROXY_LABELS = 20  # the document-label proxy's label set: the PTs most labels of the training split hold
@@ -106,18 +110,21 @@ def _label_pts(path: Path) -> set[str]:
     return {n.get("meddra_pt_id") for n in read_ade_xml(path).root.iter("Normalization") if n.get("meddra_pt_id")}
 
 
-def doc_label_proxy(train_files: list[Path], dev_files: list[Path], out_files: dict[str, Path]) -> dict:
+def proxy_labels(train: dict[str, set[str]]) -> tuple[str, ...]:
+    """The `PROXY_LABELS` PTs most training labels hold: the document-label proxy's label set."""
+    counts = Counter(pt for pts in train.values() for pt in pts)
+    return tuple(pt for pt, _ in counts.most_common(PROXY_LABELS))
+
+
+def doc_label_proxy(labels: tuple[str, ...], gold: dict[str, set[str]], found: dict[str, set[str]]) -> dict:
     """The NTCIR-17 SM-ADE shape on a TAC proxy (no public data exists for that task): each dev label a document,
-    its labels the `PROXY_LABELS` PTs most frequent over the training labels (by labels holding them), gold from
-    its <Reactions>, predicted from the written ade-xml; scored by `linker.formats.doc_labels.score_doc_labels`."""
+    its labels `labels` (`proxy_labels`), gold from its <Reactions>, predicted from the written ade-xml; scored by
+    `linker.formats.doc_labels.score_doc_labels`."""
     from linker.formats.doc_labels import DocLabels, score_doc_labels
 
-    counts = Counter(pt for file in train_files for pt in _label_pts(file))
-    labels = tuple(pt for pt, _ in counts.most_common(PROXY_LABELS))
-    gold = DocLabels(labels, {f.stem: frozenset(_label_pts(f) & set(labels)) for f in dev_files})
-    found = DocLabels(labels, {f.stem: frozenset(_label_pts(out_files[f.name]) & set(labels)) if f.name in out_files
-                               else frozenset() for f in dev_files})
-    return score_doc_labels(gold, found)
+    keep = set(labels)
+    return score_doc_labels(DocLabels(labels, {stem: frozenset(pts & keep) for stem, pts in gold.items()}),
+                            DocLabels(labels, {stem: frozenset(found.get(stem, set()) & keep) for stem in gold}))
 
 
 def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
@@ -138,6 +145,8 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
         tmp = Path(tmp)
         linker, out["dictionary"] = closed_world_linker(train_files, tmp)
         lexicon = lexicon_of(linker)  # the index's names: what `annotate` gives the tagger as evidence
+        gold_pts = label_pt_sets(dev_files)
+        labels = proxy_labels(label_pt_sets(train_files))
         out["dictionary"]["lexicon_names"] = len(lexicon)
         lookup = Lookup(lexicon)
         for style, assertion in (*RUNS, LOOKUP_RUN):
@@ -161,8 +170,9 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
             write_output(docs, tmp / key, "ade-xml", coded=True)
             written = sorted((tmp / key).glob("*.xml"))
             run["ade_eval"] = _summary(score_paths(dev_files, written).to_dict())
-            run["label_pt"] = label_pt_scores(dev_files, {f.name: f for f in written})
-            run["doc_labels"] = doc_label_proxy(train_files, dev_files, {f.name: f for f in written})
+            found = label_pt_sets(written)
+            run["label_pt"] = label_pt_scores(gold_pts, found)
+            run["doc_labels"] = doc_label_proxy(labels, gold_pts, found)
             run["throughput"] = {"annotate_seconds": round(seconds, 1), "docs_per_s": round(len(docs) / seconds, 3),
                                  "spans_per_s": round(n_spans / seconds, 1), "extract_seconds": round(extract_seconds, 1),
                                  "annotate_over_extract": round(seconds / max(extract_seconds, 1e-3), 2)}
@@ -174,8 +184,9 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
         out["normalize_gold_seconds"] = round(time.perf_counter() - t0, 1)
         written = sorted((tmp / "gold-coded").glob("*.xml"))
         out["gold_mentions_coded"] = _summary(score_paths(dev_files, written).to_dict())
-        out["gold_mentions_coded"]["label_pt"] = label_pt_scores(dev_files, {f.name: f for f in written})
-        out["gold_mentions_coded"]["doc_labels"] = doc_label_proxy(train_files, dev_files, {f.name: f for f in written})
+        found = label_pt_sets(written)
+        out["gold_mentions_coded"]["label_pt"] = label_pt_scores(gold_pts, found)
+        out["gold_mentions_coded"]["doc_labels"] = doc_label_proxy(labels, gold_pts, found)
     return out
 
 
@@ -270,6 +281,7 @@ def decision_on_phee_dev(extractor) -> dict:
     the share of its gold spans that a span of that class overlaps, precision the share of its predicted spans that
     overlap a gold span of that class."""
     from linker.extract.data import read_phee
+    from linker.extract.metrics import prf
 
     docs = read_phee(data.get("phee").path("dev"))
     predicted = extractor.extract([d.text for d in docs])
@@ -283,13 +295,7 @@ def decision_on_phee_dev(extractor) -> dict:
         for a, b, k in pred:
             counts[k]["predicted"] += 1
             counts[k]["right"] += any(a < e and s < b and c == k for s, e, c in gold)
-    out = {}
-    for c, n in counts.items():
-        p = n["right"] / n["predicted"] if n["predicted"] else 0.0
-        r = n["found"] / n["gold"] if n["gold"] else 0.0
-        out[c] = {**n, "precision": round(100 * p, 2), "recall": round(100 * r, 2),
-                  "f1": round(200 * p * r / (p + r), 2) if p + r else 0.0}
-    return out
+    return {c: {**n, **prf(n["right"], n["predicted"], n["found"], n["gold"])} for c, n in counts.items()}
 
 
 def assertion_on_gold(dev_files: list[Path]) -> dict:
