@@ -39,8 +39,6 @@ _FORMAT_HELP = ("Output: jsonl (a file, one span a line), brat (a folder of .txt
                 "or, for annotate, labels (a file: one row per document, 0/1 per concept of --labels).")
 _MODEL_HELP = "Tagger: the shipped linker-ae, or a release folder from `linker train extractor`."
 _THRESHOLD_HELP = "In-span probability a word piece needs (default: the tagger's, chosen on dev data)."
-_OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml", "labels")
-_FILE_FORMATS = ("jsonl", "labels")  # formats that write one file; the others a folder
 # Names that say "a file": a folder format given one would write a folder called c.jsonl.
 _FILE_SUFFIXES = (".jsonl", ".json", ".txt", ".ann", ".xml", ".csv", ".tsv", ".gz", ".zip", ".parquet")
 _STYLE_HELP = ("AdverseEvent spans as terms (TAC 2017's convention, 'nausea', 'rash': learnt from drug labels), "
@@ -95,18 +93,20 @@ def _check_tagger(style: str, assertion: str, threshold: float | None, model: st
 
 def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, threshold: float | None,
                   model: str, extra_inputs: list, style: str, assertion: str) -> None:
+    from linker.extract.io import check_format
     from linker.fileio import Input, check_inputs, check_output
+    from linker.formats.writers import WRITERS
 
-    if fmt not in _OUTPUT_FORMATS:
-        raise ConfigError(f"--format: expected one of {', '.join(_OUTPUT_FORMATS)}, found {fmt!r}")
-    if fmt not in _FILE_FORMATS and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
+    check_format(fmt)
+    folder_format = WRITERS.get(fmt).folder
+    if folder_format and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
         raise ConfigError(f"--output {output}: --format {fmt} writes a folder, found a file name ending in "
                           f"{output.suffix}; name a folder (such as {output.with_suffix('')}), or pass --format jsonl")
     folder = _check_tagger(style, assertion, threshold, model)
     check_file(input_path, "--input")
     check_inputs(input_path, option="--input")
     inputs = [Input(input_path, "--input"), Input(folder, "--model"), *extra_inputs]
-    check_output(output, inputs=inputs, overwrite=overwrite, folder=fmt not in _FILE_FORMATS)
+    check_output(output, inputs=inputs, overwrite=overwrite, folder=folder_format)
 
 
 def _label_list(fmt: str, labels: Path | None) -> list[str] | None:
