@@ -29,13 +29,14 @@ indexes/default.parquet: | setup
 # Rebuilt when the code that sets the index's defaults or the shipped encoder changes, so a checkout never keeps an
 # index built with older defaults. Dense with the shipped linker-en (chosen on the lay development slice over the
 # hybrid with tf-idf: Acc@1 60.1 against 26.3), then the default calibration, fitted on the development slice's lay
-# synonyms with their own names masked out of the index: confidences from the first command.
+# synonyms with their own names masked out of the index, and 1,000 of the index's own names (an exact match, and one
+# two concepts share): confidences and decisions (auto, review, no link) from the first command.
 # Encoded in fp32 on every processor: `auto` would pick bf16 where the CPU multiplies it natively (AVX512-BF16, AMX),
 # and the figures the README shows (scores, confidences, ECE) would move in the third decimal from one machine to
 # the next. Your own indexes keep `--precision auto`.
 indexes/default: indexes/default.parquet linker/index/tfidf.py linker/index/dense.py linker/text.py linker/models/linker-en/manifest.json
 	$(LINKER) index build --dict $< --kind $(DEFAULT_KIND) --encoder linker-en --precision fp32 --out $@ --overwrite
-	$(LINKER) calibrate --index $@ --dataset lay:$(LAY)/lay_dev.tsv --exclude-names $(LAY)/dev_names.tsv --origin default
+	$(LINKER) calibrate --index $@ --dataset lay:$(LAY)/lay_dev.tsv --exclude-names $(LAY)/dev_names.tsv --dictionary-names 1000 --origin default
 
 demo: indexes/default
 	$(LINKER) normalize --index indexes/default --input examples/ae_spans.jsonl --format jsonl --output - --k 1

@@ -248,7 +248,23 @@ def scores(index: Path, spec: str) -> dict:
     return {"n": row.n, "acc1": row.accuracies[0].value, "acc1_ci": [row.accuracies[0].low, row.accuracies[0].high],
             "acc5": row.accuracies[1].value, "acc5_ci": [row.accuracies[1].low, row.accuracies[1].high],
             "at_coverage": cal["at_coverage"], "ece_raw": cal["ece_raw"], "ece_calibrated": cal["ece_calibrated"],
-            "coverage_at_95_precision": max(precise) if precise else 0.0, "seconds": report.seconds}
+            "coverage_at_95_precision": max(precise) if precise else 0.0, "seconds": report.seconds,
+            "decisions": cal.get("decisions")}
+
+
+def phrase_answers(index: Path, phrases: list[str] | None = None) -> list[dict]:
+    """Each everyday phrase's (`EVERYDAY`) top answer with its confidence and decision (no gold: read them)."""
+    from linker.link import Linker
+
+    phrases = EVERYDAY if phrases is None else phrases
+    out = []
+    for phrase, result in zip(phrases, Linker.load(index).link(phrases, k=2), strict=True):
+        top = result.candidates[:2]
+        out.append({"text": phrase, "decision": result.decision,
+                    "answers": [{"id": c.concept_id, "name": c.preferred_name, "score": round(float(c.score), 3),
+                                 "confidence": None if c.confidence is None else round(float(c.confidence), 3)}
+                                for c in top]})
+    return out
 
 
 def top1(index: Path, rows: list[dict]) -> list[dict]:
@@ -267,23 +283,6 @@ def top1(index: Path, rows: list[dict]) -> list[dict]:
     return out
 
 
-def precision_threshold(answers: list[dict], aim: float = PRECISION_AIM) -> float | None:
-    """The lowest confidence threshold whose kept answers are right at least `aim` of the time (dev data only)."""
-    ranked = sorted(answers, key=lambda a: -a["confidence"])
-    best, right = None, 0
-    for i, answer in enumerate(ranked, 1):
-        right += answer["right"]
-        if right / i >= aim and (i == len(ranked) or ranked[i]["confidence"] < answer["confidence"]):
-            best = answer["confidence"]
-    return best
-
-
-def kept_at(answers: list[dict], threshold: float | None) -> dict:
-    kept = [a for a in answers if threshold is not None and a["confidence"] >= threshold]
-    return {"threshold": threshold, "coverage": len(kept) / len(answers),
-            "precision": sum(a["right"] for a in kept) / len(kept) if kept else float("nan"), "kept": len(kept)}
-
-
 def rel(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(ROOT))
@@ -299,6 +298,11 @@ INDEXES = {  # name -> (label, kind, encoder)
     "dense_linker_multi": ("linker-multi, dense", "dense", "linker-multi"),
 }
 DEFAULT = "default"  # the shipped default index: the dev-chosen linker-en index with the default calibration
+DICTIONARY_NAMES = "1000"  # `linker calibrate --dictionary-names`, as the Makefile's default calibration
+# Issue 49's twelve everyday phrases, and the near-tie it names: read in docs/models.md with their decisions
+EVERYDAY = ["liver damage", "heart racing", "cant sleep", "swollen ankles", "blurred vision", "tingling in fingers",
+            "hair falling out", "threw up", "felt dizzy when standing up", "itchy rash all over", "ringing in ears",
+            "muscle aches", "pain in left knee"]
 
 
 def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
@@ -354,8 +358,8 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
         shutil.rmtree(default)
     shutil.copytree(indexes[chosen], default)
     seconds["calibrate_default"] = linker_cli("calibrate", "--index", str(default), "--dataset", dev_spec,
-                                              "--exclude-names", str(LAY_DEV_HELDOUT), "--origin", "default")
-    threshold = precision_threshold(top1(default, dev_rows))  # chosen on dev
+                                              "--exclude-names", str(LAY_DEV_HELDOUT), "--dictionary-names",
+                                              DICTIONARY_NAMES, "--origin", "default")
 
     results, t = {}, time.perf_counter()
     for name, path in [*indexes.items(), (DEFAULT, default), ("tfidf_with_heldout_leak", leak)]:
@@ -363,9 +367,8 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
         results[name] = {subset: scores(path, spec) for subset, spec in specs.items()}
         seconds[f"eval_{name}"] = round(time.perf_counter() - started, 1)
     answers = {name: top1(path, rows) for name, path in [*indexes.items(), (DEFAULT, default)]}
-    no_link = {"threshold_chosen_on_dev": threshold, "dev": kept_at(top1(default, dev_rows), threshold),
-               "test": kept_at(answers[DEFAULT], threshold),
-               "test_hand": kept_at([a for a, r in zip(answers[DEFAULT], rows) if r["origin"] != "hpo_layperson"], threshold)}
+    # the decisions on the development slice (where the map and its thresholds were fitted: in-sample)
+    decisions_dev = scores(default, dev_spec)["decisions"]
     issue = [i for i, r in enumerate(rows) if r["origin"] == "issue35"]
     manifests = {name: json.loads((path / "manifest.json").read_text())
                  for name, path in [*indexes.items(), (DEFAULT, default)]}
@@ -390,7 +393,8 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
                            "calibration": m.get("calibration")}
                     for name, m in manifests.items()},
         "results": results,
-        "no_link": no_link,
+        "decisions_dev": decisions_dev,
+        "everyday": phrase_answers(default),
         "issue35_top1": {name: [answers[name][i] for i in issue] for name in answers},
         "test_evaluations": "one run of this script scores each system on the test set once",
         "stage_seconds": seconds,
@@ -399,13 +403,17 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
     previous = out / "report.json"
     if previous.is_file():  # `benchmarks` writes its section, and `demo` is a past study's record: keep them
         earlier = json.loads(previous.read_text())
-        report.update({key: earlier[key] for key in ("benchmarks", "demo") if key in earlier})
+        report.update({key: earlier[key] for key in ("benchmarks", "demo", "before") if key in earlier})
+        if "before" not in report:  # the first run with decisions: what the default index did before them
+            report["before"] = {"date": earlier["date"], "results": earlier["results"].get(DEFAULT),
+                                "no_link": earlier.get("no_link")}
     write_report(out, report)
     return report
 
 
 def write_report(out: Path, report: dict) -> None:
-    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(report, indent=2, ensure_ascii=False).replace(f"{ROOT}/", "")  # paths relative to the repository
+    (out / "report.json").write_text(text + "\n", encoding="utf-8")
     (out / "report.md").write_text(markdown(report), encoding="utf-8")
     log.info("wrote %s", out / "report.md")
 
@@ -549,15 +557,48 @@ def markdown(r: dict) -> str:
                 f"{pct(x['acc5'])} ({pct(x['acc5_ci'][0])}–{pct(x['acc5_ci'][1])}) | {pct(x['at_coverage']['accuracy'])} "
                 f"| {pct(x['coverage_at_95_precision'])} | {x['ece_raw']:.3f} | {ece} |")
         lines.append("")
-    n = r["no_link"]
-    lines += ["## \"No link\": the default calibration's threshold", "",
-              f"The lowest calibrated confidence at which the development set's kept answers are >= 95% right: "
-              f"**{n['threshold_chosen_on_dev'] if n['threshold_chosen_on_dev'] is not None else 'none reaches it'}**. "
-              "Answers below it are \"no link\" (`--min-confidence`).", "",
-              "| set | kept (coverage) | precision of the kept |", "|---|---:|---:|",
-              *[f"| {label} | {n[key]['kept']} ({pct(n[key]['coverage'])}%) | {pct(n[key]['precision'])} |"
-                for key, label in (("dev", "development (where it was chosen)"), ("test", "test, all"),
-                                   ("test_hand", "test, hand-written phrases"))], ""]
+    cal = r["indexes"][DEFAULT]["calibration"] or {}
+    lines += ["## Decisions of the default index: auto, review, no link", "",
+              f"The default calibration (`linker calibrate --dictionary-names {DICTIONARY_NAMES}`, fitted on the "
+              "development slice with its names masked out, plus that many names of the index itself): margin weight "
+              f"{cal.get('margin_weight')}, `auto` at confidence >= {cal.get('auto_from')} (each such answer at least "
+              "95% likely right on held-in answers like it), `no link` below "
+              f"{cal.get('no_link_below')} (the best candidate right less than 1 time in 5), `review` between "
+              "(`linker.confidence`). Precision: the share of the band's best candidates that are right.", "",
+              "| set | n | auto: share | auto: precision | review: share | review: precision | no link: share | "
+              "no link: precision | ECE |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def band_row(label, decisions, n, ece):
+        cells = []
+        for d in ("auto", "review", "no link"):
+            v = decisions[d]
+            cells += [f"{pct(v['share'])}", "-" if v["precision"] is None else pct(v["precision"])]
+        return f"| {label} | {n} | " + " | ".join(cells) + f" | {'-' if ece is None else format(ece, '.3f')} |"
+
+    dev = r.get("decisions_dev")
+    if dev:
+        lines.append(band_row("development (in-sample: the map was fitted on it)",
+                              dev, sum(v["mentions"] for v in dev.values()), None))
+    for subset in SUBSETS:
+        x = r["results"][DEFAULT][subset]
+        if x.get("decisions"):
+            lines.append(band_row(f"test: {subset}", x["decisions"], x["n"], x["ece_calibrated"]))
+    before = r.get("before") or {}
+    if before.get("no_link"):
+        b = before["no_link"]
+        lines += ["", f"Before (the report of {before['date']}): no decisions; the best one confidence threshold "
+                  f"chosen on dev (>= 95% precise there) kept {b['test']['kept']} test answers "
+                  f"({pct(b['test']['coverage'])}%) at {pct(b['test']['precision'])}% precision."]
+    lines.append("")
+    if r.get("everyday"):
+        lines += ["## Everyday phrases: the answer, its confidence and the decision", "",
+                  "The default index (held-out names masked, as scored above); the first two concepts.", "",
+                  "| phrase | decision | first (confidence) | second (confidence) |", "|---|---|---|---|"]
+        for e in r["everyday"]:
+            cells = [f"{a['id']} {a['name']} ({'-' if a['confidence'] is None else format(a['confidence'], '.3f')})"
+                     for a in e["answers"]] + ["-"] * (2 - len(e["answers"]))
+            lines.append(f"| {e['text']} | {e['decision']} | " + " | ".join(cells) + " |")
+        lines.append("")
     lines += ["## The ten phrases of issue 35: top-1 answer", "",
               "| phrase | gold | " + " | ".join(LABELS[k].split(",")[0].split(" (")[0].strip("*") for k in r["issue35_top1"]) + " |",
               "|---|---|" + "---|" * len(r["issue35_top1"])]

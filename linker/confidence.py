@@ -18,6 +18,29 @@ re-ranker alone to, in effect, the retriever's own order), so a re-ranker that d
 is outvoted. Linking with another scorer gives ``confidence = None`` (and refuses
 ``min_confidence``), because the map would be meaningless for that score.
 
+A near-tie is not a clear win: "Pain in left knee" at 0.880 with "Pain in right knee" at 0.879
+is a coin toss, the same 0.880 ten points ahead of the next concept is not. So the map reads
+``score + margin_weight x margin``, the margin being how far a candidate stands above the best
+*other* concept (negative below the top one; the score itself when it has no rival).
+`linker calibrate` chooses ``margin_weight`` on the held-in set (`choose_margin_weight`: the
+lowest out-of-fold Brier score), 0 when the margin tells nothing the score does not. A mention
+that *is* a name of the dictionary (the retriever's score 1: `EXACT_SCORE`) is another regime
+than a paraphrase at 0.97: ``exact_offset`` lifts exact matches above every paraphrase, so the
+map learns their own levels (an exact name two concepts share, a margin of 0, still earns less).
+The combined score is one number, so the map stays monotone in the score, the margin and exactness.
+
+Three decisions (`decide`), stated for a person who must act on each link:
+
+- ``auto``: code it without review: the confidence is at least ``auto_from`` (``auto_precision``,
+  95%), so each such answer was right at least 95% of the time on held-in answers like it, and any
+  band of them is too, whatever mix of exact names and paraphrases a user's data holds. A single
+  threshold on the pooled held-in answers would not be: on the default calibration's held-in set,
+  exact dictionary names (99% right) let paraphrases at 80% precision into such a band;
+- ``no link``: the best candidate is right less than ``no_link_below`` (1 in 5) of the time on
+  the held-in set: the terminology likely lacks the concept or the mention is too vague, so a
+  coder searches the terminology rather than checks this candidate (the candidates are kept);
+- ``review``: everything between: the candidates are worth a person's look.
+
 `expected_calibration_error`: the mean |accuracy - confidence| over 10 equal-width confidence
 bins, weighted by bin size (Guo et al. 2017's ECE).
 """
@@ -42,6 +65,47 @@ log = logging.getLogger(__name__)
 CALIBRATION = "calibration.json"
 RETRIEVER_SCORER = "retriever"
 ECE_BINS = 10  # Guo et al. 2017 use 15; 10 keeps each bin populated on test sets of ~1,000 mentions
+AUTO, REVIEW, NO_LINK = "auto", "review", "no link"
+DECISIONS = (AUTO, REVIEW, NO_LINK)  # best first: a composite mention takes its weakest part's
+AUTO_PRECISION = 0.95
+NO_LINK_BELOW = 0.2
+MARGIN_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # margins of cosines are ~0.01-0.2 against scores of ~0.5-1
+MARGIN_FOLDS = 5
+# A retriever score this high: the mention is one of the dictionary's names (cosine 1 up to the rounding of bf16 or
+# int8 vectors, ~1e-5 to 1e-4; a paraphrase of MiniLM's stays below 0.99)
+EXACT_SCORE = 0.999
+EXACT_OFFSET = 10.0  # above any paraphrase's score + margin_weight x margin (cosines: at most 1 + 8 x 1)
+
+
+MARGIN_FETCH = 5  # concepts retrieved to find the best rival past a few twins (`margins`)
+
+
+def margins(final: np.ndarray, order: np.ndarray, twins: np.ndarray | None = None) -> np.ndarray:
+    """Per candidate of `order` (indices into `final`, best first, all retrieved concepts): its score less the best
+    *rival*'s (for the top one, the best other concept that is not its twin; for the rest, the top's); the top one's
+    own score when it has no rival. `twins` (bool per position of `order`): the concept matched the top one's name in
+    another source, as the default dictionary's ICD-10-CM R11.0 "Nausea" does HPO's "Nausea": one meaning coded in two
+    terminologies, no rival. One rule for the Linker and for `linker calibrate`."""
+    final = np.asarray(final, dtype=np.float64)
+    if len(order) == 0:
+        return np.zeros(0)
+    ranked = final[order]
+    out = ranked - ranked[0]
+    rivals = ranked[1:] if twins is None else ranked[1:][~np.asarray(twins, dtype=bool)[1:]]
+    out[0] = ranked[0] - (rivals[0] if len(rivals) else 0.0)
+    return out
+
+
+def twins_of_top(names: Sequence[str], sources: Sequence[str]) -> np.ndarray:
+    """Per candidate (best first, its matched name and source): whether it matched the top one's name (`name_key`) in
+    another source (see `margins`)."""
+    from linker.sources.default import name_key
+
+    if not names:
+        return np.zeros(0, dtype=bool)
+    top_key, top_source = name_key(names[0]), sources[0]
+    return np.array([i > 0 and source != top_source and name_key(name) == top_key
+                     for i, (name, source) in enumerate(zip(names, sources))], dtype=bool)
 
 
 @dataclass(frozen=True)
@@ -58,13 +122,37 @@ class Calibration:
     fitted_at: str = ""
     retriever_weight: float = 0.0  # re-ranker scorers: final = logit + retriever_weight * retriever score
     retriever_accuracy: float | None = None  # re-ranker scorers: held-in Acc@1 of the retriever's own order
+    margin_weight: float = 0.0  # the map reads score + margin_weight x margin (`margins`); 0 in older files
+    auto_from: float | None = None  # decision "auto" at confidence >= this; None: no auto band (older files)
+    auto_precision: float | None = None  # the held-in precision auto_from was chosen for
+    no_link_below: float | None = None  # decision "no link" below this confidence; None: none (older files)
+    exact_offset: float = 0.0  # added for an exact match (`EXACT_SCORE`); 0 in older files
 
-    def __call__(self, scores: np.ndarray | Sequence[float]) -> np.ndarray:
-        """P(correct) of each score; flat beyond the fitted range (isotonic's "clip")."""
-        scores = np.asarray(scores, dtype=np.float64)
+    def features(self, scores, margins_=None, exact=None) -> np.ndarray:
+        """The map's input: score + margin_weight x margin (`margins`) + exact_offset for an exact match."""
+        out = np.asarray(scores, dtype=np.float64)
+        if self.margin_weight and margins_ is not None:
+            out = out + self.margin_weight * np.asarray(margins_, dtype=np.float64)
+        if self.exact_offset and exact is not None:
+            out = out + self.exact_offset * np.asarray(exact, dtype=np.float64)
+        return out
+
+    def __call__(self, scores: np.ndarray | Sequence[float], margins_: np.ndarray | Sequence[float] | None = None,
+                 exact: np.ndarray | Sequence[bool] | None = None) -> np.ndarray:
+        """P(correct) of each score (with its margin, `margins`, and whether the retriever matched a dictionary name
+        exactly); flat beyond the fitted range (isotonic's "clip")."""
+        scores = self.features(scores, margins_, exact)
         if len(self.x) == 1:
             return np.full(scores.shape, self.y[0])
         return np.clip(np.interp(scores, self.x, self.y), 0.0, 1.0)
+
+    def decide(self, confidence: float | None) -> str:
+        """`AUTO`, `REVIEW` or `NO_LINK` for a best candidate of this confidence (None: it has none)."""
+        if confidence is None or (self.no_link_below is not None and confidence < self.no_link_below):
+            return NO_LINK
+        if self.auto_from is not None and confidence >= self.auto_from:
+            return AUTO
+        return REVIEW
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -76,8 +164,10 @@ class Calibration:
 
 
 def fit_isotonic(scores: Sequence[float], correct: Sequence[bool], *, scorer: str, fitted_on: str = "",
-                 retriever_weight: float = 0.0, retriever_accuracy: float | None = None) -> Calibration:
-    """Isotonic regression of `correct` on `scores` (one pair per held-in mention)."""
+                 retriever_weight: float = 0.0, retriever_accuracy: float | None = None,
+                 **decisions) -> Calibration:
+    """Isotonic regression of `correct` on `scores` (one pair per held-in mention, the combined score when the map
+    uses margins); `decisions`: margin_weight, auto_from, auto_precision, no_link_below as `Calibration` keeps them."""
     from sklearn.isotonic import IsotonicRegression
 
     scores = np.asarray(scores, dtype=np.float64)
@@ -97,7 +187,41 @@ def fit_isotonic(scores: Sequence[float], correct: Sequence[bool], *, scorer: st
         fitted_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         retriever_weight=float(retriever_weight),
         retriever_accuracy=retriever_accuracy,
+        **decisions,
     )
+
+
+def out_of_fold(features: np.ndarray, correct: np.ndarray, *, folds: int = MARGIN_FOLDS, seed: int = 0) -> np.ndarray:
+    """Each held-in mention's confidence from an isotonic map fitted on the other folds (seeded split): what the map
+    says of mentions it has not seen, for choosing `margin_weight` and reporting the decisions without an in-sample
+    optimism."""
+    from sklearn.isotonic import IsotonicRegression
+
+    features, correct = np.asarray(features, dtype=np.float64), np.asarray(correct, dtype=np.float64)
+    fold = np.random.default_rng(seed).permutation(len(features)) % max(2, min(folds, len(features)))
+    out = np.empty(len(features))
+    for f in np.unique(fold):
+        train = fold != f
+        if len(np.unique(features[train])) < 2:  # too few to fit: the training share's accuracy
+            out[~train] = correct[train].mean() if train.any() else 0.5
+            continue
+        model = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(features[train], correct[train])
+        out[~train] = model.predict(features[~train])
+    return out
+
+
+def choose_margin_weight(scores: np.ndarray, margins_: np.ndarray, correct: np.ndarray,
+                         weights: Sequence[float] = MARGIN_WEIGHTS, exact: np.ndarray | None = None
+                         ) -> tuple[float, dict[float, float]]:
+    """(weight, Brier score by weight): the weight whose out-of-fold confidences have the lowest Brier score
+    (mean squared error against right/wrong, a proper scoring rule: it rewards telling right from wrong, not only
+    matching the average); the smallest weight within 0.0005 of the best, so a margin that does not help is left out."""
+    correct = np.asarray(correct, dtype=np.float64)
+    lift = 0.0 if exact is None else EXACT_OFFSET * np.asarray(exact, dtype=np.float64)
+    brier = {float(w): float(np.mean((out_of_fold(scores + w * margins_ + lift, correct) - correct) ** 2))
+             for w in weights}
+    best = min(brier.values())
+    return min(w for w, b in brier.items() if b <= best + 5e-4), brier
 
 
 def expected_calibration_error(confidence: Sequence[float], correct: Sequence[bool], *, bins: int = ECE_BINS) -> float:
@@ -163,12 +287,14 @@ def read_calibration(folder: str | Path, manifest: dict) -> Calibration | None:
         values = data.get(field)
         if not isinstance(values, list) or not all(_is_number(v) and math.isfinite(v) for v in values):
             raise InputFormatError(path, f"{field!r} as a list of finite numbers", _shown(values), fix=fix)
-    numbers = [f for f in ("accuracy", "retriever_weight", "retriever_accuracy", "mentions") if data.get(f) is not None]
+    numbers = [f for f in ("accuracy", "retriever_weight", "retriever_accuracy", "mentions", "margin_weight",
+                           "auto_from", "auto_precision", "no_link_below", "exact_offset") if data.get(f) is not None]
     for field in numbers:
         if not _is_number(data[field]):
             raise InputFormatError(path, f"{field!r} as a number", _shown(data[field]), fix=fix)
-    if not math.isfinite(data.get("retriever_weight", 0.0)):
-        raise InputFormatError(path, "'retriever_weight' as a finite number", _shown(data["retriever_weight"]), fix=fix)
+    for field in ("retriever_weight", "margin_weight", "exact_offset"):
+        if not math.isfinite(data.get(field, 0.0)):
+            raise InputFormatError(path, f"{field!r} as a finite number", _shown(data[field]), fix=fix)
     for field in ("scorer", "method", "fitted_on", "fitted_at"):
         if field in data and not isinstance(data[field], str):
             raise InputFormatError(path, f"{field!r} as a string", _shown(data[field]), fix=fix)
@@ -209,7 +335,9 @@ def write_calibration(folder: str | Path, calibration: Calibration, *, origin: s
     with atomic_file(folder / CALIBRATION) as tmp:
         tmp.write_text(json.dumps(calibration.to_json(), indent=1) + "\n", encoding="utf-8")
     summary = {"scorer": calibration.scorer, "method": calibration.method, "fitted_on": calibration.fitted_on,
-               "mentions": calibration.mentions, "fitted_at": calibration.fitted_at, "origin": origin}
+               "mentions": calibration.mentions, "fitted_at": calibration.fitted_at, "origin": origin,
+               "margin_weight": calibration.margin_weight, "auto_from": calibration.auto_from,
+               "no_link_below": calibration.no_link_below}
     if origin not in ("user", "default"):
         raise ConfigError(f"calibration origin: expected user or default, found {origin!r}")
     if calibration.scorer != RETRIEVER_SCORER:

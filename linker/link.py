@@ -23,7 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from linker.dictionary import ConceptTable
-from linker.confidence import RETRIEVER_SCORER, read_calibration
+from linker.confidence import (
+    EXACT_SCORE, MARGIN_FETCH, NO_LINK, RETRIEVER_SCORER, margins, read_calibration, twins_of_top,
+)
 from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError, shorten
 from linker.folders import check_model_folder
 from linker.index import LoadedIndex, load_index, name_count, name_row_counts, read_prior
@@ -96,17 +98,23 @@ _CANDIDATE_FIELDS = tuple(Candidate.__dataclass_fields__)
 @dataclass(frozen=True)
 class LinkResult:
     """One mention's candidates; `nil` ("no link") when the best one is below the Linker's
-    `min_confidence` (the candidates are then dropped) or when there is none at all."""
+    `min_confidence` (the candidates are then dropped) or when there is none at all. `decision`
+    (`linker.confidence.DECISIONS`: auto, review, no link) says what a person should do with the
+    best candidate; None when the index has no calibration for this scorer (no decision can be trusted)."""
 
     mention: str
     candidates: tuple[Candidate, ...]
+    decision: str | None = None
 
     @property
     def nil(self) -> bool:
         return not self.candidates
 
     def to_dict(self) -> dict:
-        return {"mention": self.mention, "candidates": [c.to_dict() for c in self.candidates], "nil": self.nil}
+        out = {"mention": self.mention, "candidates": [c.to_dict() for c in self.candidates], "nil": self.nil}
+        if self.decision is not None:
+            out["decision"] = self.decision
+        return out
 
 
 _PATH_TYPE = pa.struct([(f, pa.string()) for f in MeddraPath.__dataclass_fields__ if f != "primary_soc"]
@@ -395,12 +403,29 @@ class Linker:
         rows = sorted(rows, key=lambda r: (not r["primary_soc"], r["soc_code"], r["hlgt_code"], r["hlt_code"]))
         return tuple(MeddraPath(**{f: r[f] for f in MeddraPath.__dataclass_fields__}) for r in rows)
 
-    def _candidates(self, hits: ConceptHits, final: np.ndarray, lang: str | None, k: int) -> tuple[Candidate, ...]:
-        """The top k of `hits` by `final` score (score desc, then the tie order), with confidences and the NIL rule."""
-        order = np.lexsort((self._tie_keys(hits), -final))[:k]
-        confidence = self.calibration(final[order]) if self.calibration is not None else [None] * len(order)
+    def _result(self, mention: str, hits: ConceptHits, final: np.ndarray, lang: str | None, k: int) -> LinkResult:
+        """The top k of `hits` by `final` score (score desc, then the tie order), with confidences (of the score and
+        its margin over the best other concept, `linker.confidence.margins`), the NIL rule and the decision."""
+        ranked = np.lexsort((self._tie_keys(hits), -final))
+        order = ranked[:k]
+        cal = self.calibration
+        if cal is None:
+            confidence = [None] * len(order)
+        else:
+            twins = None
+            if cal.margin_weight and len(ranked) > 1:
+                rows = hits.rows[ranked].tolist()
+                twins = twins_of_top([self._names[r] for r in rows], [self._source_codes[r] for r in rows])
+            confidence = cal(final[order], margins(final, ranked, twins)[:k], hits.scores[order] >= EXACT_SCORE)
         if self.min_confidence is not None and (len(order) == 0 or confidence[0] < self.min_confidence):
-            return ()
+            return LinkResult(mention, (), None if cal is None else NO_LINK)
+        candidates = self._candidates(hits, final, order, confidence, lang)
+        decision = None if cal is None else cal.decide(float(confidence[0]) if len(order) else None)
+        return LinkResult(mention, candidates, decision)
+
+    def _candidates(self, hits: ConceptHits, final: np.ndarray, order: np.ndarray, confidence, lang: str | None
+                    ) -> tuple[Candidate, ...]:
+        """The `Candidate`s of `hits` at positions `order`, with their `confidence`s."""
         out = []
         for i, conf in zip(order.tolist(), confidence):
             concept, row = int(hits.concepts[i]), int(hits.rows[i])
@@ -477,6 +502,8 @@ class Linker:
                 raise ConfigError(f"exclude: a mask of {len(self._names)} name rows expected, found {len(exclude)}")
             allowed = ~exclude if allowed is None else allowed & ~exclude
         fetch = k if self.reranker is None else max(k, self.rerank_k)
+        if self.calibration is not None and self.calibration.margin_weight:
+            fetch = max(fetch, MARGIN_FETCH)  # the best rival concept, for the margin
         # A mention's result is a function of its text (and lang, k, exclude, fixed for this call), so each
         # distinct text is linked once: batches from real streams repeat "nausea" and "headache" many times.
         distinct = list(dict.fromkeys(mentions))
@@ -492,8 +519,8 @@ class Linker:
         self.stats["distinct_texts"] += len(distinct)
         self.stats["retrieve_seconds"] += retrieved - started
         self.stats["rerank_seconds"] += time.perf_counter() - retrieved
-        found = {m: self._candidates(h, f, lang, k) for m, h, f in zip(distinct, hits, finals)}
-        return [LinkResult(m, found[m]) for m in mentions]
+        found = {m: self._result(m, h, f, lang, k) for m, h, f in zip(distinct, hits, finals)}
+        return [found[m] for m in mentions]
 
     def _link_by_lang(self, mentions: list[str], langs: list[str | None], *, k: int,
                       exclude: np.ndarray | None) -> list[LinkResult]:

@@ -51,7 +51,7 @@ from linker.registry import Registry
 
 if TYPE_CHECKING:  # the Linker is only needed for type hints here; callers pass a loaded one
     from linker.formats.brat import BratDoc
-    from linker.link import Candidate, Linker
+    from linker.link import Candidate, Linker, LinkResult
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,9 @@ class NormalizeSummary:
 def link_texts(
     linker: Linker, texts: Sequence[str], langs: Sequence[str | None], *, k: int, batch: int = BATCH,
     reporter=None,
-) -> list[tuple[Candidate, ...]]:
-    """Candidates for each text, in input order; batches of `batch`, one `Linker.link` call per language.
+) -> list[LinkResult]:
+    """The `LinkResult` of each text (candidates and decision), in input order; batches of `batch`, one
+    `Linker.link` call per language.
     `reporter` (a `linker.progress.bar`) is told of every batch done.
 
     A span's language restricts its candidates to names in that language when the index has
@@ -91,12 +92,10 @@ def link_texts(
     if len(texts) != len(langs):
         raise ValueError("texts and langs must have the same length")
     langs = linker.usable_langs(langs)  # warned once here, not once a batch
-    out: list[tuple[Candidate, ...]] = [()] * len(texts)
+    out: list[LinkResult] = []
     for start in range(0, len(texts), batch):
         stop = min(start + batch, len(texts))
-        for i, result in zip(range(start, stop), linker.link(texts[start:stop], k=k, langs=langs[start:stop]),
-                             strict=True):
-            out[i] = tuple(result.candidates)
+        out += linker.link(texts[start:stop], k=k, langs=langs[start:stop])
         if reporter is not None:
             reporter.update(min(batch, len(texts) - start))
     return out
@@ -145,11 +144,14 @@ def normalize_jsonl_lines(
     linked = 0
     with bar(total, desc="linking spans", unit="span") as reporter:
         for spans in batched(read_jsonl(lines(), where), BATCH):
-            candidates = link_texts(linker, [s.text for s in spans], [s.lang or lang for s in spans], k=k,
-                                    reporter=reporter)
-            for span, cands in zip(spans, candidates, strict=True):
-                linked += bool(cands)
-                write_jsonl(out, {**span.record, "candidates": [c.to_dict() for c in cands], "nil": not cands})
+            results = link_texts(linker, [s.text for s in spans], [s.lang or lang for s in spans], k=k,
+                                 reporter=reporter)
+            for span, result in zip(spans, results, strict=True):
+                linked += not result.nil
+                record = {**span.record, "candidates": [c.to_dict() for c in result.candidates], "nil": result.nil}
+                if result.decision is not None:
+                    record["decision"] = result.decision
+                write_jsonl(out, record)
     return NormalizeSummary("jsonl", getattr(out, "name", "<stream>"), 1, total, linked)
 
 
@@ -363,7 +365,7 @@ def _link_documents(
                  sum(a != b for a, b in zip(texts, expanded)), len(texts))
         texts = expanded
     with bar(len(texts), desc="linking mentions", unit="mention") as reporter:
-        flat = link_texts(linker, texts, [lang] * len(texts), k=1, reporter=reporter)
+        flat = [r.candidates for r in link_texts(linker, texts, [lang] * len(texts), k=1, reporter=reporter)]
     out, pos = [], 0
     for doc in mentions:
         out.append(flat[pos : pos + len(doc)])

@@ -23,7 +23,8 @@ the entities of ``labels`` (all when None) and leaves negated and hypothetical o
 The extensions follow scispaCy's EntityLinker, so a pipeline that reads ``ent._.kb_ents`` switches
 by changing its ``add_pipe`` line: ``Span._.kb_ents`` is a list of (concept id, score) and
 ``Span._.linker`` the full `linker.link.Candidate` objects (matched name, term type, source,
-MedDRA hierarchy). All entity spans of a Doc (of a batch of Docs under ``nlp.pipe``) are linked
+MedDRA hierarchy, calibrated confidence); ``Span._.linker_decision`` is what to do with the best one
+(auto, review, no link: `linker.confidence`; None when the index has no calibration). All entity spans of a Doc (of a batch of Docs under ``nlp.pipe``) are linked
 in one `Linker.link` call; the index is loaded once, when the component is created.
 Needs the optional extra: ``pip install linker[spacy]``.
 """
@@ -49,7 +50,8 @@ def _register_extensions() -> None:
     for name in ("kb_ents", "linker"):
         if not Span.has_extension(name):
             Span.set_extension(name, default=[])
-    for name in ("ae_status", "ae_confidence"):  # set by "linker_ae"; None on other pipelines' entities
+    # "linker_decision": set by "linker" (auto, review, no link; None without a calibrated index), like the JSON form
+    for name in ("ae_status", "ae_confidence", "linker_decision"):  # None on other pipelines' entities
         if not Span.has_extension(name):
             Span.set_extension(name, default=None)
 
@@ -91,6 +93,7 @@ class EntityLinker:
             candidates = [c for c in result.candidates if self.threshold is None or c.score >= self.threshold]
             ent._.linker = candidates
             ent._.kb_ents = [(c.concept_id, round(float(c.score), 6)) for c in candidates]  # as in the JSON form
+            ent._.linker_decision = result.decision
 
     def __call__(self, doc: Doc) -> Doc:
         self._link([doc])

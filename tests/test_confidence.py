@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from linker.cli.main import main
 from linker.confidence import (
-    CALIBRATION, Calibration, at_coverage, coverage_curve, expected_calibration_error, fit_isotonic, raw_probability,
+    AUTO, CALIBRATION, DECISIONS, EXACT_SCORE, NO_LINK, REVIEW, Calibration, at_coverage, choose_margin_weight, coverage_curve,
+    expected_calibration_error, fit_isotonic, margins, out_of_fold, raw_probability, twins_of_top,
 )
 from linker.errors import ConfigError, IndexMismatchError
 from linker.eval.calibrate import calibrate
@@ -91,7 +92,9 @@ def test_calibrate_stores_a_verified_file_and_candidates_carry_confidence(calibr
     [result] = linker.link(["hair loss"], k=3)
     confidences = [c.confidence for c in result.candidates]
     assert all(0.0 <= c <= 1.0 for c in confidences) and confidences == sorted(confidences, reverse=True)
-    assert result.candidates[0].confidence == pytest.approx(linker.calibration(result.candidates[0].score))
+    top = result.candidates[0]
+    margin = top.score - result.candidates[1].score
+    assert top.confidence == pytest.approx(linker.calibration([top.score], [margin], [top.retriever_score >= EXACT_SCORE])[0])
     assert result.candidates[0].retriever_score == result.candidates[0].score
 
 
@@ -102,7 +105,7 @@ def test_min_confidence_gives_no_link(calibrated):
     assert exact.candidates and not exact.nil  # an exact name: every held-in exact hit was right
     assert top.confidence < 1.0
     assert vague.candidates == () and vague.nil
-    assert vague.to_dict() == {"mention": "zzz qqq hair", "candidates": [], "nil": True}
+    assert vague.to_dict() == {"mention": "zzz qqq hair", "candidates": [], "nil": True, "decision": "no link"}
 
 
 def test_min_confidence_without_calibration_is_refused(tmp_path):
@@ -227,3 +230,109 @@ def test_evaluate_nil_needs_calibration(tmp_path):
     plain = build_indexes(tmp_path)["meddra"]
     with pytest.raises(ConfigError, match="calibrate"):
         evaluate(plain, HELDIN, ks=(1,), nil_fraction=0.2)
+
+
+# ----------------------------------------------------------------------------- margins, exactness, decisions
+
+
+def test_margins_top_against_the_second_the_rest_against_the_top():
+    final = np.array([0.5, 0.9, 0.88, 0.1])
+    order = np.array([1, 2, 0, 3])
+    assert margins(final, order).tolist() == pytest.approx([0.02, -0.02, -0.4, -0.8])
+    assert margins(np.array([0.7]), np.array([0])).tolist() == pytest.approx([0.7])  # no rival: its own score
+    assert margins(np.array([]), np.array([], dtype=int)).tolist() == []
+    # a twin (the top one's name in another terminology) is no rival: the margin is against the next concept
+    twins = twins_of_top(["Nausea", "nausea", "Vomiting", "Nausea"], ["hpo", "icd10cm", "icd10cm", "hpo"])
+    assert twins.tolist() == [False, True, False, False]  # the same name in the top one's own source is a rival
+    assert margins(np.array([1.0, 1.0, 0.7, 0.6]), np.arange(4), twins).tolist() == pytest.approx([0.3, 0.0, -0.3, -0.4])
+
+
+def test_the_map_reads_score_margin_and_exactness():
+    cal = Calibration("retriever", (0.0, 1.0, 11.0), (0.0, 0.5, 1.0), margin_weight=2.0, exact_offset=10.0)
+    assert cal.features([0.5], [0.25], [False]).tolist() == pytest.approx([1.0])
+    assert cal.features([1.0], [0.0], [True]).tolist() == pytest.approx([11.0])
+    # a near-tie earns less than the same score as a clear win
+    tie, win = cal([0.4, 0.4], [0.0, 0.3], [False, False])
+    assert tie < win
+    # older files (no margin weight, no offset) read the score alone
+    plain = Calibration("retriever", (0.0, 1.0), (0.0, 1.0))
+    assert plain([0.5], [0.4], [True]).tolist() == pytest.approx([0.5])
+
+
+def test_decide_states_three_bands():
+    cal = Calibration("retriever", (0.0, 1.0), (0.0, 1.0), auto_from=0.95, no_link_below=0.2)
+    assert [cal.decide(c) for c in (0.99, 0.95, 0.5, 0.2, 0.19, None)] == \
+        [AUTO, AUTO, REVIEW, REVIEW, NO_LINK, NO_LINK]
+    old = Calibration("retriever", (0.0, 1.0), (0.0, 1.0))  # a file from before the decisions: nothing is auto
+    assert [old.decide(c) for c in (1.0, 0.0)] == [REVIEW, REVIEW]
+
+
+def test_margin_weight_is_chosen_only_when_the_margin_tells_right_from_wrong():
+    rng = np.random.default_rng(0)
+    scores, margins_ = rng.uniform(0.5, 1.0, 600), rng.uniform(0.0, 0.2, 600)
+    informative = rng.uniform(size=600) < margins_ / 0.2  # right iff the margin is wide, whatever the score
+    weight, brier = choose_margin_weight(scores, margins_, informative)
+    assert weight > 0 and brier[weight] < brier[0.0]
+    noise = rng.uniform(size=600) < scores  # right with P = score; the margin is noise
+    weight, _ = choose_margin_weight(scores, margins_, noise)
+    assert weight <= 0.5
+
+
+def test_out_of_fold_never_sees_its_own_answer():
+    features = np.arange(10, dtype=float)
+    correct = np.array([0, 0, 0, 0, 0, 1, 1, 1, 1, 1], dtype=float)
+    conf = out_of_fold(features, correct, folds=10)
+    assert np.all((conf >= 0) & (conf <= 1)) and conf[:3].max() <= conf[-3:].min()
+
+
+def test_calibrate_with_dictionary_names_gives_every_mention_a_decision(tmp_path):
+    folder = build_indexes(tmp_path)["meddra"]
+    summary = calibrate(folder, HELDIN, dictionary_names=5)  # of its 10 names
+    assert (summary["mentions"], summary["dictionary_names"]) == (19, 5)
+    assert summary["auto_from"] == 0.95 and summary["no_link_below"] == 0.2
+    assert set(summary["decisions_out_of_fold"]) == set(DECISIONS)
+    assert sum(v["mentions"] for v in summary["decisions_out_of_fold"].values()) == 19
+    assert set(summary["decisions_out_of_fold_by_source"]) == {HELDIN, "dictionary names"}
+    linker = Linker.load(folder)
+    assert linker.calibration.exact_offset > 0 and read_manifest(folder)["calibration"]["auto_from"] == 0.95
+    for result in linker.link(["hair loss", "zzz qqq hair", "head pain"], k=1):
+        assert result.decision == linker.calibration.decide(result.candidates[0].confidence if result.candidates
+                                                            else None)
+        assert result.to_dict()["decision"] == result.decision
+    with pytest.raises(ConfigError, match="no_link_below"):
+        calibrate(folder, HELDIN, no_link_below=1.5)
+
+
+def test_cli_calibrate_refuses_a_precision_out_of_range(tmp_path, capsys):
+    folder = build_indexes(tmp_path)["meddra"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", "--index", str(folder), "--dataset", HELDIN, "--auto-precision", "1.5"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.startswith("error: --auto-precision") and err.count("\n") == 1
+
+
+def test_decisions_reach_jsonl_the_service_and_annotate(calibrated, tmp_path):
+    linker = Linker.load(calibrated)
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text('{"text": "hair loss"}\n{"text": "zzz qqq hair"}\n')
+    normalize_jsonl(linker, spans, tmp_path / "out.jsonl", k=1)
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    expected = [r.decision for r in linker.link(["hair loss", "zzz qqq hair"], k=1)]
+    assert [r["decision"] for r in records] == expected and set(expected) <= set(DECISIONS)
+    with TestClient(create_app([calibrated])) as client:
+        body = client.post("/link", json={"mentions": [{"text": "hair loss"}, {"text": "zzz qqq hair"}]}).json()
+    assert [r["decision"] for r in body["results"]] == expected
+
+    from linker.extract import decide
+    from linker.extract.model import ExtractedSpan
+    from linker.link import LinkResult
+
+    [hair] = linker.link(["hair loss"], k=1)
+    sure, unsure = (ExtractedSpan(0, 9, "hair loss", "AdverseEvent", "positive", c) for c in (0.9, 0.3))
+    auto = LinkResult("hair loss", hair.candidates, AUTO)
+    rows = decide([[sure, unsure]], {(0, 0): auto, (0, 1): auto}, review_below=0.5)[0]
+    assert [r["decision"] for r in rows] == [AUTO, REVIEW]  # an unsure extraction is not coded without review
+    [row] = decide([[sure]], {(0, 0): LinkResult("hair loss", hair.candidates, NO_LINK)})[0]
+    assert (row["decision"], row["code"], len(row["candidates"])) == (NO_LINK, None, 1)  # kept for a person
+    [row] = decide([[sure]], {(0, 0): LinkResult("hair loss", hair.candidates, None)})[0]
+    assert row["decision"] == REVIEW  # no calibration: no code is trusted without a person

@@ -115,7 +115,7 @@ def test_evaluation_ties_follow_the_linker(tmp_path):
 
     prior_linker = Linker.load(out)
     [fever] = prior_linker.link(["fever"], k=3)
-    ranked = _ranked(fever.candidates, prior_linker.tie_rank)
+    ranked = _ranked(fever, prior_linker.tie_rank)
     assert ranked.retriever_ids == ranked.ids == ("X2", "10037660", "X1")  # the retriever's order: its ties too
     assert mix(ranked, 1.0).ids == ranked.ids  # equal scores stay in the Linker's tie order
     build_index(tmp_path / "c.parquet", kind="tfidf", out=tmp_path / "plain")
@@ -141,7 +141,7 @@ def test_the_prior_for_the_matched_name_comes_before_the_overall_one(tmp_path):
     from linker.eval.calibrate import mix
     from linker.eval.report import _ranked, evaluate
 
-    ranked = _ranked(fever.candidates, with_prior.tie_rank)
+    ranked = _ranked(fever, with_prior.tie_rank)
     assert ranked.retriever_ids == ranked.ids == ("10037660", "X2", "X1") and mix(ranked, 1.0).ids == ranked.ids
     test = tmp_path / "test.tsv"
     test.write_text("10037660\tfever\n")

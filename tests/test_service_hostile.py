@@ -635,3 +635,13 @@ def test_real_server_bounds_an_annotate_flood_and_small_link_requests_stay_fast(
               f"{statuses.count(429)} refused 429 (slowest {slowest[429]:.2f} s); one-mention /link over {len(links)}: "
               f"median {links[len(links) // 2] * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {links[-1] * 1000:.0f} ms; "
               f"slowest /health {max(load.health) * 1000:.0f} ms, RSS +{grown:.0f} MiB")
+
+
+def test_a_nested_object_under_the_empty_key_is_not_the_body():
+    """Hypothesis found it: {"": {"mentions": [5 items]}} was counted as the request's own `mentions` (413)."""
+    from linker.service import RequestFieldError, scan_json
+
+    scan_json(b'{"": {"mentions": [null, null, null, null, null]}}', 4)  # not the request's list: no limit of 4
+    with pytest.raises(RequestFieldError) as exc:
+        scan_json(b'{"mentions": [null, null, null, null, null]}', 4)
+    assert exc.value.status == 413

@@ -94,3 +94,21 @@ def test_linker_ae_sets_ents_and_the_linker_follows_it(index):
     assert [(e.text, e._.ae_status) for e in docs[0].ents] == [(e.text, e._.ae_status) for e in doc.ents]
     with pytest.raises(ConfigError, match="style: expected one of"):
         nlp.add_pipe("linker_ae", name="bad", config={"style": "sentences"})
+
+
+def test_each_linked_entity_carries_the_links_decision(index, tmp_path):
+    import shutil
+
+    from linker.eval.calibrate import calibrate
+
+    assert pipeline(index)("hair loss").ents[0]._.linker_decision is None  # no calibration: no decision to trust
+    calibrated = tmp_path / "calibrated"
+    shutil.copytree(index, calibrated)
+    heldin = tmp_path / "heldin.tsv"
+    heldin.write_text("C0002170\thair loss\nC0002170\tbaldness\nC0018681\theadache\nC0018681\thead pain\n"
+                      "C0002170\tloss of hair\nC0018681\tpain in head\n")
+    calibrate(calibrated, f"tsv:{heldin}", dictionary_names=3)
+    doc = pipeline(calibrated)("She reports hair loss and a headache, and xyzzy.")
+    expected = Linker.load(calibrated).link([ent.text for ent in doc.ents], k=1)
+    assert [ent._.linker_decision for ent in doc.ents] == [r.decision for r in expected]
+    assert all(d in ("auto", "review", "no link") for d in (ent._.linker_decision for ent in doc.ents))

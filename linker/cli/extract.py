@@ -173,7 +173,7 @@ def annotate_cli(
     threshold: float = threshold_option(),
     style: str = style_option(),
     assertion: str = assertion_option(),
-    review_below: float = typer.Option(0.5, "--review-below", help="Decision 'review' when the span's or the link's confidence is below this."),
+    review_below: float = typer.Option(0.5, "--review-below", help="Decision 'review' instead of 'auto' when the tagger's confidence in the span is below this (the link's decision comes from the index's calibration)."),
     overwrite: bool = overwrite_option(),
     max_line_bytes: int = max_line_option(),
     max_document_bytes: int = max_text_option(),
@@ -183,7 +183,7 @@ def annotate_cli(
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
     labels: Path = typer.Option(None, "--labels", help="--format labels: a file of concept ids (one a line, optionally a tab and a name): the columns."),
 ) -> None:
-    """Extract adverse events and code each with the index: code, confidence, and the decision (coded, review,
+    """Extract adverse events and code each with the index: code, confidence, and the decision (auto, review,
     no link, or not coded for a negated / hypothetical event)."""
     from linker.extract import load_extractor
     from linker.extract.io import tag_documents, write_output
@@ -207,7 +207,9 @@ def annotate_cli(
 
         require_meddra(linker)  # ade-xml writes meddra_pt_id: a MedDRA index only, as `linker normalize` requires
     extractor = load_extractor(model, threads=threads)
-    counts = dict.fromkeys(("coded", "review", "no link", "not coded"), 0)
+    from linker.extract import DECISIONS as annotate_decisions
+
+    counts = dict.fromkeys(annotate_decisions, 0)
 
     def counted(annotated):
         for doc in annotated:

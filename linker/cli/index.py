@@ -216,8 +216,12 @@ def info_cli(
         _echo_prior(manifest["prior"])
     if manifest.get("calibration"):
         cal = manifest["calibration"]
-        shipped = " (the default calibration: synonyms held out of this index's dictionary)" if cal.get("origin") == "default" else ""
+        shipped = (" (the default calibration: synonyms held out of this index's dictionary, and names of its own)"
+                   if cal.get("origin") == "default" else "")
         typer.echo(f"  calibration {cal['method']} on {cal['mentions']:,} mentions of {cal['fitted_on']}{shipped}")
+        if cal.get("auto_from") is not None:
+            typer.echo(f"  decisions: auto at confidence >= {cal['auto_from']}, no link below {cal['no_link_below']}, "
+                       f"review between; margin weight {cal['margin_weight']}")
     typer.echo(f"  parameters {manifest['parameters']}")
     size = sum(entry["size"] for entry in manifest["files"].values())
     typer.echo(f"  {len(manifest['files'])} files, {size / 2**20:.1f} MiB" + ("" if no_check else ", verified"))

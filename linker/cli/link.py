@@ -21,7 +21,8 @@ EXPLAINED_NGRAMS = 12  # shared n-grams printed per candidate by --explain (the 
 
 
 def _print(result: LinkResult, linker: Linker | None = None) -> None:
-    typer.echo(result.mention)
+    # the decision (auto, review, no link) beside the mention when the index is calibrated
+    typer.echo(result.mention if result.decision is None else f"{result.mention}\t{result.decision}")
     if not result.candidates:
         typer.echo("  (no link)")
     for rank, c in enumerate(result.candidates, start=1):
@@ -45,7 +46,7 @@ def link_cli(
     index: Path = typer.Option(..., "--index", "-i", help="Index folder from `linker index build`."),
     k: int = typer.Option(5, "--k", "-k", help="Concepts per mention."),
     lang: str = typer.Option(None, "--lang", help="Only names of this language (ISO 639-1); JSONL 'lang' overrides."),
-    as_json: bool = typer.Option(False, "--json", help='Print JSON: a list of {"text", "candidates", "nil"}, as the JSONL and HTTP results.'),
+    as_json: bool = typer.Option(False, "--json", help='Print JSON: a list of {"text", "candidates", "nil", "decision"}, as the JSONL and HTTP results.'),
     input_path: Path = typer.Option(None, "--input", help='JSONL of {"text": ..., "id"?, "lang"?}; - for stdin.'),
     output: Path = typer.Option(None, "--output", help="JSONL with a 'candidates' list added; - for stdout."),
     max_line_bytes: int = typer.Option(None, "--max-line-bytes", help=MAX_LINE_HELP),

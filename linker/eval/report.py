@@ -114,21 +114,27 @@ class Ranked:
     scores: tuple[float, ...] = ()  # final scores, in `ids` order
     retriever_scores: tuple[float, ...] = ()  # the retriever's scores, in `ids` order
     ties: tuple[int, ...] = ()  # the Linker's tie order of `ids` (its concept codes); empty: concept_id order
+    decision: str | None = None  # the Linker's (`linker.confidence.DECISIONS`); None without a calibration
+    names: tuple[str, ...] = ()  # in `ids` order: the matched names, and their sources (`linker.confidence.margins`)
+    sources: tuple[str, ...] = ()
 
     def tie_key(self, i: int):
         return self.ties[i] if self.ties else self.ids[i]
 
 
-def _ranked(candidates, tie_rank) -> Ranked:
-    """`tie_rank`: (concept_id, matched name) -> the Linker's order among equal scores (`Linker.tie_rank`)."""
+def _ranked(result, tie_rank) -> Ranked:
+    """`result`: a `LinkResult`; `tie_rank`: (concept_id, matched name) -> the Linker's order among equal scores
+    (`Linker.tie_rank`)."""
+    candidates = result.candidates
     if not candidates:
-        return Ranked((), (), -math.inf, -math.inf)
+        return Ranked((), (), -math.inf, -math.inf, decision=result.decision)
     ties = tuple(tie_rank(c.concept_id, c.matched_name) for c in candidates)
     retriever = sorted(range(len(candidates)), key=lambda i: (-candidates[i].retriever_score, ties[i]))
     top = candidates[0]
     return Ranked(tuple(c.concept_id for c in candidates), tuple(candidates[i].concept_id for i in retriever),
                   float(top.score), math.nan if top.confidence is None else float(top.confidence),
-                  tuple(float(c.score) for c in candidates), tuple(float(c.retriever_score) for c in candidates), ties)
+                  tuple(float(c.score) for c in candidates), tuple(float(c.retriever_score) for c in candidates), ties,
+                  result.decision, tuple(c.matched_name for c in candidates), tuple(c.source for c in candidates))
 
 
 def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
@@ -150,7 +156,7 @@ def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
         for start in range(0, len(texts), LINK_BATCH):
             chunk = texts[start : start + LINK_BATCH]
             for text, result in zip(chunk, linker_.link(chunk, k=k, lang=lang, exclude=exclude)):
-                ranked[(text, lang)] = _ranked(result.candidates, linker_.tie_rank)
+                ranked[(text, lang)] = _ranked(result, linker_.tie_rank)
             reporter.update(len(chunk))
     reporter.close()
     return [tuple(ranked[(text, m.lang if query_lang else None)] for text in m.queries) for m in mentions]
@@ -464,7 +470,16 @@ def calibration_report(linker_, predictions: Predictions, hits: dict[int, np.nda
     """ECE of the raw score and the calibrated confidence, accuracy at a coverage (`linker.eval.trust`), on Full."""
     top_score, top_conf = top_of(predictions.ranked, "top_score"), top_of(predictions.ranked, "top_confidence")
     hits_at_1 = hits[1] if 1 in hits else predictions.hits(1, rule)
-    return calibration_section(top_score, top_conf, hits_at_1, linker_.scorer)
+    return calibration_section(top_score, top_conf, hits_at_1, linker_.scorer, decisions=weakest_decisions(predictions.ranked))
+
+
+def weakest_decisions(ranked: Sequence[tuple[Ranked, ...]]) -> list[str | None] | None:
+    """Per mention, its weakest query's decision (every part must be right); None when the Linker made none."""
+    from linker.confidence import DECISIONS
+
+    if not ranked or any(r.decision is None for queries in ranked for r in queries):
+        return None
+    return [max((r.decision for r in queries), key=DECISIONS.index) for queries in ranked]
 
 
 def nil_report(linker_, predictions: Predictions, scoring: Scoring, linking: Linking) -> dict:
@@ -665,6 +680,11 @@ def trust_markdown(report: EvalReport) -> list[str]:
                   f"{_pct(at['coverage'])}% most confident ({c['confidence']} >= "
                   f"{'–' if at['threshold'] is None else format(at['threshold'], '.4f')}): Acc@1 "
                   f"{_pct(at['accuracy'])}.", ""]
+        if c.get("decisions"):
+            lines += ["| decision | mentions | share | precision of the best candidate |", "|---|---:|---:|---:|"]
+            lines += [f"| {d} | {v['mentions']:,} | {_pct(v['share'])} | "
+                      f"{'-' if v['precision'] is None else _pct(v['precision'])} |" for d, v in c["decisions"].items()]
+            lines.append("")
     if report.nil:
         n = report.nil
         best = n["best_f1_oracle"]

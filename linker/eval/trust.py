@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linker.confidence import at_coverage, coverage_curve, expected_calibration_error, raw_probability
+from linker.confidence import DECISIONS, at_coverage, coverage_curve, expected_calibration_error, raw_probability
 from linker.text import code_key
 
 CURVE_POINTS = 101  # points of the accuracy / coverage curve kept in the JSON report
@@ -35,8 +35,9 @@ def _no_candidate_as_zero(values: np.ndarray) -> np.ndarray:
 
 
 def calibration_section(top_score: np.ndarray, top_confidence: np.ndarray, correct: np.ndarray,
-                        scorer: str, *, coverage: float = 0.9) -> dict:
-    """ECE of the raw score and of the calibrated confidence; accuracy at `coverage`; the curve."""
+                        scorer: str, *, coverage: float = 0.9, decisions: Sequence[str] | None = None) -> dict:
+    """ECE of the raw score and of the calibrated confidence; accuracy at `coverage`; the curve; with the
+    Linker's `decisions` (one per mention), each decision's share and precision (`decision_table`)."""
     raw = _no_candidate_as_zero(raw_probability(top_score, scorer))
     calibrated = not np.all(np.isnan(top_confidence))
     conf = _no_candidate_as_zero(top_confidence) if calibrated else raw
@@ -49,11 +50,25 @@ def calibration_section(top_score: np.ndarray, top_confidence: np.ndarray, corre
         "ece_raw": expected_calibration_error(raw, correct),
         "ece_calibrated": expected_calibration_error(conf, correct) if calibrated else None,
         "confidence": "calibrated" if calibrated else "raw score",
+        **({"decisions": decision_table(decisions, correct)} if decisions is not None else {}),
         "at_coverage": at_coverage(ranking, correct, coverage),
         "curve": {"coverage": [round(float(cov[i]), 5) for i in pick],
                   "accuracy": [round(float(acc[i]), 5) for i in pick],
                   "threshold": [round(float(thresholds[i]), 6) for i in pick]},
     }
+
+
+def decision_table(decisions: Sequence[str], correct: Sequence[bool]) -> dict:
+    """Per decision (`linker.confidence.DECISIONS`): how many mentions, their share, and how many of their best
+    candidates are right (precision); what a report shows of `auto`, `review` and `no link`."""
+    correct = np.asarray(correct, dtype=bool)
+    decisions = np.asarray(decisions, dtype=object)
+    out = {}
+    for d in DECISIONS:
+        sel = decisions == d
+        out[d] = {"mentions": int(sel.sum()), "share": float(sel.mean()) if len(sel) else 0.0,
+                  "precision": float(correct[sel].mean()) if sel.any() else None}
+    return out
 
 
 def remove_gold_concepts(concept_ids: Sequence[str], gold: Sequence[tuple[tuple[str, ...], ...]], fraction: float,

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from os import PathLike
 from typing import TYPE_CHECKING
 
+from linker.confidence import AUTO, NO_LINK, REVIEW
 from linker.errors import ConfigError, InputFormatError, shorten
 from linker.extract.data import AE, BENEFIT, DRUG, INDICATION, LABELS, STATUSES
 from linker.extract.extractor import NAME, Extractor, load_extractor
@@ -30,10 +31,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# What `annotate` decides for a span: "coded" (its best concept is the code), "review" (coded, but the extraction
-# or the link is not sure: a person should look), "no link" (a positive adverse event the index has no concept
-# for, or none above the Linker's min_confidence), "not coded" (negated or hypothetical: no event of the drug).
-DECISIONS = ("coded", "review", "no link", "not coded")
+# What `annotate` decides for a span: the link's decision (`linker.confidence`: "auto", code it without review;
+# "review", a person should look; "no link", the index likely has no concept for it or none above the Linker's
+# min_confidence), "review" too when the extraction is not sure (its confidence below `review_below`) or the index
+# has no calibration (no link confidence to trust), and "not coded" (negated or hypothetical: no event of the drug).
+DECISIONS = (AUTO, REVIEW, NO_LINK, "not coded")
 REVIEW_BELOW = 0.5
 
 
@@ -152,16 +154,19 @@ def decide(spans: Sequence[Sequence[ExtractedSpan]], linked: dict, *, review_bel
             elif result is None:
                 row.update(code=None, name=None, link_confidence=None, decision="not coded", candidates=[])
             elif result.nil:
-                row.update(code=None, name=None, link_confidence=None, decision="no link", candidates=[])
+                row.update(code=None, name=None, link_confidence=None, decision=NO_LINK, candidates=[])
             else:
                 best = result.candidates[0]
                 confidence = best.confidence
-                unsure = span.confidence < review_below or (confidence is not None and confidence < review_below)
-                row.update(code=best.concept_id, name=best.preferred_name,
+                decision = REVIEW if result.decision is None else result.decision
+                if decision == AUTO and span.confidence < review_below:
+                    decision = REVIEW
+                row.update(code=None if decision == NO_LINK else best.concept_id,
+                           name=None if decision == NO_LINK else best.preferred_name,
                            link_confidence=None if confidence is None else round(float(confidence), 4),
-                           decision="review" if unsure else "coded",
-                           candidates=[c.to_dict() for c in result.candidates])
-                row["_candidates"] = result.candidates  # for the ade-xml writer; `public` drops it
+                           decision=decision, candidates=[c.to_dict() for c in result.candidates])
+                if decision != NO_LINK:  # a "no link" span keeps its candidates for a person, but is not coded
+                    row["_candidates"] = result.candidates  # for the ade-xml writer; `public` drops it
             rows.append(row)
         out.append(rows)
     return out

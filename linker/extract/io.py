@@ -443,13 +443,13 @@ def write_ade_xml_spans(docs: Iterable[InputDoc], output: Path, *, db: str | Non
 @register_writer("labels", folder=False)
 def write_doc_labels(docs: Iterable[InputDoc], output: Path, *, labels: Sequence[str]) -> int:
     """One row per document (`linker.formats.doc_labels`): 1 under each listed concept that a positive adverse event
-    of it is coded with (decision coded or review), written atomically; the documents written."""
+    of it is coded with (decision auto or review), written atomically; the documents written."""
     from linker.formats.doc_labels import doc_label_lines
 
     def rows():
         for doc in docs:
             yield doc.name, {row.get("code") for rows in doc.spans for row in rows
-                             if isinstance(row, dict) and row.get("decision") in ("coded", "review")}
+                             if isinstance(row, dict) and row.get("decision") in ("auto", "review")}
 
     written = 0
     with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8", newline="") as handle:

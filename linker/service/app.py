@@ -108,7 +108,7 @@ def _add_routes(app: FastAPI, indexes: dict[str, LoadedIndex], default: str, lim
     @app.post("/annotate", response_model=AnnotateResponse, response_model_exclude_none=True, responses=errors)
     async def annotate(request: AnnotateRequest) -> Response:
         """Extract adverse events, drugs and effects from texts (linker-ae) and code each positive adverse event with
-        the index: code, confidence, and the decision (coded, review, no link, not coded)."""
+        the index: code, confidence, and the decision (auto, review, no link, not coded)."""
         return await _annotate(request, *check_annotate(request, indexes, default, limits), tagger)
 
 

@@ -231,18 +231,19 @@ _LBRACE, _LBRACKET, _RBRACE, _RBRACKET, _COMMA, _QUOTE = b'{[}],"'  # bytes unpa
 class _Frame:
     """An open array or object of the scan: its field name, items so far (commas) and limit."""
 
-    __slots__ = ("is_object", "path", "commas", "cap", "key", "expect_key")
+    __slots__ = ("is_object", "path", "commas", "cap", "key", "expect_key", "root")
 
-    def __init__(self, is_object: bool, path: str, cap: int) -> None:
-        self.is_object, self.path, self.cap = is_object, path, cap
+    def __init__(self, is_object: bool, path: str, cap: int, root: bool = False) -> None:
+        self.is_object, self.path, self.cap, self.root = is_object, path, cap, root
         self.commas = 0
         self.key = ""
         self.expect_key = is_object
 
     def child(self) -> str:
-        """The field name of the value now being read in this container, e.g. mentions[3] or mentions[3].id."""
+        """The field name of the value now being read in this container, e.g. mentions[3] or mentions[3].id; only
+        the body's own fields have no dot (an object under the key "" is not the body: its "mentions" is ".mentions")."""
         if self.is_object:
-            return f"{self.path}.{self.key}" if self.path else self.key
+            return self.key if self.root else f"{self.path}.{self.key}"
         return f"{self.path}[{self.commas}]"
 
 
@@ -303,7 +304,7 @@ def _open(stack: list[_Frame], top: _Frame | None, char: int, max_items: int, it
         if char == _LBRACKET:
             raise RequestFieldError("body", f'a JSON object such as {{"{items}": [{{"text": "hair loss"}}]}}',
                                     "an array")
-        stack.append(_Frame(True, "", SCAN_MAX_ITEMS))
+        stack.append(_Frame(True, "", SCAN_MAX_ITEMS, root=True))
         return
     path = top.child()
     if len(stack) >= SCAN_MAX_DEPTH:

@@ -4,7 +4,7 @@ and the two 200 bodies, built directly as JSON bytes."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,6 +65,9 @@ class MentionOut(BaseModel):
     lang: str | None = None
     candidates: list[CandidateOut]
     nil: bool = Field(description="No link: no candidate, or the best one below the service's --min-confidence.")
+    decision: Literal["auto", "review", "no link"] | None = Field(
+        None, description="What to do with the best candidate: auto (code without review), review, no link; "
+                          "absent when the index has no calibration.")
 
 
 class LinkResponse(BaseModel):
@@ -93,7 +96,7 @@ class AnnotateRequest(_Strict):
     k: int | None = Field(None, description="Candidates kept per adverse event (default 1); the code is the best.")
     index: IndexName = None
     threshold: float | None = Field(None, description="In-span probability a word piece needs (default: the tagger's).")
-    review_below: float | None = Field(None, description="Decision 'review' below this span or link confidence (default 0.5).")
+    review_below: float | None = Field(None, description="Decision 'review' instead of 'auto' below this span confidence (default 0.5); the link's decision comes from the index's calibration.")
     style: str | None = Field(None, description="AdverseEvent spans as 'terms' (TAC 2017's convention), 'phrases' "
                                                 "(PHEE's) or 'auto' (default: terms, and phrases where no term was found).")
 
@@ -108,7 +111,7 @@ class SpanOut(BaseModel):
     code: str | None = None
     name: str | None = None
     link_confidence: float | None = None
-    decision: str | None = Field(None, description="coded, review, no link, not coded (negated or hypothetical); "
+    decision: str | None = Field(None, description="auto (code without review), review, no link, not coded (negated or hypothetical); "
                                                    "null for a span that is no adverse event.")
     candidates: list[CandidateOut] = []
 
@@ -143,6 +146,8 @@ def link_body(loaded: LoadedIndex, k: int, mentions: list[MentionIn], results: l
             item["lang"] = m.lang
         item["candidates"] = [c.to_dict() for c in result.candidates]
         item["nil"] = result.nil
+        if result.decision is not None:
+            item["decision"] = result.decision
         out.append(item)
     return _json({"index": loaded.name, "version": loaded.linker.version, "k": k, "results": out})
 
