@@ -404,8 +404,8 @@ class Linker:
         return tuple(MeddraPath(**{f: r[f] for f in MeddraPath.__dataclass_fields__}) for r in rows)
 
     def _result(self, mention: str, hits: ConceptHits, final: np.ndarray, lang: str | None, k: int) -> LinkResult:
-        """The top k of `hits` by `final` score (score desc, then the tie order), with confidences (of the score and
-        its margin over the best other concept, `linker.confidence.margins`), the NIL rule and the decision."""
+        """The top k of `hits` by `final` score (score desc, then the tie order), with confidences (of the score, its
+        margin over the best rival concept, `linker.confidence.margins`, and exactness), the NIL rule and the decision."""
         ranked = np.lexsort((self._tie_keys(hits), -final))
         order = ranked[:k]
         cal = self.calibration
