@@ -51,7 +51,7 @@ import datetime as dt
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -75,9 +75,18 @@ MARGIN_FOLDS = 5
 # int8 vectors, ~1e-5 to 1e-4; a paraphrase of MiniLM's stays below 0.99)
 EXACT_SCORE = 0.999
 EXACT_OFFSET = 10.0  # above any paraphrase's score + margin_weight x margin (cosines: at most 1 + 8 x 1)
-
-
 MARGIN_FETCH = 5  # concepts retrieved to find the best rival past a few twins (`margins`)
+
+
+def map_input(scores, margins_, exact, margin_weight: float, exact_offset: float) -> np.ndarray:
+    """The calibration map's one input: score + margin_weight x margin + exact_offset for an exact match (either part
+    left out when its weight is 0 or its values are None). One formula for fitting, choosing and applying the map."""
+    out = np.asarray(scores, dtype=np.float64)
+    if margin_weight and margins_ is not None:
+        out = out + margin_weight * np.asarray(margins_, dtype=np.float64)
+    if exact_offset and exact is not None:
+        out = out + exact_offset * np.asarray(exact, dtype=np.float64)
+    return out
 
 
 def margins(final: np.ndarray, order: np.ndarray, twins: np.ndarray | None = None) -> np.ndarray:
@@ -96,16 +105,23 @@ def margins(final: np.ndarray, order: np.ndarray, twins: np.ndarray | None = Non
     return out
 
 
-def twins_of_top(names: Sequence[str], sources: Sequence[str]) -> np.ndarray:
-    """Per candidate (best first, its matched name and source): whether it matched the top one's name (`name_key`) in
-    another source (see `margins`)."""
+def twins_of_top(candidates: Iterable[tuple[str, object]], n: int) -> np.ndarray:
+    """Per candidate of `n` (best first, (matched name, source)): whether it is a twin of the top one, its name
+    (`name_key`) in another source (see `margins`). Only the twins ahead of the first rival are marked, the ones
+    `margins` reads: the candidates are read lazily up to that rival, so a hot path names one or two of them."""
     from linker.sources.default import name_key
 
-    if not names:
-        return np.zeros(0, dtype=bool)
-    top_key, top_source = name_key(names[0]), sources[0]
-    return np.array([i > 0 and source != top_source and name_key(name) == top_key
-                     for i, (name, source) in enumerate(zip(names, sources))], dtype=bool)
+    twins = np.zeros(n, dtype=bool)
+    pairs = iter(candidates)
+    first = next(pairs, None)
+    if first is None:
+        return twins
+    top_key, top_source = name_key(first[0]), first[1]
+    for i, (name, source) in enumerate(pairs, start=1):
+        if source == top_source or name_key(name) != top_key:
+            break  # the first rival
+        twins[i] = True
+    return twins
 
 
 @dataclass(frozen=True)
@@ -129,13 +145,8 @@ class Calibration:
     exact_offset: float = 0.0  # added for an exact match (`EXACT_SCORE`); 0 in older files
 
     def features(self, scores, margins_=None, exact=None) -> np.ndarray:
-        """The map's input: score + margin_weight x margin (`margins`) + exact_offset for an exact match."""
-        out = np.asarray(scores, dtype=np.float64)
-        if self.margin_weight and margins_ is not None:
-            out = out + self.margin_weight * np.asarray(margins_, dtype=np.float64)
-        if self.exact_offset and exact is not None:
-            out = out + self.exact_offset * np.asarray(exact, dtype=np.float64)
-        return out
+        """The map's input (`map_input`) with this calibration's weights."""
+        return map_input(scores, margins_, exact, self.margin_weight, self.exact_offset)
 
     def __call__(self, scores: np.ndarray | Sequence[float], margins_: np.ndarray | Sequence[float] | None = None,
                  exact: np.ndarray | Sequence[bool] | None = None) -> np.ndarray:
@@ -217,8 +228,8 @@ def choose_margin_weight(scores: np.ndarray, margins_: np.ndarray, correct: np.n
     (mean squared error against right/wrong, a proper scoring rule: it rewards telling right from wrong, not only
     matching the average); the smallest weight within 0.0005 of the best, so a margin that does not help is left out."""
     correct = np.asarray(correct, dtype=np.float64)
-    lift = 0.0 if exact is None else EXACT_OFFSET * np.asarray(exact, dtype=np.float64)
-    brier = {float(w): float(np.mean((out_of_fold(scores + w * margins_ + lift, correct) - correct) ** 2))
+    brier = {float(w): float(np.mean((out_of_fold(map_input(scores, margins_, exact, w, EXACT_OFFSET), correct)
+                                      - correct) ** 2))
              for w in weights}
     best = min(brier.values())
     return min(w for w, b in brier.items() if b <= best + 5e-4), brier

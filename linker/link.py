@@ -415,7 +415,7 @@ class Linker:
             twins = None
             if cal.margin_weight and len(ranked) > 1:
                 rows = hits.rows[ranked].tolist()
-                twins = twins_of_top([self._names[r] for r in rows], [self._source_codes[r] for r in rows])
+                twins = twins_of_top(((self._names[r], self._source_codes[r]) for r in rows), len(rows))
             confidence = cal(final[order], margins(final, ranked, twins)[:k], hits.scores[order] >= EXACT_SCORE)
         if self.min_confidence is not None and (len(order) == 0 or confidence[0] < self.min_confidence):
             return LinkResult(mention, (), None if cal is None else NO_LINK)

@@ -242,8 +242,10 @@ def test_margins_top_against_the_second_the_rest_against_the_top():
     assert margins(np.array([0.7]), np.array([0])).tolist() == pytest.approx([0.7])  # no rival: its own score
     assert margins(np.array([]), np.array([], dtype=int)).tolist() == []
     # a twin (the top one's name in another terminology) is no rival: the margin is against the next concept
-    twins = twins_of_top(["Nausea", "nausea", "Vomiting", "Nausea"], ["hpo", "icd10cm", "icd10cm", "hpo"])
-    assert twins.tolist() == [False, True, False, False]  # the same name in the top one's own source is a rival
+    twins = twins_of_top(zip(["Nausea", "nausea", "Vomiting", "Nausea"], ["hpo", "icd10cm", "icd10cm", "hpo"]), 4)
+    assert twins.tolist() == [False, True, False, False]
+    # the same name in the top one's own source is a rival
+    assert twins_of_top(zip(["Nausea", "Nausea"], ["hpo", "hpo"]), 2).tolist() == [False, False]
     assert margins(np.array([1.0, 1.0, 0.7, 0.6]), np.arange(4), twins).tolist() == pytest.approx([0.3, 0.0, -0.3, -0.4])
 
 

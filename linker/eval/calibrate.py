@@ -33,7 +33,8 @@ import numpy as np
 
 from linker.confidence import (
     AUTO_PRECISION, CALIBRATION, EXACT_OFFSET, EXACT_SCORE, MARGIN_FETCH, NO_LINK_BELOW, choose_margin_weight,
-    expected_calibration_error, fit_isotonic, margins, out_of_fold, raw_probability, twins_of_top, write_calibration,
+    expected_calibration_error, fit_isotonic, map_input, margins, out_of_fold, raw_probability, twins_of_top,
+    write_calibration,
 )
 from linker.datasets import load_dataset, spec_inputs
 from linker.errors import ConfigError
@@ -208,7 +209,7 @@ def _fit_input(ranked: list[tuple[Ranked, ...]], correct: np.ndarray, keep: np.n
     out-of-fold confidences of that input, the margin weight (`choose_margin_weight`) and the Brier score by weight."""
     top, margin, exact = _score_and_margin(ranked, keep)
     margin_weight, brier = choose_margin_weight(top, margin, correct, exact=exact)
-    feature = top + margin_weight * margin + EXACT_OFFSET * exact
+    feature = map_input(top, margin, exact, margin_weight, EXACT_OFFSET)
     return feature, out_of_fold(feature, correct), margin_weight, brier
 
 
@@ -232,7 +233,7 @@ def _score_and_margin(ranked: list[tuple[Ranked, ...]], keep: np.ndarray) -> tup
         if kept:
             weakest = min(queries, key=lambda r: r.top_score)
             scores = np.asarray(weakest.scores)
-            twins = twins_of_top(weakest.names, weakest.sources) if weakest.names else None
+            twins = twins_of_top(zip(weakest.names, weakest.sources), len(weakest.names)) if weakest.names else None
             rows.append((weakest.top_score, float(margins(scores, np.arange(len(scores)), twins)[0]),
                          float(weakest.retriever_scores[0] >= EXACT_SCORE)))
     out = np.array(rows, dtype=np.float64).reshape(-1, 3)
