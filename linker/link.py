@@ -550,7 +550,8 @@ class Linker:
         """Link column ``text`` (optional column ``lang`` per row, null = any language; one the index lacks: any,
         with a warning, `usable_langs`).
 
-        Returns the input columns plus ``candidates``: list<`CANDIDATE_TYPE`>, one list per row.
+        Returns the input columns plus ``candidates``: list<`CANDIDATE_TYPE`>, one list per row, and ``decision``
+        (string: ``auto``, ``review`` or ``no link``; null when the index is not calibrated, `LinkResult.decision`).
         A pure function of the batch, for Ray Data ``map_batches`` / Spark ``mapInArrow``.
         """
         if "text" not in batch.schema.names:
@@ -563,4 +564,6 @@ class Linker:
                                        shorten(text) if isinstance(text, str) else repr(text))
         results = self.link(texts, k=k, langs=langs)
         column = pa.array([[c.as_record() for c in r.candidates] for r in results], type=pa.list_(CANDIDATE_TYPE))
-        return pa.RecordBatch.from_arrays([*batch.columns, column], names=[*batch.schema.names, "candidates"])
+        decision = pa.array([r.decision for r in results], pa.string())
+        return pa.RecordBatch.from_arrays([*batch.columns, column, decision],
+                                          names=[*batch.schema.names, "candidates", "decision"])

@@ -32,6 +32,11 @@ def set_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
+def enabled() -> bool:
+    """Whether progress reporting is on (`set_enabled`)."""
+    return _enabled
+
+
 def on_terminal() -> bool:
     """A bar is drawn only where a person watches: stderr is a terminal and progress is on."""
     return _enabled and sys.stderr.isatty()

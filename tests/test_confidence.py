@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
@@ -324,6 +325,11 @@ def test_decisions_reach_jsonl_the_service_and_annotate(calibrated, tmp_path):
     with TestClient(create_app([calibrated])) as client:
         body = client.post("/link", json={"mentions": [{"text": "hair loss"}, {"text": "zzz qqq hair"}]}).json()
     assert [r["decision"] for r in body["results"]] == expected
+    from linker.engine.arrow import link_arrow
+
+    batch = pa.RecordBatch.from_pydict({"text": ["hair loss", "zzz qqq hair"]})
+    assert linker.link_batch(batch, k=1).column("decision").to_pylist() == expected  # Ray Data, Spark
+    assert link_arrow(linker, batch).column("decision").to_pylist() == expected  # the engines' flat rows
 
     from linker.extract import decide
     from linker.extract.model import ExtractedSpan

@@ -72,6 +72,18 @@ def test_info_lines_only_with_verbose_progress_always():
     configure_logging()
 
 
+def test_quiet_lasts_as_long_as_its_command(capsys, caplog, tmp_path):
+    """`main(["-q", ...])` in-process (the spaCy tests, an embedding application) gives the caller its logging back:
+    a warning logged after it still shows."""
+    root = logging.getLogger()
+    before = root.level, list(root.handlers), progress.enabled()
+    with pytest.raises(SystemExit):
+        main(["-q", "index", "info", str(tmp_path / "absent")])
+    assert (root.level, list(root.handlers), progress.enabled()) == before
+    logging.getLogger("linker.rerank").warning("a warning after a quiet command")
+    assert "a warning after a quiet command" in caplog.text
+
+
 def test_log_lines_show_sha256_digests_cut_to_12_characters():
     digest = "0123456789ab" + "f" * 52
     record = logging.LogRecord("linker.encoders", logging.INFO, __file__, 1, "loaded encoder e5 (sha256:%s)",

@@ -166,3 +166,55 @@ def test_exclude_names_reads_pairs_and_refuses_a_missing_file(tmp_path):
     with pytest.raises(MissingInputError):
         build_dictionary([SourceSpec("default", ())], tmp_path / "x.parquet",
                          options=SourceOptions(exclude_names=(str(tmp_path / "absent.tsv"),)))
+
+
+# --------------------------------------------------------------------------- version 2 (issue 49)
+
+def _v2():
+    from bench.lay import CROSSWALK_V2, LAY_TEST_V2, MANIFEST_V2
+
+    return LAY_TEST_V2, CROSSWALK_V2, MANIFEST_V2
+
+
+def test_version_2_widens_only_the_hpo_layperson_gold_and_names_each_added_code():
+    v2_path, crosswalk_path, manifest_path = _v2()
+    header, v1 = _rows(LAY_TEST)
+    assert _rows(v2_path)[0] == header
+    v2 = _rows(v2_path)[1]
+    assert [(r[0], r[2]) for r in v2] == [(r[0], r[2]) for r in v1]  # the same phrases, in the same order
+    walk = {(hp, code): rule for hp, code, rule, _ in _rows(crosswalk_path)[1]}
+    assert set(walk.values()) == {"umls_cui", "exact_name"}
+    widened = 0
+    for old, new in zip(v1, v2, strict=True):
+        before, after = old[1].split("|"), new[1].split("|")
+        assert after[:len(before)] == before  # version 1's gold comes first, unchanged
+        added = after[len(before):]
+        if old[2] != "hpo_layperson":
+            assert not added  # hand-written gold is kept as written
+        for code in added:
+            assert not code.startswith("HP:") and any((hp, code) in walk for hp in before)
+        widened += bool(added)
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    assert manifest["counts"]["rows_widened"] == widened > 0
+    assert manifest["based_on"]["sha256"] == hashlib.sha256(LAY_TEST.read_bytes()).hexdigest()
+    for path in (v2_path, crosswalk_path):
+        assert manifest["files"][path.name]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_version_2_is_rebuilt_from_the_crosswalk_and_its_codes_are_in_the_dictionary(tables):
+    full, _ = tables
+    lay_eval = _lay_eval()
+    doid = ROOT.parent / "shared" / "data" / lay_eval.DOID
+    if not doid.is_file():
+        pytest.skip(f"{doid.name} absent: the crosswalk's DO half lives in ../shared/data")
+    walk = lay_eval.crosswalk(full.table, doid)
+    v2, used, counts = lay_eval.widened(lay_eval.read_test_set(), walk)
+    assert [list(r) for r in v2] == _rows(lay_eval.LAY_TEST_V2)[1]
+    manifest = json.loads(lay_eval.MANIFEST_V2.read_text(encoding="utf-8"))
+    assert {"rows": len(v2), **counts} == manifest["counts"]
+    codes = set(full.table.column("concept_id").to_pylist())
+    assert {code for _, code in used} <= codes
+    # "Inflammation of the prostate" (HP:0000024 Prostatitis) reaches N41 Inflammatory diseases of prostate through
+    # UMLS C0033581 and DOID:14654
+    assert ("N41", "umls_cui") in {(code, rule) for code, rule, _ in walk["HP:0000024"]}

@@ -374,7 +374,8 @@ def test_link_batch_is_link_per_row(linker):
     batch = pa.RecordBatch.from_pydict({"id": ["a", "b", "c"], "text": ["nausea", "cefalea", "vomiting"],
                                         "lang": [None, "es", "en"]})
     out = linker.link_batch(batch, k=2)
-    assert out.schema.names == ["id", "text", "lang", "candidates"]
+    assert out.schema.names == ["id", "text", "lang", "candidates", "decision"]
+    assert out.column("decision").null_count == 3  # no calibration, no decision (tests/test_confidence.py has one)
     assert out.schema.field("candidates").type == pa.list_(CANDIDATE_TYPE)
     rows = out.to_pylist()
     assert [r["id"] for r in rows] == ["a", "b", "c"]

@@ -17,6 +17,7 @@ lines (and other libraries'), ``-vv`` DEBUG; ``-q`` keeps errors only and shows 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import logging
@@ -64,6 +65,23 @@ def configure_logging(*, verbose: bool | int = False, quiet: bool = False) -> No
     logging.getLogger("linker").setLevel(logging.NOTSET)
     logging.getLogger("linker.progress").setLevel(logging.ERROR if quiet else min(level, logging.INFO))
     progress.set_enabled(not quiet)
+
+
+@contextlib.contextmanager
+def _settings_restored():
+    """`configure_logging`'s settings last as long as the command: a caller of `main([...])` in the same process (a
+    test, an application embedding the CLI) gets its logging levels, handlers and progress switch back, so one
+    `-q` call does not silence the warnings of everything run after it."""
+    root, ours, bars = logging.getLogger(), logging.getLogger("linker"), logging.getLogger("linker.progress")
+    saved = root.level, list(root.handlers), ours.level, bars.level, progress.enabled()
+    try:
+        yield
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        ours.setLevel(saved[2])
+        bars.setLevel(saved[3])
+        progress.set_enabled(saved[4])
 
 
 def _version(value: bool) -> None:
@@ -141,6 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI (module docstring: one `error: ...` line and exit 1 for a LinkerError, 2 for a usage error).
     Success returns normally, so tests and embedding code can call main([...]) in-process."""
     args = sys.argv[1:] if argv is None else list(argv)
+    with _settings_restored():
+        _run(args)
+
+
+def _run(args: list[str]) -> None:
     try:
         _check_arguments(args)
         # standalone_mode=False: click's usage errors come here instead of being drawn in typer's box

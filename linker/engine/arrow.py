@@ -12,6 +12,7 @@ a nested struct type:
 | ``concept_ids``, ``names``, ``matched_names`` | list<string> | top k, best first; ``names`` are preferred names |
 | ``scores`` | list<float32> | the ranking score of each candidate |
 | ``confidence`` | float32 | calibrated confidence of the best candidate; null without calibration or when nil |
+| ``decision`` | string | ``auto``, ``review`` or ``no link`` (`linker.confidence`); null without calibration |
 | ``nil`` | bool | "no link": below ``--min-confidence``, or no candidate at all |
 
 `map_in_arrow` wraps it for Spark's ``mapInArrow``, loading the index once per Python worker.
@@ -41,13 +42,14 @@ OUTPUT_SCHEMA = pa.schema(
         ("matched_names", pa.list_(pa.string())),
         ("scores", pa.list_(pa.float32())),
         ("confidence", pa.float32()),
+        ("decision", pa.string()),
         ("nil", pa.bool_()),
     ]
 )
 """Columns of every engine's output (see the module docstring)."""
 
 SPARK_SCHEMA = ("id string, text string, lang string, concept_ids array<string>, names array<string>, "
-                "matched_names array<string>, scores array<float>, confidence float, nil boolean")
+                "matched_names array<string>, scores array<float>, confidence float, decision string, nil boolean")
 """`OUTPUT_SCHEMA` in Spark's DDL, the second argument of ``mapInArrow``."""
 
 
@@ -78,7 +80,8 @@ def link_arrow(linker: Linker, batch: pa.RecordBatch, *, k: int = 1, lang: str |
     ids = batch.column("id").cast(pa.string()) if "id" in names else pa.nulls(rows, pa.string())
     return pa.RecordBatch.from_arrays(
         [ids, texts, pa.array(given, pa.string()), per_span("concept_id"), per_span("preferred_name"),
-         per_span("matched_name"), per_span("score"), confidence, pa.array(counts == 0, pa.bool_())],
+         per_span("matched_name"), per_span("score"), confidence, linked.column("decision"),
+         pa.array(counts == 0, pa.bool_())],
         schema=OUTPUT_SCHEMA,
     )
 

@@ -357,8 +357,9 @@ def job_document(index: str | Path, *, k: int, lang: str | None, batch_size: int
         raise ConfigError(f"unknown Linker.load option(s) {', '.join(unknown)}; known: {', '.join(LOAD_DEFAULTS)}")
     options = {name: (str(value) if isinstance(value, Path) else value)
                for name, value in {**LOAD_DEFAULTS, **load_options}.items()}
+    # The columns too: shards written by a linker of other columns (before `decision`) are not resumed into one job.
     return {"index": {"name": Path(index).name, "manifest_sha256": index_hash(index)},
-            "k": k, "lang": lang, "batch_size": batch_size, **options}
+            "k": k, "lang": lang, "batch_size": batch_size, **options, "columns": OUTPUT_SCHEMA.names}
 
 
 def job_inputs(index: str | Path, load_options: dict) -> list[Input]:
