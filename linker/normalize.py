@@ -45,6 +45,7 @@ from linker.formats import DEFAULT_LIMITS, ReadLimits, input_files
 from linker.formats.ade_xml import ADE_MENTION_TYPES, label_text, read_ade_xml, write_ade_xml, write_reactions
 from linker.formats.brat import brat_lines, read_brat, write_brat
 from linker.formats.jsonl import jsonl_source, read_jsonl, write_jsonl
+from linker.formats.writers import WRITERS
 from linker.preprocess import expand_abbreviations, find_abbreviations
 from linker.progress import bar
 from linker.registry import Registry
@@ -55,8 +56,19 @@ if TYPE_CHECKING:  # the Linker is only needed for type hints here; callers pass
 
 log = logging.getLogger(__name__)
 
-# Input (and output) format -> how a file or folder of it is normalised; registered below (`normalize_path`).
-FORMATS: Registry[Callable[..., NormalizeSummary]] = Registry("input format")
+
+def _formats_from_writers() -> None:
+    # A format is added in one place, its `linker.formats.writers.WRITERS` entry (`linker.extract.io`), which names
+    # the `normalize_*_path` function below that normalises it; FORMATS is those entries, in their registration order (help texts').
+    for name in WRITERS:
+        normalize = WRITERS[name].normalize
+        if normalize is not None:
+            FORMATS.register(name, normalize)
+
+
+# Input (and output) format -> how a file or folder of it is normalised (`normalize_path`): the WRITERS entries
+# that name a `normalize` function.
+FORMATS: Registry[Callable[..., NormalizeSummary]] = Registry("input format", load=_formats_from_writers)
 # Mentions per Linker.link call: the tf-idf index searches queries in chunks of 1024, so a batch
 # of that size is one sparse product; larger batches only add memory.
 BATCH = 1024
@@ -413,27 +425,25 @@ def normalize_path(
                             expand=expand_abbreviations, lenient=lenient, limits=limits)
 
 
-# Each format's entry takes `normalize_path`'s arguments (`expand` = expand_abbreviations) and uses those it has.
+# Each format's `normalize` (named by its WRITERS entry, `linker.extract.io`) takes `normalize_path`'s arguments
+# (`expand` = expand_abbreviations) and uses those it has.
 
 
-@FORMATS.register("jsonl")
-def _normalize_jsonl_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
-                          limits) -> NormalizeSummary:
+def normalize_jsonl_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
+                        limits) -> NormalizeSummary:
     if expand:
         raise ConfigError("--expand-abbreviations needs the documents: use --format brat or ade-xml")
     return normalize_jsonl(linker, input_path, output_path, k=k, lang=lang, limits=limits, overwrite=overwrite)
 
 
-@FORMATS.register("brat")
-def _normalize_brat_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
-                         limits) -> NormalizeSummary:
+def normalize_brat_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
+                        limits) -> NormalizeSummary:
     return normalize_brat(linker, input_path, output_path, k=k, db=db, lang=lang, overwrite=overwrite,
                           expand=expand, lenient=lenient, limits=limits)
 
 
-@FORMATS.register("ade-xml")
-def _normalize_ade_xml_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
-                            limits) -> NormalizeSummary:
+def normalize_ade_xml_path(linker: Linker, input_path, output_path, *, k, db, lang, overwrite, expand, lenient,
+                           limits) -> NormalizeSummary:
     return normalize_ade_xml(linker, input_path, output_path, k=k, lang=lang, overwrite=overwrite, expand=expand,
                              limits=limits)
 
@@ -447,8 +457,11 @@ __all__ = [
     "require_meddra",
     "link_texts",
     "normalize_ade_xml",
+    "normalize_ade_xml_path",
     "normalize_brat",
+    "normalize_brat_path",
     "normalize_jsonl",
+    "normalize_jsonl_path",
     "normalize_jsonl_lines",
     "normalize_jsonl_stream",
     "normalize_path",

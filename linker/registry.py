@@ -1,13 +1,13 @@
 """One registry style for the pluggable parts.
 
-Sources (`linker.sources.SOURCES`), index kinds (`linker.index.KINDS`), dataset formats
-(`linker.datasets.LOADERS`), the formats `linker normalize` reads and writes back (`linker.normalize.FORMATS`), output
-writers (`linker.formats.writers.WRITERS`), extractors by release kind (`linker.extract.extractor.EXTRACTORS`), encoder aliases
-(`linker.encoders.ENCODERS`) and the dense build's encoding engines (`linker.index.dense.ENCODING_ENGINES`) are
-each one module-level `Registry`: name -> entry, filled by `register` (a decorator, or a call with the entry), read
-by `get(name)`, which names the choices when the name is unknown, and `names()`. A registry reads like a mapping
-(``name in registry``, ``registry[name]``, iteration in registration order, ``len``), so it can be shown in help
-texts and error messages as it is.
+Sources (`linker.sources.SOURCES`), index kinds (`linker.index.KINDS`), dataset formats (`linker.datasets.LOADERS`),
+output writers (`linker.formats.writers.WRITERS`, whose entries also name how `linker normalize` reads and writes
+back a format: `linker.normalize.FORMATS` is read from them), extractors by release kind
+(`linker.extract.extractor.EXTRACTORS`), encoder aliases (`linker.encoders.ENCODERS`) and the dense build's encoding
+engines (`linker.index.dense.ENCODING_ENGINES`) are each one module-level `Registry`: name -> entry, filled by
+`register` (a decorator, or a call with the entry), read by `get(name)`, which names the choices when the name is
+unknown, and `names()`. A registry reads like a mapping (``name in registry``, ``registry[name]``, iteration in
+registration order, ``len``), so it can be shown in help texts and error messages as it is.
 
 A registry whose entries register themselves when their modules are imported takes a `load`
 function, called once before the first read (the sources: importing every reader up front would

@@ -101,6 +101,16 @@ def test_normalize_path_dispatches_through_the_registry(tmp_path):
         normalize_path(None, tmp_path / "in", tmp_path / "out", fmt="jsonl", expand_abbreviations=True)
 
 
+def test_normalize_formats_are_the_writers_that_name_a_normaliser():
+    """An output format is added in one place, its WRITERS entry; `linker normalize`'s FORMATS are read from it."""
+    from linker.formats.writers import WRITERS
+    from linker.normalize import FORMATS
+
+    assert {name: FORMATS.get(name) for name in FORMATS} == {
+        name: WRITERS.get(name).normalize for name in WRITERS if WRITERS.get(name).normalize is not None}
+    assert WRITERS.get("labels").normalize is None and WRITERS.get("parquet").normalize is None
+
+
 def test_index_build_cli_makes_each_kinds_config_through_config_from_dict(monkeypatch, tmp_path):
     """`linker index build` reads no kind by name: the options become the kind's parameters, read back by
     the kind's own `config_from_dict`, the same config the options always made."""

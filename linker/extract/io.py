@@ -5,7 +5,8 @@ a TAC 2017 / ADE Eval ``.xml`` label (`linker.formats.ade_xml`; each ``<Section>
 (a brat folder: every ``.txt``, its ``.ann`` ignored; else every ``.xml``). Every input is read and checked before
 the model loads.
 
-Outputs (`write_output`, one writer per format in `linker.formats.writers.WRITERS`):
+Outputs (`write_output`, one writer per format in `linker.formats.writers.WRITERS`, each registered here with the
+function `linker normalize` reads and writes that format back with, where it has one):
 
 - ``jsonl``: one line per span, ``{"doc", "section"?, "start", "end", "text", "label", "status", "confidence"}``
   (offsets into the document, or into the section for XML), plus with `annotate` ``"code"``, ``"name"``,
@@ -43,6 +44,7 @@ from linker.errors import ConfigError, InputFormatError, MissingInputError, shor
 from linker.fileio import FileNamer, atomic_dir, atomic_file, decode_line, describe_path, safe_stem
 from linker.formats import ReadLimits, read_document
 from linker.formats.writers import WRITERS, register_writer
+from linker.normalize import normalize_ade_xml_path, normalize_brat_path, normalize_jsonl_path
 
 OUTPUT_FORMATS = ("brat", "jsonl", "ade-xml", "labels")
 INPUT_SUFFIXES = (".txt", ".jsonl", ".xml")
@@ -380,7 +382,7 @@ def write_output(docs: Iterable[InputDoc], output: Path, fmt: str, *, db: str | 
     return WRITERS.get(fmt).write(docs, Path(output), db=db, coded=coded)
 
 
-@register_writer("jsonl", folder=False)
+@register_writer("jsonl", folder=False, normalize=normalize_jsonl_path)
 def write_jsonl_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None = None, coded: bool = False) -> int:
     """One JSON line per span (`span_records`), written atomically."""
     from linker.formats.jsonl import write_jsonl
@@ -394,7 +396,7 @@ def write_jsonl_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None 
     return written
 
 
-@register_writer("brat", folder=True)
+@register_writer("brat", folder=True, normalize=normalize_brat_path)
 def write_brat_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None = None, coded: bool = False) -> int:
     """A folder of ``<doc>.txt`` and ``<doc>.ann`` per text (`document_files`), written atomically."""
     from linker.formats.brat import write_brat
@@ -413,7 +415,7 @@ def write_brat_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None =
     return written
 
 
-@register_writer("ade-xml", folder=True)
+@register_writer("ade-xml", folder=True, normalize=normalize_ade_xml_path)
 def write_ade_xml_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None = None,
                         coded: bool = False) -> int:
     """A folder of one ``<doc>.xml`` label per document (`document_files`), written atomically; the spans written
