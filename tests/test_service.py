@@ -316,18 +316,18 @@ def test_serve_refuses_a_port_in_use_in_one_line_and_serves_on_port_0(indexes, c
 # ---- MentionBatcher: concurrent requests share Linker.link calls, fairly, each gets its own results ----
 
 class _RecordingLinker:
-    """Stands in for a Linker: echoes each text with k and lang, fails on the text 'boom'."""
+    """Stands in for a Linker: echoes each text with k and its lang, fails on the text 'boom'."""
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
         self.release = threading.Event()
 
-    def link(self, texts, *, k, lang):
+    def link(self, texts, *, k, langs):
         self.release.wait(5)  # hold the worker so that concurrent jobs pile up
         self.calls.append(list(texts))
         if "boom" in texts:
             raise ValueError("boom")
-        return [(t, k, lang) for t in texts]
+        return [(t, k, lang) for t, lang in zip(texts, langs, strict=True)]
 
 
 def _submit(batcher, texts, k=1, langs=None):
@@ -406,7 +406,7 @@ def test_batcher_sizes_its_calls_by_the_measured_cost_per_mention():
     class Slow:
         calls: list[int] = []
 
-        def link(self, texts, *, k, lang):
+        def link(self, texts, *, k, langs):
             self.calls.append(len(texts))
             time.sleep(0.01 * len(texts))  # 10 ms a mention: 20 mentions make a 0.2 s call
             return list(texts)
@@ -622,11 +622,11 @@ class _CountingLinker:
     def __init__(self, linker) -> None:
         self.linker, self.calls, self.release = linker, [], threading.Event()
 
-    def link(self, texts, *, k, lang):
+    def link(self, texts, *, k, langs):
         if not self.calls:
             self.release.wait(10)
         self.calls.append(list(texts))
-        return self.linker.link(texts, k=k, lang=lang)
+        return self.linker.link(texts, k=k, langs=langs)
 
 
 def _concurrent_posts(app, bodies, release=None):
@@ -726,7 +726,7 @@ def test_the_inference_pool_runs_at_most_its_threads_and_each_queue_on_one_threa
         def __init__(self, name):
             self.name = name
 
-        def link(self, texts, *, k, lang):
+        def link(self, texts, *, k, langs):
             with lock:
                 running[self.name] = running.get(self.name, 0) + 1
                 most["all"] = max(most["all"], sum(running.values()))

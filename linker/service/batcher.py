@@ -310,23 +310,25 @@ class MentionBatcher:
         return round_
 
     def _link_round(self, round_: list[tuple[_Job, int, int]]) -> None:
-        groups: dict[tuple[int, str | None], list[tuple[_Job, int]]] = {}
+        # One call per k; the languages within it are grouped by `Linker.link(langs=...)`, the one place that groups
+        # mentions by language and applies its fallback rule (the checks let only the index's languages through).
+        groups: dict[int, list[tuple[_Job, int]]] = {}
         for job, start, stop in round_:
-            for i in range(start, stop):
-                groups.setdefault((job.k, job.langs[i]), []).append((job, i))
-        for (k, lang), items in groups.items():
-            self._link_items(items, k, lang)
+            groups.setdefault(job.k, []).extend((job, i) for i in range(start, stop))
+        for k, items in groups.items():
+            self._link_items(items, k)
 
-    def _link_items(self, items: list[tuple[_Job, int]], k: int, lang: str | None) -> None:
+    def _link_items(self, items: list[tuple[_Job, int]], k: int) -> None:
         started = time.perf_counter()
         try:
-            results = self.linker.link([job.texts[i] for job, i in items], k=k, lang=lang)
+            results = self.linker.link([job.texts[i] for job, i in items], k=k,
+                                       langs=[job.langs[i] for job, i in items])
             self.cost.add(len(items), time.perf_counter() - started)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, never lost
             jobs = list(dict.fromkeys(job for job, _ in items))
             if len(jobs) > 1:  # one request's input must not fail the others: retry each alone
                 for job in jobs:
-                    self._link_items([(j, i) for j, i in items if j is job], k, lang)
+                    self._link_items([(j, i) for j, i in items if j is job], k)
             else:
                 jobs[0].error = exc
             return
