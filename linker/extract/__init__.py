@@ -16,6 +16,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from os import PathLike
 from typing import TYPE_CHECKING
 
@@ -86,7 +87,8 @@ def annotate_documents(texts: Sequence[str], *, model: str | Extractor = NAME, l
                        lexicon: Lexicon | None = None) -> list[list]:
     """The one extract-then-link pipeline: every front end runs it on its batch of texts (`extract` and `annotate`,
     `linker extract` / `linker annotate` through `linker.extract.io.tag_documents`, Ray's
-    `linker.engine.ray.annotate_shard`, the spaCy component and `bench/extract.py`).
+    `linker.engine.ray.annotate_shard`, the spaCy component and `bench/extract.py`; the service runs its steps,
+    `tag` and `EventLinks`, with its own workers between them).
 
     Tags `texts` with the tagger `model` (a release name or folder, or a loaded `Extractor`); without `linker`,
     returns each text's `ExtractedSpan`s; with it, each text's annotated spans (`annotate_spans`: the positive
@@ -98,12 +100,25 @@ def annotate_documents(texts: Sequence[str], *, model: str | Extractor = NAME, l
     extractor = load_extractor(model) if isinstance(model, (str, PathLike)) else model
     if lexicon is None and linker is not None and isinstance(extractor, Extractor):
         lexicon = lexicon_of(linker)
-    options = {"lexicon": lexicon} if lexicon is not None else {}  # stand-ins without the argument keep working
-    spans = extractor.extract(list(texts), threshold=threshold, labels=labels, style=style, assertion=assertion,
-                              **options)
+    spans = tag(extractor, texts, lexicon=lexicon, threshold=threshold, labels=labels, style=style,
+                assertion=assertion)
     if linker is None:
         return spans
     return annotate_spans(linker, texts, spans, k=k, lang=lang, langs=langs, review_below=review_below)
+
+
+# The steps of `annotate_documents`: tag (`tag`), then link and decide (`EventLinks`). The service runs the same
+# steps with its own workers in between (a tagger queue, a batcher shared by concurrent requests), so it calls them
+# one by one instead of the whole pipeline.
+
+
+def tag(extractor: Extractor, texts: Sequence[str], *, lexicon: Lexicon | None = None, **options) -> list[list]:
+    """The tagging step: `extractor.extract` over `texts` with `options` (threshold, labels, style, assertion) and
+    the dictionary names `lexicon` as evidence (left out when None, so stand-ins without the argument keep
+    working)."""
+    if lexicon is not None:
+        options["lexicon"] = lexicon
+    return extractor.extract(list(texts), **options)
 
 
 # An index of more names than this lends the tagger none: a set of 5M normalised names holds ~1 GB, and names by the
@@ -180,15 +195,43 @@ def annotate_spans(linker: Linker, texts: Sequence[str], spans: Sequence[Sequenc
     (`linker.link.Linker.usable_langs`)."""
     if not 0.0 <= review_below <= 1.0:
         raise ConfigError(f"review_below: expected a probability from 0 to 1, found {review_below}")
-    wanted = events_to_link(spans)
-    mentions = [link_text(spans[t][i]) for t, i in wanted]
-    if not wanted:
-        results = []
-    elif langs is None:
-        results = linker.link(mentions, k=k, lang=lang)
-    else:
-        results = linker.link(mentions, k=k, langs=[langs[t] or lang for t, _ in wanted])
-    return decide(spans, dict(zip(wanted, results, strict=True)), review_below=review_below)
+    events = EventLinks.of(spans, lang=lang, langs=langs)
+    return events.decide(events.link(linker, k), review_below=review_below)
+
+
+@dataclass(frozen=True)
+class EventLinks:
+    """The link-and-decide step of the annotate pipeline: which spans of the tagged texts are linked
+    (`events_to_link`), the texts and languages they are linked with, and their rows once the results are back
+    (`decide`). `annotate_spans` links them in one `Linker.link` call (`link`); the service sends `mentions` and
+    `langs` through its batcher instead, and both decide here."""
+
+    spans: Sequence[Sequence[ExtractedSpan]]
+    wanted: list[tuple[int, int]]  # (text, span) of each mention
+    mentions: list[str]
+    langs: list[str | None] | None  # one per mention; None: `lang` for all
+    lang: str | None = None
+
+    @classmethod
+    def of(cls, spans: Sequence[Sequence[ExtractedSpan]], *, lang: str | None = None,
+           langs: Sequence[str | None] | None = None) -> EventLinks:
+        """The events of `spans`; `langs` one language per text (None: `lang`), or `lang` for all."""
+        wanted = events_to_link(spans)
+        return cls(spans, wanted, [link_text(spans[t][i]) for t, i in wanted],
+                   None if langs is None else [langs[t] or lang for t, _ in wanted], lang)
+
+    def link(self, linker: Linker, k: int) -> list:
+        """Their `LinkResult`s from one `Linker.link` call: `lang` for all (refused when the index lacks it), or
+        each mention's language (a language the index lacks linked against all: `Linker.usable_langs`)."""
+        if not self.mentions:
+            return []
+        if self.langs is None:
+            return linker.link(self.mentions, k=k, lang=self.lang)
+        return linker.link(self.mentions, k=k, langs=self.langs)
+
+    def decide(self, results: Sequence, *, review_below: float = REVIEW_BELOW) -> list[list[dict]]:
+        """One row per span of every text (`decide`), `results` being the `LinkResult` of each mention."""
+        return decide(self.spans, dict(zip(self.wanted, results, strict=True)), review_below=review_below)
 
 
 def annotate(texts: Sequence[str], linker: Linker, *, model: str | Extractor = NAME, k: int = 1,
@@ -208,6 +251,6 @@ def public(row: dict) -> dict:
     return {key: value for key, value in row.items() if not key.startswith("_")}
 
 
-__all__ = ["AE", "BENEFIT", "DECISIONS", "DRUG", "INDICATION", "LABELS", "NAME", "REVIEW_BELOW", "STATUSES", "ExtractedSpan",
-           "Extractor", "annotate", "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "Lexicon", "lexicon_of", "link_text", "load_extractor",
-           "public"]
+__all__ = ["AE", "BENEFIT", "DECISIONS", "DRUG", "INDICATION", "LABELS", "NAME", "REVIEW_BELOW", "STATUSES",
+           "EventLinks", "ExtractedSpan", "Extractor", "Lexicon", "annotate", "annotate_documents", "annotate_spans",
+           "decide", "events_to_link", "extract", "lexicon_of", "link_text", "load_extractor", "public", "tag"]

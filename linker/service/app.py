@@ -114,9 +114,10 @@ def _add_routes(app: FastAPI, indexes: dict[str, LoadedIndex], default: str, lim
 
 async def _annotate(request: AnnotateRequest, loaded: LoadedIndex, k: int, threshold: float | None,
                     review_below: float, tagger: Tagger) -> Response:
-    """/annotate after its checks: tag on the tagger's worker, then link the positive adverse events through the
-    index's batcher, where this request gets the same share as any /link request."""
-    from linker.extract import events_to_link, lexicon_of, link_text
+    """/annotate after its checks: the steps of `linker.extract.annotate_documents`, each on the service's own
+    worker: tag on the tagger's, then link the positive adverse events (`EventLinks`) through the index's batcher,
+    where this request gets the same share as any /link request, and decide."""
+    from linker.extract import EventLinks, lexicon_of
 
     try:
         # the index's names as the tagger's evidence, as `annotate` gives them (built once per index, off the loop)
@@ -125,14 +126,12 @@ async def _annotate(request: AnnotateRequest, loaded: LoadedIndex, k: int, thres
                                       style=request.style or "auto", lexicon=lexicon)
     except BusyError as exc:
         raise busy("texts", "the tagger's queue", exc) from None
-    spans = tagged.results
-    wanted = events_to_link(spans)
+    events = EventLinks.of(tagged.results, langs=[t.lang for t in request.texts])
     try:
-        results = await loaded.batcher.link([link_text(spans[t][i]) for t, i in wanted],
-                                            [request.texts[t].lang for t, _ in wanted], k) if wanted else []
+        results = await loaded.batcher.link(events.mentions, events.langs, k) if events.mentions else []
     except BusyError as exc:
         raise busy("texts", f"the queue of index {loaded.name}", exc) from None
-    body = await run_in_threadpool(annotate_body, loaded, k, request, tagged, wanted, results, review_below)
+    body = await run_in_threadpool(annotate_body, loaded, k, request, tagged.model, events, results, review_below)
     return Response(body, media_type="application/json")
 
 

@@ -450,13 +450,15 @@ class Tagger:
                 return
 
     def _tag_slice(self, job: TagJob) -> None:
+        from linker.extract import tag  # `annotate_documents`' tagging step; imported with the tagger, not at start-up
+
         extractor = self._load()
         stop, size = job.next + 1, len(job.texts[job.next])
         while stop < len(job.texts) and size + len(job.texts[stop]) <= self.SLICE_CHARS:
             size += len(job.texts[stop])
             stop += 1
-        options = {"lexicon": job.lexicon} if job.lexicon is not None else {}
-        job.results += extractor.extract(job.texts[job.next:stop], threshold=job.threshold, style=job.style, **options)
+        job.results += tag(extractor, job.texts[job.next:stop], lexicon=job.lexicon, threshold=job.threshold,
+                           style=job.style)
         job.model, job.next = extractor.revision, stop
 
     def _finish(self, job: TagJob) -> None:

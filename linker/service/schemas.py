@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from linker.link import MeddraPath
 
 if TYPE_CHECKING:
-    from linker.service.batcher import LoadedIndex, TagJob
+    from linker.extract import EventLinks
+    from linker.service.batcher import LoadedIndex
 
 
 class _Strict(BaseModel):
@@ -152,16 +153,15 @@ def link_body(loaded: LoadedIndex, k: int, mentions: list[MentionIn], results: l
     return _json({"index": loaded.name, "version": loaded.linker.version, "k": k, "results": out})
 
 
-def annotate_body(loaded: LoadedIndex, k: int, request: AnnotateRequest, tagged: TagJob, wanted: list,
+def annotate_body(loaded: LoadedIndex, k: int, request: AnnotateRequest, model: str, events: EventLinks,
                   results: list, review_below: float) -> bytes:
-    """The AnnotateResponse as JSON bytes: each span with its code and decision."""
-    from linker.extract import decide
-
-    rows = decide(tagged.results, dict(zip(wanted, results, strict=True)), review_below=review_below)
+    """The AnnotateResponse as JSON bytes: each span with its code and decision (`events.decide`); `model` the
+    tagger's revision."""
+    rows = events.decide(results, review_below=review_below)
     out = []
     for t, doc_rows in zip(request.texts, rows, strict=True):
         item: dict[str, Any] = {"id": t.id} if t.id is not None else {}
         item["spans"] = [{key: value for key, value in row.items() if not key.startswith("_")} for row in doc_rows]
         out.append(item)
-    return _json({"index": loaded.name, "version": loaded.linker.version, "model": tagged.model, "k": k,
+    return _json({"index": loaded.name, "version": loaded.linker.version, "model": model, "k": k,
                   "results": out})
