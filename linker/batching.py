@@ -7,6 +7,9 @@ for it.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -64,3 +67,52 @@ def token_batches(lengths: np.ndarray, token_budget: int, max_batch: int,
         batches.append((start, end))
         start = end
     return batches
+
+
+# ----------------------------------------------------------------------------- one encode call's plan and record
+#
+# The torch encoder and the numpy runtime run different forward passes over the same plan: the distinct texts
+# (`distinct_ids`), cut to the model's limit and cut into length-sorted batches (`length_batches`), and the same
+# record of the call (`encode_stats`).
+
+
+def distinct_ids(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(inverse: each text's distinct number, firsts: each distinct one's first text, copies: texts per distinct one).
+
+    Texts the tokenizer reads as the same ids ("Cystic fibrosis" and "cystic fibrosis" for an
+    uncased model, or plain duplicates) are encoded once and share one vector. Encoded apart,
+    in different batches, they differ by float rounding, and a tie between them (a mention
+    with their ids scores ~1 against each) was decided by that rounding, differently in each
+    precision and compiled or eager build (28 NCBI-disease test mentions flipped between two
+    builds: scripts/ncbi_dense_ties.py). Bit-identical, they tie exactly and search breaks
+    the tie by row, the same in every build. (Within one call: an index build encodes chunks
+    of names sorted by length, so texts that differ only in case land in the same chunk.)"""
+    keys: dict[tuple, int] = {}
+    inverse = np.fromiter((keys.setdefault(tuple(x), len(keys)) for x in ids), dtype=np.int64, count=len(ids))
+    firsts = np.unique(inverse, return_index=True)[1]  # keys are numbered in order of first appearance
+    return inverse, firsts, np.bincount(inverse)
+
+
+def length_batches(lengths: np.ndarray, limit: int, token_budget: int, batch_size: int | None
+                   ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """(clipped: each text's length cut to `limit`, order: the texts by clipped length, stable, batches: `token_batches`
+    over that order, at most `batch_size` texts each, MAX_BATCH when None)."""
+    clipped = np.minimum(lengths, limit)
+    order = np.argsort(clipped, kind="stable")
+    return clipped, order, token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
+
+
+def encode_stats(lengths: np.ndarray, clipped: np.ndarray, batches: int, padded: int, limit: int,
+                 tokenize_seconds: float, started: float, log: logging.Logger) -> EncodeStats:
+    """The record of an encode call of texts of token `lengths` (every text, before truncation; `clipped`: the
+    distinct ones' as encoded) begun at `started` (time.perf_counter); a warning on `log` (the encoder's own) when
+    texts were truncated."""
+    truncated = int(np.sum(lengths > limit))
+    if truncated:
+        log.warning("%d of %d texts are longer than the encoder's %d tokens and were truncated (longest %d)",
+                    truncated, len(lengths), limit, int(lengths.max()))
+    return EncodeStats(
+        texts=len(lengths), batches=batches, tokens=int(clipped.sum()), padded_tokens=padded,
+        max_length=limit, longest=int(lengths.max()), truncated=truncated,
+        tokenize_seconds=round(tokenize_seconds, 3), seconds=round(time.perf_counter() - started, 3),
+    )

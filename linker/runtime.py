@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linker.batching import MAX_BATCH, TOKEN_BUDGET, EncodeStats, token_batches
+from linker.batching import TOKEN_BUDGET, distinct_ids, encode_stats, length_batches
 from linker.errors import ConfigError, InputFormatError
 
 log = logging.getLogger(__name__)
@@ -338,11 +338,7 @@ class RuntimeEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         started = time.perf_counter()
         ids = self.token_ids(texts)
-        # Texts with equal token ids are encoded once and share one vector (why: `Encoder.encode`).
-        keys: dict[tuple, int] = {}
-        inverse = np.fromiter((keys.setdefault(tuple(x), len(keys)) for x in ids), dtype=np.int64, count=len(ids))
-        firsts = np.unique(inverse, return_index=True)[1]
-        copies = np.bincount(inverse)
+        inverse, firsts, copies = distinct_ids(ids)  # texts with equal token ids share one vector
         all_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         limit = self.max_length
         distinct = [ids[i] for i in firsts]
@@ -353,9 +349,7 @@ class RuntimeEncoder:
             for i, encoding in zip(long, cut):
                 distinct[i] = encoding.ids
         tokenize_seconds = time.perf_counter() - started
-        clipped = np.minimum(all_lengths[firsts], limit)
-        order = np.argsort(clipped, kind="stable")
-        batches = token_batches(clipped[order], token_budget, batch_size or MAX_BATCH)
+        clipped, order, batches = length_batches(all_lengths[firsts], limit, token_budget, batch_size)
         out = np.empty((len(distinct), self.dim), dtype=np.float32)
         padded = 0
         with _blas_threads(self.threads):
@@ -373,15 +367,8 @@ class RuntimeEncoder:
                 out[rows] = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), np.float32(1e-12))
                 if progress is not None:
                     progress(int(copies[rows].sum()))
-        truncated = int(np.sum(all_lengths > limit))
-        self.last_stats = EncodeStats(
-            texts=len(inverse), batches=len(batches), tokens=int(clipped.sum()), padded_tokens=padded,
-            max_length=limit, longest=int(all_lengths.max()), truncated=truncated,
-            tokenize_seconds=round(tokenize_seconds, 3), seconds=round(time.perf_counter() - started, 3),
-        )
-        if truncated:
-            log.warning("%d of %d texts are longer than the encoder's %d tokens and were truncated (longest %d)",
-                        truncated, len(inverse), limit, int(all_lengths.max()))
+        self.last_stats = encode_stats(all_lengths, clipped, len(batches), padded, limit, tokenize_seconds, started,
+                                       log)
         return out[inverse]
 
     def __repr__(self) -> str:

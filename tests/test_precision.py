@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from linker import precision as prec
-from linker.batching import token_batches
+from linker.batching import distinct_ids, encode_stats, length_batches, token_batches
 from linker.cli.main import main
 from linker.encoders import load_encoder
 from linker.errors import ConfigError, UnknownNameError
@@ -98,6 +99,20 @@ def test_token_batches_respect_the_budget_and_the_count():
     assert token_batches(spread, token_budget=10_000, max_batch=10, small_batch_tokens=100) == [
         (0, 7), (7, 8)]  # 7 x 12 = 84 fit, 8 x 30 = 240 does not
     assert token_batches(np.array([1] * 5), token_budget=100, max_batch=2) == [(0, 2), (2, 4), (4, 5)]
+
+
+def test_one_encode_plan_and_record_for_the_torch_encoder_and_the_runtime(caplog):
+    """`distinct_ids`, `length_batches` and `encode_stats`: the plan and record both encoders share."""
+    inverse, firsts, copies = distinct_ids([[1, 2], [3], [1, 2], [4, 5, 6, 7]])
+    assert (inverse.tolist(), firsts.tolist(), copies.tolist()) == ([0, 1, 0, 2], [0, 1, 3], [2, 1, 1])
+    clipped, order, batches = length_batches(np.array([2, 1, 4]), 3, 100, None)
+    assert (clipped.tolist(), order.tolist(), batches) == ([2, 1, 3], [1, 0, 2], [(0, 3)])
+    log = logging.getLogger("linker.test_batching")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        stats = encode_stats(np.array([2, 1, 2, 4]), clipped, len(batches), 9, 3, 0.0, 0.0, log)
+    assert (stats.texts, stats.batches, stats.tokens, stats.padded_tokens, stats.longest, stats.truncated) == (
+        4, 1, 6, 9, 4, 1)
+    assert [r.name for r in caplog.records] == [log.name] and "1 of 4 texts" in caplog.records[0].getMessage()
 
 
 def test_encode_loop_matches_sentence_transformers_in_the_callers_order(fp32):
