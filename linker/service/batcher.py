@@ -132,6 +132,59 @@ def _limit_math_threads(threads: int) -> None:
         threadpool_limits(threads, user_api="blas")
 
 
+# ----------------------------------------------------------------------------- the bounded queues
+
+
+class _WorkQueue:
+    """What the `MentionBatcher` and the `Tagger` share: requests queued for the pool's threads, bounded by the work
+    admitted and not yet finished (`max_pending` of `UNIT`: mentions, characters), a request past it refused at once
+    (BusyError, the service's 429), each request answered by its `on_done` on the worker thread."""
+
+    UNIT = "items"  # what `max_pending` counts, named in the BusyError
+    NAME = "linker queue"  # in the log line of a failed completion callback
+
+    def __init__(self, max_pending: int, pool: InferencePool) -> None:
+        self.max_pending = max_pending
+        self.pool = pool
+        self.pool.attach(self)
+        self._pending = 0  # work admitted and not yet finished
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._active: deque = deque()  # admitted jobs with work left (the pool's thread's)
+
+    def _admit(self, size: int, make_job: Callable[[], Any]) -> Any:
+        """Queue the job `make_job()` of `size` units and wake the pool; BusyError, and nothing queued, when it
+        would take the work waiting past `max_pending`."""
+        with self._lock:
+            if self._pending + size > self.max_pending:
+                raise BusyError(f"{self._pending} {self.UNIT} are waiting")
+            self._pending += size
+        job = make_job()
+        self._queue.put(job)
+        self.pool.wake(self)
+        return job
+
+    def has_work(self) -> bool:
+        return bool(self._active) or not self._queue.empty()
+
+    def _take_queued(self) -> None:
+        """Move the queued requests to the back of `_active`."""
+        while True:
+            try:
+                self._active.append(self._queue.get_nowait())
+            except queue.Empty:
+                return
+
+    def _answer(self, job: Any, size: int) -> None:
+        """`job` is done (results or error set): its `size` units leave the bound, and its request is answered."""
+        with self._lock:
+            self._pending -= size
+        try:
+            job.on_done(job)
+        except Exception:  # noqa: BLE001 - a broken callback must not stop the worker
+            log.exception("%s: a request's completion callback failed", self.NAME)
+
+
 # ----------------------------------------------------------------------------- linking: MentionBatcher
 
 
@@ -182,7 +235,7 @@ class CallCost:
             self.fixed, self.per_mention = self.fixed * scale, max(self.per_mention * scale, 1e-7)
 
 
-class MentionBatcher:
+class MentionBatcher(_WorkQueue):
     """Links the mentions of concurrent requests in shared `Linker.link` calls, fairly, one call at a time.
 
     A call of many mentions costs little more than a call of one (the query encoder's set-up, a read of every name
@@ -211,16 +264,12 @@ class MentionBatcher:
     MIN_BATCH, MAX_BATCH = 16, 256
     FIXED_SHARE = 0.2  # the fixed part at most a fifth of a call: a call linked at >= 80% of the batched rate
 
+    UNIT, NAME = "mentions", "linker batcher"
+
     def __init__(self, linker: Linker, name: str, max_pending: int = 20_000, pool: InferencePool | None = None) -> None:
+        super().__init__(max_pending, pool or InferencePool(1, name=f"linker-batcher-{name}"))
         self.linker = linker
-        self.max_pending = max_pending
-        self.pool = pool or InferencePool(1, name=f"linker-batcher-{name}")
-        self.pool.attach(self)
         self.cost = CallCost(0.003)  # the first guess: tf-idf's cost a mention; the fit takes over after one call
-        self._pending = 0  # mentions admitted and not yet finished
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._active: deque[_Job] = deque()  # admitted jobs with mentions left, oldest first (the pool's thread's)
         self._expected = 1  # requests in flight at the last call's end: how many a call that is not full waits for
         self._last_call = 0.0  # when the last call ended (time.perf_counter)
 
@@ -233,22 +282,12 @@ class MentionBatcher:
 
     def submit(self, texts: list[str], langs: list[str | None], k: int, on_done: Callable[[_Job], None]) -> _Job:
         """Queue `texts`; `on_done(job)` runs on the worker thread with job.results or job.error set."""
-        with self._lock:
-            if self._pending + len(texts) > self.max_pending:
-                raise BusyError(f"{self._pending} mentions are waiting")
-            self._pending += len(texts)
-        job = _Job(texts, langs, k, on_done, [None] * len(texts))
-        self._queue.put(job)
-        self.pool.wake(self)
-        return job
+        return self._admit(len(texts), lambda: _Job(texts, langs, k, on_done, [None] * len(texts)))
 
     async def link(self, texts: list[str], langs: list[str | None], k: int) -> list:
         """The LinkResults of `texts`, awaited without holding a thread."""
         job = await _completion(lambda done: self.submit(texts, langs, k, done))
         return job.results
-
-    def has_work(self) -> bool:
-        return bool(self._active) or not self._queue.empty()
 
     def step(self) -> None:
         """One call: gather the waiting requests, link a share of each, answer the requests that are done."""
@@ -269,11 +308,7 @@ class MentionBatcher:
 
     def _gather(self) -> None:
         """Move the queued requests to `_active`; wait for more while the call is not full (see the class)."""
-        while True:
-            try:
-                self._active.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+        self._take_queued()
         if not self._active:
             return
         waiting = sum(len(job.texts) - job.next for job in self._active)
@@ -337,12 +372,7 @@ class MentionBatcher:
 
     def _finish(self, job: _Job) -> None:
         job.finished = True
-        with self._lock:
-            self._pending -= len(job.texts)
-        try:
-            job.on_done(job)
-        except Exception:  # noqa: BLE001 - a broken callback must not stop the worker
-            log.exception("linker batcher: a request's completion callback failed")
+        self._answer(job, len(job.texts))
 
 
 def _fair_level(wants: list[int], room: int) -> int:
@@ -380,7 +410,7 @@ def _load_tagger(threads: int) -> Any:
     return load_extractor(threads=threads)  # torch's threads: the pool's share of the cores for one call
 
 
-class Tagger:
+class Tagger(_WorkQueue):
     """Runs the /annotate tagger (linker-ae) on the inference pool, behind a queue bounded in characters.
 
     Not on the server's threadpool: the tagger is one torch model behind a lock, so from the threadpool 40 waiting
@@ -394,37 +424,22 @@ class Tagger:
 
     SLICE_CHARS = 2_000  # ~0.2-0.5 s of tagging on 2 shared cores; a text is never cut (the tagger windows it)
 
+    UNIT, NAME = "characters", "linker tagger"
+
     def __init__(self, max_pending: int, load: Callable[[], Any] | None = None,
                  pool: InferencePool | None = None) -> None:
-        self.max_pending = max_pending
-        self.pool = pool or InferencePool(1, name="linker-tagger")
-        self.pool.attach(self)
+        super().__init__(max_pending, pool or InferencePool(1, name="linker-tagger"))
         self._load = load or (lambda: _load_tagger(self.pool.math_threads))
-        self._pending = 0  # characters admitted and not yet finished
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[TagJob] = queue.SimpleQueue()
-        self._active: deque[TagJob] = deque()  # admitted jobs with texts left (the pool's thread's)
 
     def submit(self, texts: list[str], threshold: float | None, style: str,
                on_done: Callable[[TagJob], None], lexicon: Any = None) -> TagJob:
         """Queue `texts`; `on_done(job)` runs on the worker thread with job.results or job.error set."""
-        chars = sum(map(len, texts))
-        with self._lock:
-            if self._pending + chars > self.max_pending:
-                raise BusyError(f"{self._pending} characters are waiting")
-            self._pending += chars
-        job = TagJob(texts, threshold, style, on_done, lexicon)
-        self._queue.put(job)
-        self.pool.wake(self)
-        return job
+        return self._admit(sum(map(len, texts)), lambda: TagJob(texts, threshold, style, on_done, lexicon))
 
     async def extract(self, texts: list[str], *, threshold: float | None, style: str, lexicon: Any = None) -> TagJob:
         """The tagged job (spans of each text in job.results, the tagger's revision in job.model), awaited without
         holding a thread; `lexicon` as `linker.extract.annotate_documents` takes it."""
         return await _completion(lambda done: self.submit(texts, threshold, style, done, lexicon))
-
-    def has_work(self) -> bool:
-        return bool(self._active) or not self._queue.empty()
 
     def step(self) -> None:
         """Tag the next slice of the oldest request in line; requests that came meanwhile go before its next one."""
@@ -442,13 +457,6 @@ class Tagger:
         else:
             self._finish(job)
 
-    def _take_queued(self) -> None:
-        while True:
-            try:
-                self._active.append(self._queue.get_nowait())
-            except queue.Empty:
-                return
-
     def _tag_slice(self, job: TagJob) -> None:
         from linker.extract import tag  # `annotate_documents`' tagging step; imported with the tagger, not at start-up
 
@@ -462,12 +470,7 @@ class Tagger:
         job.model, job.next = extractor.revision, stop
 
     def _finish(self, job: TagJob) -> None:
-        with self._lock:
-            self._pending -= sum(map(len, job.texts))
-        try:
-            job.on_done(job)
-        except Exception:  # noqa: BLE001 - a broken callback must not stop the worker
-            log.exception("linker tagger: a request's completion callback failed")
+        self._answer(job, sum(map(len, job.texts)))
 
 
 # ----------------------------------------------------------------------------- the indexes served
