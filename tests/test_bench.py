@@ -88,3 +88,27 @@ def test_a_search_lever_is_a_public_config_field():
     index.config = dataclasses.replace(index.config, min_score=float(scores[0][1]) + 1e-6)
     kept = index.search(["chest pain"], 5)[1][0]
     assert kept[0] == rows[0][0] and (kept[1:] == -1).all()
+
+
+def test_house_counts_lines_per_package_and_masks_only_run_fields():
+    """bench.house's pure helpers: the package a file counts in, its lines, the rows, JSON keys that differ, and the
+    run fields (build time, process id, checksums, printed seconds) masked before outputs are compared."""
+    from bench.house import count_lines, json_differences, line_rows, lines_by_package, mask_run_fields, package_of
+
+    assert [package_of(p) for p in ("linker/index/dense.py", "linker/service.py", "linker/service/app.py",
+                                    "linker/data/x.tsv", "bench/house.py")] == ["index", "service", "service", None,
+                                                                                None]
+    assert [count_lines(b) for b in (b"", b"a\n", b"a\nb", b"\n\n")] == [0, 1, 2, 2]
+    counts = lines_by_package({"linker/a.py": b"x\ny\n", "linker/b/c.py": b"z", "linker/b/d.py": b"1\n2\n3\n"})
+    assert counts == {"a": (1, 2), "b": (2, 4)}
+    assert line_rows({"a": (1, 2)}, counts) == [["a", 1, "2", 1, "2", "+0"], ["b", 0, "0", 2, "4", "+4"],
+                                                ["**all**", 1, "2", 3, "6", "+4"]]
+    assert json_differences(b'{"a": 1, "b": [1, {"c": 2}]}', b'{"a": 1, "b": [1, {"c": 3}], "d": 0}') == ["b.1.c", "d"]
+    assert json_differences(b"x", b"{}") == ["(not JSON)"]
+    built = b'{"built_at": "2026-11-28T12:53:37+00:00", "pid": 5831, "sha256": "' + b"ab" * 32 + b'", "k": 5}'
+    other = b'{"built_at": "2026-11-28T12:54:51+00:00", "pid": 42, "sha256": "' + b"cd" * 32 + b'", "k": 5}'
+    assert mask_run_fields("manifest.json", built) == mask_run_fields("manifest.json", other)
+    assert mask_run_fields("m.json", built) != mask_run_fields("m.json", other.replace(b'"k": 5', b'"k": 6'))
+    version = b'"version":"index:tfidf:2026-11-28T12:54:51+00:00:0b152b58a74f"'
+    assert mask_run_fields("link.txt", version) == b'"version":"index:tfidf:<time>"'
+    assert mask_run_fields("stdout.txt", b"in 0.3s") == b"in <seconds>" and mask_run_fields("a.ann", b"3s") == b"3s"
