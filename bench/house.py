@@ -167,11 +167,13 @@ def _differences(left, right, prefix: str) -> list[str]:
 
 # What changes from one run to the next whatever the code: when a file was built (a dictionary's and an index's
 # `built_at`, in the Parquet metadata, the manifest and the index version that /indexes and /link answer with, with
-# the digest that follows it), the writing process's id (the `.linker-output` marker), the checksums a manifest
+# the digest that follows it), how long a build took (`build_seconds`), the writing process's id (the `.linker-output`
+# marker), the checksums a manifest
 # keeps of files that hold `built_at` (each of those files is compared on its own), and the seconds a command prints.
 RUN_FIELDS = [
     (re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?(?::[0-9a-f]{12})?"), b"<time>"),
     (re.compile(rb'("pid": ?)\d+'), rb"\1<pid>"),
+    (re.compile(rb'("build_seconds": ?)[0-9.e+-]+'), rb"\1<seconds>"),
     (re.compile(rb'("sha256": ?)"[0-9a-f]{64}"'), rb'\1"<sha256>"'),
 ]
 SECONDS = (re.compile(rb"\b\d+(?:\.\d+)?s\b"), b"<seconds>")
@@ -342,7 +344,8 @@ NOTES = [
     "## Why outputs differ",
     "",
     "- *Run fields* (`identical but for run fields`): a dictionary's and an index's `built_at` (in the Parquet "
-    "metadata, the manifest, and the index version `/link` and `/indexes` answer with), the checksums the manifest "
+    "metadata, the manifest, and the index version `/link` and `/indexes` answer with), an index's `build_seconds`, "
+    "the checksums the manifest "
     "keeps of the files that hold it, the process id in the `.linker-output` marker and the seconds a command "
     "prints. They differ between any two runs of the same code; every other byte of those files is equal.",
     "- `annotate` (jsonl, brat, ade-xml) and the service's `/annotate`: the same tagger release on both sides, but "
