@@ -105,8 +105,10 @@ def test_house_counts_lines_per_package_and_masks_only_run_fields():
                                                 ["**all**", 1, "2", 3, "6", "+4"]]
     assert json_differences(b'{"a": 1, "b": [1, {"c": 2}]}', b'{"a": 1, "b": [1, {"c": 3}], "d": 0}') == ["b.1.c", "d"]
     assert json_differences(b"x", b"{}") == ["(not JSON)"]
-    built = b'{"built_at": "2026-11-28T12:53:37+00:00", "pid": 5831, "sha256": "' + b"ab" * 32 + b'", "build_seconds": 0.01, "k": 5}'
-    other = b'{"built_at": "2026-11-28T12:54:51+00:00", "pid": 42, "sha256": "' + b"cd" * 32 + b'", "build_seconds": 0.0, "k": 5}'
+    built = (b'{"built_at": "2026-11-28T12:53:37+00:00", "pid": 5831, "sha256": "' + b"ab" * 32
+             + b'", "build_seconds": 0.01, "k": 5}')
+    other = (b'{"built_at": "2026-11-28T12:54:51+00:00", "pid": 42, "sha256": "' + b"cd" * 32
+             + b'", "build_seconds": 0.0, "k": 5}')
     assert mask_run_fields("manifest.json", built) == mask_run_fields("manifest.json", other)
     assert mask_run_fields("m.json", built) != mask_run_fields("m.json", other.replace(b'"k": 5', b'"k": 6'))
     version = b'"version":"index:tfidf:2026-11-28T12:54:51+00:00:0b152b58a74f"'
