@@ -496,6 +496,11 @@ class Linker:
             if len(langs) != len(mentions):
                 raise ConfigError(f"langs: one language (or None) per mention, {len(mentions)}, found {len(langs)}")
             return self._link_by_lang(list(mentions), self.usable_langs(langs), k=k, exclude=exclude)
+        return self._link_in(list(mentions), k=k, lang=lang, exclude=exclude)
+
+    def _link_in(self, mentions: list[str], *, k: int, lang: str | None,
+                 exclude: np.ndarray | None) -> list[LinkResult]:
+        """`link` of checked mentions, every candidate among the names of `lang` (None: any)."""
         allowed = self._allowed(lang)
         if exclude is not None:
             if len(exclude) != len(self._names):
@@ -524,13 +529,13 @@ class Linker:
 
     def _link_by_lang(self, mentions: list[str], langs: list[str | None], *, k: int,
                       exclude: np.ndarray | None) -> list[LinkResult]:
-        """One `link` call per language (in order of first appearance), the results put back in input order."""
+        """One linking pass per language (in order of first appearance), the results put back in input order."""
         groups: dict[str | None, list[int]] = {}
         for i, lang in enumerate(langs):
             groups.setdefault(lang, []).append(i)
         results: list[LinkResult | None] = [None] * len(mentions)
         for lang, rows in groups.items():
-            linked = self.link([mentions[i] for i in rows], k=k, lang=lang, exclude=exclude)
+            linked = self._link_in([mentions[i] for i in rows], k=k, lang=lang, exclude=exclude)
             for i, result in zip(rows, linked, strict=True):
                 results[i] = result
         return results  # type: ignore[return-value]  # every position was filled

@@ -147,17 +147,19 @@ def predict(linker_, mentions: Sequence[Mention], k: int, *, query_lang: bool,
     if linker_.reranker is not None:
         k = max(k, linker_.rerank_k)
     keys = list(dict.fromkeys((text, m.lang if query_lang else None) for m in mentions for text in m.queries))
-    by_lang: dict[str | None, list[str]] = {}
-    for text, lang in keys:
-        by_lang.setdefault(lang, []).append(text)
+    # A test set in a language the index lacks is refused, not scored against the fallback (`Linker.usable_langs`):
+    # a figure must say what it measured. Grouping by language is `Linker.link(langs=...)`'s.
+    for lang in dict.fromkeys(lang for _, lang in keys if lang is not None):
+        if lang not in linker_.languages:
+            raise UnknownNameError("language in this index", lang, linker_.languages)
     ranked: dict[tuple[str, str | None], Ranked] = {}
     reporter = bar(len(keys), desc="linking test mentions", unit="mention", show=progress)
-    for lang, texts in by_lang.items():
-        for start in range(0, len(texts), LINK_BATCH):
-            chunk = texts[start : start + LINK_BATCH]
-            for text, result in zip(chunk, linker_.link(chunk, k=k, lang=lang, exclude=exclude)):
-                ranked[(text, lang)] = _ranked(result, linker_.tie_rank)
-            reporter.update(len(chunk))
+    for start in range(0, len(keys), LINK_BATCH):
+        chunk = keys[start : start + LINK_BATCH]
+        results = linker_.link([text for text, _ in chunk], k=k, langs=[lang for _, lang in chunk], exclude=exclude)
+        for key, result in zip(chunk, results):
+            ranked[key] = _ranked(result, linker_.tie_rank)
+        reporter.update(len(chunk))
     reporter.close()
     return [tuple(ranked[(text, m.lang if query_lang else None)] for text in m.queries) for m in mentions]
 
