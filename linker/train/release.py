@@ -378,10 +378,10 @@ def _training_info(name: str, recipe: ReleaseRecipe, device: str | None, counts:
     }
 
 
-def _frozen(config: dict) -> str:
-    """What stayed frozen in training, in words: the embeddings whenever any layer is (`linker.train.common.freeze`)."""
-    layers = config["freeze_layers"]
-    parts = (["the embeddings"] if config.get("freeze_embeddings") or layers else []) + (
+def _frozen(parameters: dict) -> str:
+    """What stayed frozen in training, in words, from the counts `linker.train.common.freeze` recorded."""
+    layers = parameters["frozen_layers"]
+    parts = (["the embeddings"] if parameters["frozen_embeddings"] else []) + (
         [f"the first {layers} layer{'s' if layers > 1 else ''}"] if layers else [])
     return " and ".join(parts) or "nothing"
 
@@ -417,7 +417,7 @@ def model_card(name: str, info: dict, manifest: dict) -> str:
         "## How it was trained", "",
         f"`{info['command']}` (the same command retrains it; `make models` retrains both shipped models). "
         f"{t['method']}; config: `{json.dumps(t['config'])}`. "
-        f"Frozen: {_frozen(t['config'])}; trainable parameters "
+        f"Frozen: {_frozen(t['parameters'])}; trainable parameters "
         f"{t['parameters']['trainable']:,} of {t['parameters']['parameters']:,}. Final epoch loss {t['final_epoch_loss']}."
         + (f" Then a second stage from that model on the {t['focus']['pairs']['concepts_with_pairs']:,} concepts that "
            f"have names of type `{t['focus']['type']}` (all their names, {t['focus']['pairs']['pairs']:,} pairs): config "
