@@ -109,14 +109,16 @@ class EntityLinker:
 class EventExtractor:
     """Sets ``doc.ents`` to the spans of the tagger (`linker.extract`), with ``_.ae_status`` and ``_.ae_confidence``."""
 
-    def __init__(self, model: str = "linker-ae", *, style: str = "auto", assertion: str = "rules",
-                 threshold: float | None = None, labels: list[str] | None = None, batch_size: int = 32) -> None:
+    def __init__(self, model: str = "auto", *, style: str = "auto", assertion: str = "rules",
+                 threshold: float | None = None, labels: list[str] | None = None, batch_size: int = 32,
+                 lang: str | None = None) -> None:
         from linker.extract import extract, load_extractor
 
         _register_extensions()
         self.extractor = load_extractor(model)
         self.options = {"style": style, "assertion": assertion, "threshold": threshold, "labels": labels}
         extract(["check the options"], model=self.extractor, **self.options)  # a bad option fails here, not mid-pipe
+        self.options["lang"] = lang  # the pipeline's language picks the tagger and cues; None: detected per Doc
         self.batch_size = batch_size
 
     def _set(self, docs: list[Doc]) -> None:
@@ -163,11 +165,16 @@ def make_entity_linker(nlp: Language, name: str, index: str, k: int, lang: str |
 
 @Language.factory(
     "linker_ae",
-    default_config={"model": "linker-ae", "style": "auto", "assertion": "rules", "threshold": None, "labels": None},
+    default_config={"model": "auto", "style": "auto", "assertion": "rules", "threshold": None, "labels": None},
     assigns=["doc.ents", "span._.ae_status", "span._.ae_confidence"],
 )
 def make_event_extractor(nlp: Language, name: str, model: str, style: str, assertion: str,
                          threshold: float | None, labels: list[str] | None) -> EventExtractor:
-    """The "linker_ae" factory: the tagger `model` (the shipped linker-ae, or a release folder) with
-    `linker.extract.extract`'s options; its spans replace ``doc.ents``."""
-    return EventExtractor(model, style=style, assertion=assertion, threshold=threshold, labels=labels)
+    """The "linker_ae" factory: the tagger `model` ("auto": the shipped one of the pipeline's language, linker-ae
+    for English, linker-ae-multi for the others; a shipped name, or a release folder) with
+    `linker.extract.extract`'s options; its spans replace ``doc.ents``. A multi-language pipeline ("xx") detects
+    each Doc's language."""
+    from linker.language import LANGUAGES
+
+    return EventExtractor(model, style=style, assertion=assertion, threshold=threshold, labels=labels,
+                          lang=nlp.lang if nlp.lang in LANGUAGES else None)

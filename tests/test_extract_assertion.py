@@ -11,8 +11,8 @@ import json
 import pytest
 from conftest import assert_one_line_error, cli
 
-from linker.errors import InputFormatError
-from linker.extract.assertion import load_cues, read_cues, status_of
+from linker.errors import InputFormatError, UnknownNameError
+from linker.extract.assertion import assert_spans, cues_for, languages, load_cues, read_cues, status_of
 from linker.extract.capabilities import Case, fill, generate_cases, load_suite, score
 from linker.extract.model import ExtractedSpan
 
@@ -43,7 +43,7 @@ def test_cues_in_scope(sentence, term, expected):
 def test_the_nearest_cue_wins_and_cue_files_are_checked(tmp_path):
     assert status("If there is no rash, go on.", "rash") == "negated"
     cues = load_cues()
-    assert cues.version == "1" and len(cues.sha256) == 16
+    assert cues.version == "2" and len(cues.sha256) == 16
     extra = tmp_path / "cues.tsv"
     extra.write_text("negated\tbefore\tnary a\n", encoding="utf-8")
     assert status_of("Nary a rash.", 7, 11, load_cues([extra])) == "negated"
@@ -52,6 +52,102 @@ def test_the_nearest_cue_wins_and_cue_files_are_checked(tmp_path):
         read_cues(tmp_path / "cues.tsv", [(1, "# header"), (2, "negated\tany\tno")])
     with pytest.raises(InputFormatError, match="x.tsv:1: .*found 2 tab-separated"):
         read_cues("x.tsv", [(1, "negated\tbefore")])
+
+
+@pytest.mark.parametrize("lang, sentence, term, expected", [
+    ("es", "El paciente no presenta fiebre ni erupción.", "fiebre", "negated"),
+    ("es", "El paciente no presenta fiebre ni erupción.", "erupción", "negated"),  # "ni": nor
+    ("es", "No tengo fiebre, pero sí dolor de cabeza.", "dolor de cabeza", None),  # "pero" ends the scope
+    ("es", "Sin embargo, tengo fiebre desde ayer.", "fiebre", None),  # the "sin" of "sin embargo" is no cue
+    ("es", "Si aparece fiebre, suspenda el tratamiento.", "fiebre", "hypothetical"),
+    ("fr", "Depuis le début du traitement par méthotrexate, j'ai des nausées", "nausées", None),
+    ("fr", "Il ne présente pas de fièvre.", "fièvre", "negated"),
+    ("fr", "Pas d'éruption cutanée.", "éruption cutanée", "negated"),  # an elided cue, no space before its noun
+    ("fr", "Absence d’ictère.", "ictère", "negated"),
+    ("fr", "J'ai pas mal de nausées.", "nausées", None),  # "pas mal de": quite a lot of
+    ("fr", "Pas de fièvre mais des nausées.", "nausées", None),
+    ("fr", "Si vous avez des nausées, prévenez votre médecin.", "nausées", "hypothetical"),
+    ("de", "Keine Kopfschmerzen.", "Kopfschmerzen", "negated"),
+    ("de", "Seit ich Ibuprofen nehme, habe ich Magenschmerzen, aber keine Kopfschmerzen mehr.", "Magenschmerzen", None),
+    ("de", "Seit ich Ibuprofen nehme, habe ich Magenschmerzen, aber keine Kopfschmerzen mehr.", "Kopfschmerzen",
+     "negated"),
+    ("de", "Eine Hepatitis wurde ausgeschlossen.", "Hepatitis", "negated"),
+    ("de", "Kein Wunder, dass ich Kopfschmerzen habe.", "Kopfschmerzen", None),
+    ("de", "Falls Fieber auftritt, sofort den Arzt aufsuchen.", "Fieber", "hypothetical"),
+    ("nl", "Geen koorts, wel hoofdpijn.", "koorts", "negated"),
+    ("nl", "Geen koorts, wel hoofdpijn.", "hoofdpijn", None),  # "wel" affirms
+    ("nl", "De patiënt ontkent misselijkheid.", "misselijkheid", "negated"),
+    ("nl", "Ik heb zowel hoofdpijn als misselijkheid.", "misselijkheid", None),  # "als" here is "and"
+    ("nl", "Indien u huiduitslag krijgt, stop dan.", "huiduitslag", "hypothetical"),
+    ("ja", "発熱なし", "発熱", "negated"),
+    ("ja", "吐き気がします", "吐き気", None),
+    ("ja", "肝機能障害を認めなかった。", "肝機能障害", "negated"),
+    ("ja", "頭痛はあるが、発熱はない。", "頭痛", None),  # "が、" (but) ends the scope of はない
+    ("ja", "頭痛はあるが、発熱はない。", "発熱", "negated"),
+    ("ja", "発熱なし。頭痛がある。", "頭痛", None),  # 。 ends the sentence
+    ("ja", "頭痛がして仕方がない", "頭痛", None),  # 仕方がない (can't be helped) is no negation
+    ("ja", "発疹があらわれた場合には投与を中止すること。", "発疹", "hypothetical"),
+])
+def test_cues_of_other_languages(lang, sentence, term, expected):
+    start = sentence.index(term)
+    assert status_of(sentence, start, start + len(term), cues_for(lang)) == expected
+
+
+def test_a_language_without_cues_keeps_its_statuses_and_none_is_english():
+    def spans(text, term):
+        start = text.index(term)
+        return [ExtractedSpan(start, start + len(term), term, "AdverseEvent", "positive", 0.9)]
+
+    english = spans("No rash.", "rash")
+    assert [s.status for s in assert_spans("No rash.", english, ("AdverseEvent",))] == ["negated"]
+    assert [s.status for s in assert_spans("No rash.", english, ("AdverseEvent",), lang="en-GB")] == ["negated"]
+    assert assert_spans("No rash.", english, ("AdverseEvent",), lang="it") == english  # no rules, no English ones
+    spanish = spans("Sin fiebre.", "fiebre")
+    assert assert_spans("Sin fiebre.", spanish, ("AdverseEvent",)) == spanish  # "sin" is no English cue
+    assert [s.status for s in assert_spans("Sin fiebre.", spanish, ("AdverseEvent",), lang="es")] == ["negated"]
+    assert [s.status for s in assert_spans("発熱なし", spans("発熱なし", "発熱"), ("AdverseEvent",), lang="ja-JP")] == [
+        "negated"]
+    assert cues_for("it") is None and cues_for(None).lang == "en" and cues_for("JA").spaced is False
+    with pytest.raises(UnknownNameError, match="available: de, en, es, fr, ja, nl"):
+        load_cues(lang="it")
+
+
+def test_the_manifest_versions_every_cue_file(monkeypatch):
+    from importlib import resources
+
+    import linker.extract.assertion as assertion
+
+    root = resources.files("linker") / "data" / "assertion"
+    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    on_disk = {p.name for p in root.iterdir() if p.name.startswith("cues") and p.name.endswith(".tsv")}
+    assert set(manifest["files"]) == on_disk and languages() == ("de", "en", "es", "fr", "ja", "nl")
+    assert {load_cues(lang=lang).version for lang in languages()} == {manifest["version"]}
+    # a cue file edited without its manifest is refused, naming the file
+    broken = json.loads(json.dumps(manifest))
+    broken["files"]["cues.nl.tsv"]["sha256"] = "0" * 64
+    monkeypatch.setattr(assertion, "_manifest", lambda: broken)
+    assertion._load.cache_clear()
+    try:
+        with pytest.raises(InputFormatError, match=r"cues.nl.tsv: expected the sha256 its manifest.json gives"):
+            load_cues(lang="nl")
+    finally:
+        assertion._load.cache_clear()
+
+
+def test_the_extractor_reads_each_text_with_its_languages_cues():
+    pytest.importorskip("torch")
+    from test_extract import _stub_extractor  # a tagger that tags "rash" and nothing else
+
+    from linker.encoders import load_encoder
+    from linker.errors import ConfigError
+
+    extractor = _stub_extractor(load_encoder("minilm").model.tokenizer, ["rash"], 32, 16)
+    texts = ["No rash.", "No rash.", "Sin rash.", "Sin rash."]
+    found = extractor.extract(texts, langs=[None, "it", None, "es"])
+    assert [[s.status for s in spans] for spans in found] == [["negated"], ["positive"], ["positive"], ["negated"]]
+    assert [s.status for s in extractor.extract(["No rash."])[0]] == ["negated"]
+    with pytest.raises(ConfigError, match=r"langs: expected one language per text \(1\), found 2"):
+        extractor.extract(["No rash."], langs=["en", "es"])
 
 
 def test_fill_gives_the_symptoms_offsets_and_capitalises():
@@ -141,7 +237,7 @@ def extractor():
     pytest.importorskip("torch")
     from linker.extract import load_extractor
 
-    return load_extractor()
+    return load_extractor("linker-ae")
 
 
 def test_tiny_suite_on_the_shipped_tagger(tmp_path, extractor):

@@ -227,7 +227,7 @@ def test_the_tokenizer_sees_one_character_window_at_a_time_and_offsets_stay_exac
     import linker.extract.model as model
     from linker.extract import load_extractor
 
-    extractor = load_extractor()
+    extractor = load_extractor("linker-ae")
     text = " ".join([CASE] * 12)  # 1,800 characters
     whole = extractor.extract([text])[0]  # one window: the default is 100,000 characters
     pieces = model.tokenize(extractor.tokenizer, text)
@@ -266,7 +266,7 @@ def test_documents_stream_through_tag_and_write_a_batch_at_a_time(tmp_path, caps
             read.append(doc.name)
             yield doc
 
-    extractor = load_extractor()
+    extractor = load_extractor("linker-ae")
     real = extractor.extract
 
     def tag(texts, **kwargs):

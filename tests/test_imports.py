@@ -35,10 +35,12 @@ ROOT = Path(linker.__file__).parent
 # packages sit where what they import and what imports them put them:
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Helpers that know nothing of the product: errors, the registry style, optional extras, progress, the two
-    # schemas and the one text normalisation, file I/O and the artefact folders (`linker.folders`: checksums,
-    # bounded reads, the cache root), the precision rules, abbreviation expansion. `linker` itself: the version.
+    # schemas and the one text normalisation, a text's language (`linker.language`), file I/O and the artefact
+    # folders (`linker.folders`: checksums, bounded reads, the cache root), the precision rules, abbreviation
+    # expansion. `linker` itself: the version.
     ("base", ("linker", "linker.errors", "linker.registry", "linker.extras", "linker.progress", "linker.schema",
-              "linker.text", "linker.fileio", "linker.folders", "linker.precision", "linker.preprocess")),
+              "linker.text", "linker.language", "linker.fileio", "linker.folders", "linker.precision",
+              "linker.preprocess")),
     # Mention files in and out, one module per format: terminology readers use their line and document readers.
     ("formats", ("linker.formats",)),
     # What comes in: terminologies (sources) and labelled mention sets (datasets, read by index priors, training and

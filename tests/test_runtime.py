@@ -148,7 +148,10 @@ def test_gelu_is_the_erf_form():
     torch = pytest.importorskip("torch")
     x = np.linspace(-30, 30, 600_001, dtype=np.float32)
     exact = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
-    assert np.abs(_gelu(x) - exact).max() < 1e-6
+    # Abramowitz-Stegun's erf is within 1.5e-7, so GELU within 0.5 |x| 1.5e-7 (2.3e-6 at |x| = 30) plus float32
+    # rounding, whose size depends on the processor's exp and erf (AMD EPYC with AVX-512: 1.21e-6 at x = -3.39,
+    # past a bound of 1e-6 that held on others); the tanh form is off by more than 1e-4, below
+    assert np.abs(_gelu(x) - exact).max() < 4e-6
     assert np.abs(_gelu(x) - torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy()).max() > 1e-4
 
 

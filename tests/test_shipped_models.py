@@ -34,14 +34,14 @@ def test_shipped_files_match_their_manifest(name):
 
 
 def test_shipped_size_budget():
-    """At most 30 MB a model and 80 MB in all, every release folder of the package counted (the extractor too)."""
+    """At most 30 MB a model and 150 MB in all, every release folder of the package counted (the taggers too)."""
     from linker.folders import MODELS_DIR
 
     sizes = {folder.name: sum(f.stat().st_size for f in folder.iterdir())
              for folder in MODELS_DIR.iterdir() if (folder / MANIFEST).is_file()}
     assert set(SHIPPED) <= set(sizes)
     assert all(size <= 30 * MB for size in sizes.values()), sizes
-    assert sum(sizes.values()) <= 80 * MB, sizes
+    assert sum(sizes.values()) <= 150 * MB, sizes
 
 
 @pytest.mark.slow

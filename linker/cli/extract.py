@@ -37,7 +37,9 @@ _INPUT_HELP = ("A .txt, a .jsonl of documents {\"text\", \"id\"?}, a TAC 2017 / 
                ".txt (a brat folder) or .xml files.")
 _FORMAT_HELP = ("Output: jsonl (a file, one span a line), brat (a folder of .txt/.ann), ade-xml (a folder of labels) "
                 "or, for annotate, labels (a file: one row per document, 0/1 per concept of --labels).")
-_MODEL_HELP = "Tagger: the shipped linker-ae, or a release folder from `linker train extractor`."
+_MODEL_HELP = ("Tagger: auto (each document's by its language, its own lang or --lang or else detected: linker-ae "
+               "for English, linker-ae-multi for es, fr, de, nl, ja and the rest), linker-ae, linker-ae-multi, or a "
+               "release folder from `linker train extractor`.")
 _THRESHOLD_HELP = "In-span probability a word piece needs (default: the tagger's, chosen on dev data)."
 # Names that say "a file": a folder format given one would write a folder called c.jsonl.
 _FILE_SUFFIXES = (".jsonl", ".json", ".txt", ".ann", ".xml", ".csv", ".tsv", ".gz", ".zip", ".parquet")
@@ -53,7 +55,7 @@ _ASSERTION_HELP = ("Who marks an event negated or hypothetical: rules (the tagge
 
 
 def model_option():
-    return typer.Option("linker-ae", "--model", help=_MODEL_HELP)
+    return typer.Option("auto", "--model", help=_MODEL_HELP)
 
 
 def threshold_option():
@@ -72,9 +74,10 @@ def max_text_option():
     return typer.Option(None, "--max-document-bytes", help=_MAX_DOCUMENT_HELP)
 
 
-def _check_tagger(style: str, assertion: str, threshold: float | None, model: str) -> Path:
-    """The tagger's options, its packages (the dense extra) and its release folder, before anything loads."""
-    from linker.extract.extractor import ASSERTIONS, MODULES, STYLES, release_path
+def _check_tagger(style: str, assertion: str, threshold: float | None, model: str) -> list[Path]:
+    """The tagger's options, its packages (the dense extra) and its release folders (both shipped ones for
+    "auto"), before anything loads."""
+    from linker.extract.extractor import ASSERTIONS, BY_LANGUAGE, MODULES, MULTI, NAME, STYLES, release_path
     from linker.extras import check
 
     check(MODULES, extra="dense", what="the adverse-event tagger")
@@ -84,11 +87,12 @@ def _check_tagger(style: str, assertion: str, threshold: float | None, model: st
         raise ConfigError(f"--assertion: expected {', '.join(ASSERTIONS)}, found {assertion!r}")
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ConfigError(f"--threshold: expected a probability between 0 and 1, found {threshold}")
-    folder = release_path(model)
-    if not (folder / "manifest.json").is_file():
-        raise ConfigError(f"--model {model}: no tagger release there (no {folder / 'manifest.json'}); pass linker-ae "
-                          "or a folder written by `linker train extractor`")
-    return folder
+    folders = [release_path(name) for name in ((NAME, MULTI) if model == BY_LANGUAGE else (model,))]
+    for folder in folders:
+        if not (folder / "manifest.json").is_file():
+            raise ConfigError(f"--model {model}: no tagger release there (no {folder / 'manifest.json'}); pass auto, "
+                              "linker-ae, linker-ae-multi or a folder written by `linker train extractor`")
+    return folders
 
 
 def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, threshold: float | None,
@@ -102,10 +106,10 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
     if folder_format and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
         raise ConfigError(f"--output {output}: --format {fmt} writes a folder, found a file name ending in "
                           f"{output.suffix}; name a folder (such as {output.with_suffix('')}), or pass --format jsonl")
-    folder = _check_tagger(style, assertion, threshold, model)
+    folders = _check_tagger(style, assertion, threshold, model)
     check_file(input_path, "--input")
     check_inputs(input_path, option="--input")
-    inputs = [Input(input_path, "--input"), Input(folder, "--model"), *extra_inputs]
+    inputs = [Input(input_path, "--input"), *(Input(folder, "--model") for folder in folders), *extra_inputs]
     check_output(output, inputs=inputs, overwrite=overwrite, folder=folder_format)
 
 
@@ -136,6 +140,7 @@ def extract_cli(
     output: Path = typer.Option(..., "--output", "-o", help="Output file (jsonl) or folder (brat, ade-xml)."),
     fmt: str = typer.Option("jsonl", "--format", "-f", help=_FORMAT_HELP),
     model: str = model_option(),
+    lang: str = typer.Option(None, "--lang", help="The documents' language (a JSONL document's own lang wins): picks the tagger and the cues; without it each document's is detected."),
     threshold: float = threshold_option(),
     style: str = style_option(),
     assertion: str = assertion_option(),
@@ -144,7 +149,8 @@ def extract_cli(
     max_document_bytes: int = max_text_option(),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
 ) -> None:
-    """Find adverse events, drugs and therapeutic effects in texts (negated and hypothetical events tagged)."""
+    """Find adverse events, drugs and therapeutic effects in texts (negated and hypothetical events tagged), each
+    document with the tagger and cues of its language."""
     from linker.extract import load_extractor
     from linker.extract.io import tag_documents, write_output
 
@@ -154,7 +160,7 @@ def extract_cli(
     docs = _read(input_path, fmt, max_line_bytes, max_document_bytes)  # inputs and file names checked before the model
     started = time.perf_counter()
     extractor = load_extractor(model, threads=threads)
-    tagged = tag_documents(docs, extractor, threshold=threshold, style=style, assertion=assertion)
+    tagged = tag_documents(docs, extractor, threshold=threshold, style=style, assertion=assertion, lang=lang)
     written = write_output(tagged, output, fmt)  # read, tagged and written a batch at a time
     typer.echo(f"extracted {written:,} spans from {len(docs):,} document(s) -> {output} in "
                f"{time.perf_counter() - started:.1f}s", err=True)
@@ -167,7 +173,7 @@ def annotate_cli(
     output: Path = typer.Option(..., "--output", "-o", help="Output file (jsonl) or folder (brat, ade-xml)."),
     fmt: str = typer.Option("jsonl", "--format", "-f", help=_FORMAT_HELP),
     k: int = typer.Option(1, "--k", "-k", help="Candidates kept per adverse event (jsonl); the code is the best."),
-    lang: str = lang_option("Restrict candidates to names in this language."),
+    lang: str = lang_option("The documents' language (a JSONL document's own lang wins): picks the tagger and the cues, and restricts candidates to names in it; without it each document's is detected, for the tagger and cues only."),
     db: str = typer.Option(None, "--db", help=_DB_HELP),
     model: str = model_option(),
     threshold: float = threshold_option(),

@@ -182,7 +182,8 @@ def extractor_cli(
     batch_size: int = typer.Option(16, "--batch-size", help="Windows per step."),
     max_length: int = typer.Option(128, "--max-length", help="Word pieces per window, special tokens included."),
     stride: int = typer.Option(96, "--stride", help="Window step in word pieces (windows overlap by the rest)."),
-    frozen_layers: int = typer.Option(4, "--frozen-layers", help="Base layers left as they are (minilm has 6)."),
+    frozen_layers: int = typer.Option(4, "--frozen-layers", help="Base layers left as they are (minilm has 6, e5-small 12)."),
+    base: str = typer.Option("minilm", "--base", help="minilm (the English tagger, linker-ae) or e5-small (the multilingual one, linker-ae-multi)."),
     phee_limit: int = typer.Option(None, "--phee-limit", help="Train on a seeded sample of this many PHEE sentences."),
     tac_negative_share: float = typer.Option(0.25, "--tac-negative-share", help="Share of TAC windows without a reaction kept."),
     max_seconds: float = typer.Option(None, "--max-seconds", help="Time budget: stop training once past it, then choose and save."),
@@ -191,13 +192,14 @@ def extractor_cli(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a release folder."),
     tune_only: bool = typer.Option(False, "--tune-only", help="Do not train: choose the decoding of the release in --out again on the dev data and rewrite it."),
 ) -> None:
-    """Train the adverse-event span tagger (linker-ae) on PHEE and TAC 2017 and write it as a release folder."""
+    """Train the adverse-event span tagger (linker-ae, or linker-ae-multi with --base e5-small) on PHEE and TAC 2017
+    and write it as a release folder."""
     _check_train_extra("linker train extractor")
     import shlex
 
     from linker.errors import ConfigError
     from linker.extract.extractor import KIND
-    from linker.extract.train import ExtractorTrainConfig, train_extractor
+    from linker.extract.train import TAGGER_NAMES, ExtractorTrainConfig, train_extractor
     from linker.fileio import Input, check_output
     from linker.models import check_release_out
 
@@ -228,11 +230,14 @@ def extractor_cli(
         raise ConfigError(f"{out}: a release is there; pass --overwrite to replace it")
     if not 0.0 <= tac_negative_share <= 1.0:
         raise ConfigError(f"--tac-negative-share: expected a share from 0 to 1, found {tac_negative_share}")
+    if base not in TAGGER_NAMES:
+        raise ConfigError(f"--base: expected one of {', '.join(TAGGER_NAMES)}, found {base!r}")
     config = ExtractorTrainConfig(epochs=epochs, lr=lr, head_lr=10 * lr, batch_size=batch_size, max_length=max_length,
                                   stride=stride, frozen_layers=frozen_layers, phee_limit=phee_limit,
                                   tac_negative_share=tac_negative_share, max_seconds=max_seconds, seed=seed,
-                                  threads=threads)
-    given = [("--phee-train", phee_train), ("--phee-dev", phee_dev), ("--tac", tac), ("--out", out), ("--epochs", epochs),
+                                  threads=threads, base=base, name=TAGGER_NAMES[base])
+    given = [("--phee-train", phee_train), ("--phee-dev", phee_dev), ("--tac", tac), ("--out", out),
+             ("--base", base if base != "minilm" else None), ("--epochs", epochs),
              ("--lr", lr), ("--batch-size", batch_size), ("--max-length", max_length), ("--stride", stride),
              ("--frozen-layers", frozen_layers), ("--phee-limit", phee_limit),
              ("--tac-negative-share", tac_negative_share), ("--max-seconds", max_seconds), ("--seed", seed),

@@ -288,7 +288,7 @@ def normalize_ray(
 
 
 def annotate_ray(
-    index: str | Path, input_spec: str, output: str | Path, *, model: str = "linker-ae", style: str = "auto",
+    index: str | Path, input_spec: str, output: str | Path, *, model: str = "auto", style: str = "auto",
     assertion: str = "rules", threshold: float | None = None, lang: str | None = None, workers: int = 2,
     batch_size: int = 64, address: str | None = None, overwrite: bool = False, limits: ReadLimits = DEFAULT_LIMITS,
     **load_options,
@@ -298,8 +298,9 @@ def annotate_ray(
 
     Exactly-once and resumable as `normalize_ray`; the job document adds the tagger (name and manifest sha256)
     and its options, so a re-run with another tagger or style is refused instead of mixed. `batch_size`:
-    documents per extract-and-link call."""
-    from linker.extract.extractor import ASSERTIONS, STYLES, release_path
+    documents per extract-and-link call. `model`: "auto" (each document's tagger by its language: both shipped
+    taggers), a shipped tagger's name or a release folder."""
+    from linker.extract.extractor import ASSERTIONS, BY_LANGUAGE, MULTI, NAME, STYLES, release_path
     from linker.fileio import model_inputs
     from linker.models import read_release
 
@@ -309,13 +310,16 @@ def annotate_ray(
                           f"found {style!r} / {assertion!r}")
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ConfigError(f"--threshold: expected a probability between 0 and 1, found {threshold}")
-    release = read_release(release_path(model))  # every file's sha256, on the driver, before Ray starts
-    extract = {"model": str(release_path(model)), "style": style, "assertion": assertion, "threshold": threshold}
+    folders = [release_path(name) for name in ((NAME, MULTI) if model == BY_LANGUAGE else (model,))]
+    releases = [read_release(folder) for folder in folders]  # every file's sha256, on the driver, before Ray starts
+    extract = {"model": model if model == BY_LANGUAGE else str(folders[0]), "style": style, "assertion": assertion,
+               "threshold": threshold}
     job = {**job_document(index, k=1, lang=lang, batch_size=batch_size, load_options=load_options),
-           "extract": {**extract, "model": release.revision}}
+           "extract": {**extract, "model": "; ".join(release.revision for release in releases)}}
     options = {"index": str(index), "load_options": load_options, "k": 1, "lang": lang, "batch_size": batch_size,
                "limits": limits, "extract": extract}
-    protected = [*job_inputs(index, load_options), *model_inputs(str(release_path(model)), "--model")]
+    protected = [*job_inputs(index, load_options),
+                 *(path for folder in folders for path in model_inputs(str(folder), "--model"))]
     return _run_job(input_spec, output, job, options, protected=protected, workers=workers, address=address,
                     overwrite=overwrite)
 

@@ -1,9 +1,10 @@
 """Adverse-event extraction: from text to spans (`extract`), and from text to MedDRA codes (`annotate`).
 
 The tagger (`linker.extract.model`) finds AdverseEvent, Drug and TherapeuticEffect spans, each with a status
-(positive, negated, hypothetical) and a confidence; it ships as the release folder ``linker/models/linker-ae``
-(`load_extractor`), trained by `linker train extractor` (`linker.extract.train`) on PHEE and the TAC 2017
-training labels. `annotate` links every positive AdverseEvent span with a `linker.link.Linker` and says what to
+(positive, negated, hypothetical) and a confidence; it ships as two release folders, ``linker/models/linker-ae``
+(English, on all-MiniLM-L6-v2) and ``linker/models/linker-ae-multi`` (es, fr, de, nl, ja, on multilingual-e5-small),
+trained by `linker train extractor` (`linker.extract.train`) on PHEE and the TAC 2017 training labels; by default
+each text is tagged by the one of its language (`load_extractor`'s "auto": `ByLanguage`). `annotate` links every positive AdverseEvent span with a `linker.link.Linker` and says what to
 do with it (`DECISIONS`).
 
     from linker.extract import extract
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 from linker.confidence import AUTO, NO_LINK, REVIEW
 from linker.errors import ConfigError, InputFormatError, shorten
 from linker.extract.data import AE, BENEFIT, DRUG, INDICATION, LABELS, STATUSES
-from linker.extract.extractor import NAME, Extractor, load_extractor
+from linker.extract.extractor import BY_LANGUAGE, MULTI, NAME, ByLanguage, Extractor, load_extractor, text_languages
 from linker.extract.lexicon import Lexicon
 from linker.extract.model import ExtractedSpan
 
@@ -52,12 +53,13 @@ def check_texts(texts: Sequence[str], where: str = "texts") -> list[str]:
     return out
 
 
-def extract(texts: Sequence[str], *, model: str | Extractor = NAME, threshold: float | None = None,
+def extract(texts: Sequence[str], *, model: str | Extractor = BY_LANGUAGE, threshold: float | None = None,
             labels: Sequence[str] | None = None, style: str = "auto", assertion: str = "rules"
             ) -> list[list[ExtractedSpan]]:
     """The spans of each text: character offsets into it, label, status, confidence; sorted by position.
 
-    model: a release name or folder (default: the shipped `linker-ae`) or a loaded `Extractor`; threshold: the
+    model: "auto" (the default: each text's tagger by its detected language, `ByLanguage`), a release name or
+    folder (`linker-ae`, `linker-ae-multi`) or a loaded `Extractor`; threshold: the
     in-span probability a word piece needs (default: the release's, chosen on dev); labels: keep only these
     (AdverseEvent, Drug, TherapeuticEffect, Indication); style: AdverseEvent spans as ``terms`` (TAC 2017's convention, learnt
     from drug labels), ``phrases`` (PHEE's, from case reports) or ``auto`` (the default: terms, and phrases where no
@@ -80,7 +82,7 @@ def _check_options(threshold: float | None, labels: Sequence[str] | None) -> Non
                               f"{', '.join(map(str, unknown))}")
 
 
-def annotate_documents(texts: Sequence[str], *, model: str | Extractor = NAME, linker: Linker | None = None,
+def annotate_documents(texts: Sequence[str], *, model: str | Extractor = BY_LANGUAGE, linker: Linker | None = None,
                        k: int = 1, lang: str | None = None, langs: Sequence[str | None] | None = None,
                        threshold: float | None = None, labels: Sequence[str] | None = None, style: str = "auto",
                        assertion: str = "rules", review_below: float = REVIEW_BELOW,
@@ -98,10 +100,10 @@ def annotate_documents(texts: Sequence[str], *, model: str | Extractor = NAME, l
     """
     # a name or folder is loaded; anything else is a loaded extractor (an `Extractor`, or a stand-in with `extract`)
     extractor = load_extractor(model) if isinstance(model, (str, PathLike)) else model
-    if lexicon is None and linker is not None and isinstance(extractor, Extractor):
+    if lexicon is None and linker is not None and isinstance(extractor, (Extractor, ByLanguage)):
         lexicon = lexicon_of(linker)
-    spans = tag(extractor, texts, lexicon=lexicon, threshold=threshold, labels=labels, style=style,
-                assertion=assertion)
+    spans = tag(extractor, texts, lexicon=lexicon, langs=langs, lang=lang, threshold=threshold, labels=labels,
+                style=style, assertion=assertion)
     if linker is None:
         return spans
     return annotate_spans(linker, texts, spans, k=k, lang=lang, langs=langs, review_below=review_below)
@@ -112,12 +114,17 @@ def annotate_documents(texts: Sequence[str], *, model: str | Extractor = NAME, l
 # one by one instead of the whole pipeline.
 
 
-def tag(extractor: Extractor, texts: Sequence[str], *, lexicon: Lexicon | None = None, **options) -> list[list]:
-    """The tagging step: `extractor.extract` over `texts` with `options` (threshold, labels, style, assertion) and
-    the dictionary names `lexicon` as evidence (left out when None, so stand-ins without the argument keep
-    working)."""
+def tag(extractor: Extractor | ByLanguage, texts: Sequence[str], *, lexicon: Lexicon | None = None,
+        langs: Sequence[str | None] | None = None, lang: str | None = None, **options) -> list[list]:
+    """The tagging step: `extractor.extract` over `texts` with `options` (threshold, labels, style, assertion), the
+    dictionary names `lexicon` as evidence (left out when None) and each text's language (`text_languages`: its
+    own in `langs`, else `lang`, else detected), which picks its tagger (`ByLanguage`) and its assertion cues. A
+    stand-in with its own `extract` gets neither lexicon nor languages it was not given. The link keeps `lang` and
+    `langs` as given: a detected language does not restrict the candidates."""
     if lexicon is not None:
         options["lexicon"] = lexicon
+    if isinstance(extractor, (Extractor, ByLanguage)):
+        options["langs"] = text_languages(texts, langs, lang)
     return extractor.extract(list(texts), **options)
 
 
@@ -234,7 +241,7 @@ class EventLinks:
         return decide(self.spans, dict(zip(self.wanted, results, strict=True)), review_below=review_below)
 
 
-def annotate(texts: Sequence[str], linker: Linker, *, model: str | Extractor = NAME, k: int = 1,
+def annotate(texts: Sequence[str], linker: Linker, *, model: str | Extractor = BY_LANGUAGE, k: int = 1,
              lang: str | None = None, threshold: float | None = None, style: str = "auto",
              assertion: str = "rules", review_below: float = REVIEW_BELOW) -> list[list[dict]]:
     """Extract, then link each positive AdverseEvent span with `linker` (`annotate_spans`)."""
@@ -251,6 +258,6 @@ def public(row: dict) -> dict:
     return {key: value for key, value in row.items() if not key.startswith("_")}
 
 
-__all__ = ["AE", "BENEFIT", "DECISIONS", "DRUG", "INDICATION", "LABELS", "NAME", "REVIEW_BELOW", "STATUSES",
-           "EventLinks", "ExtractedSpan", "Extractor", "Lexicon", "annotate", "annotate_documents", "annotate_spans",
-           "decide", "events_to_link", "extract", "lexicon_of", "link_text", "load_extractor", "public", "tag"]
+__all__ = ["AE", "BENEFIT", "BY_LANGUAGE", "DECISIONS", "DRUG", "INDICATION", "LABELS", "MULTI", "NAME", "REVIEW_BELOW",
+           "STATUSES", "ByLanguage", "EventLinks", "ExtractedSpan", "Extractor", "Lexicon", "annotate",
+           "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "lexicon_of", "link_text", "load_extractor", "public", "tag"]

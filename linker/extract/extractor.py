@@ -7,7 +7,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,8 @@ from linker.extract.model import (
 log = logging.getLogger(__name__)
 
 NAME = "linker-ae"
+MULTI = "linker-ae-multi"  # the multilingual tagger (es, fr, de, nl, ja and en) on multilingual-e5-small
+BY_LANGUAGE = "auto"  # `load_extractor`'s default: each text's tagger by its language (`ByLanguage`)
 KIND = "tagger"
 # Which head gives the AdverseEvent spans: "terms" (TAC 2017's convention: "nausea", "rash", each its own span, the
 # severity left out; learnt from drug labels only, it finds next to nothing in narrative text), "phrases" (PHEE's:
@@ -118,20 +120,25 @@ class Extractor:
         return {label: self.config.cut(label) if threshold is None else threshold for label in labels}
 
     def extract(self, texts: list[str], *, threshold: float | None = None, labels: tuple[str, ...] | None = None,
-                style: str = "auto", assertion: str = "rules", lexicon: Lexicon | None = None
-                ) -> list[list[ExtractedSpan]]:
+                style: str = "auto", assertion: str = "rules", lexicon: Lexicon | None = None,
+                langs: list[str | None] | None = None) -> list[list[ExtractedSpan]]:
         """The spans of each text (offsets into it), sorted by position. `style` (`STYLES`) picks the head whose
         spans are returned as AdverseEvent (`select_style`); `assertion` (`ASSERTIONS`) who marks a span
         negated or hypothetical; `lexicon`: the names of the dictionary the spans will be coded with, taken as
         evidence where the release says how (`TaggerConfig.lexicon`; `linker.extract.lexicon`), and, with style
-        auto, to split a phrase holding several names into one span per name (`split_phrases`)."""
+        auto, to split a phrase holding several names into one span per name (`split_phrases`); `langs`: each
+        text's language for the assertion rules (None: English; a language without cue lists keeps the tagger's
+        statuses, `linker.extract.assertion.cues_for`)."""
         if style not in STYLES:
             raise ConfigError(f"style: expected one of {', '.join(STYLES)}, found {style!r}")
         if assertion not in ASSERTIONS:
             raise ConfigError(f"assertion: expected one of {', '.join(ASSERTIONS)}, found {assertion!r}")
+        if langs is not None and len(langs) != len(texts):
+            raise ConfigError(f"langs: expected one language per text ({len(texts)}), found {len(langs)}")
         cuts = self.thresholds(threshold)
         result = []
-        for text, (offsets, probs, marks) in zip(texts, self._probabilities(list(texts)), strict=True):
+        for text, lang, (offsets, probs, marks) in zip(texts, langs or [None] * len(texts),
+                                                       self._probabilities(list(texts)), strict=True):
             spans = decode(text, offsets, probs, marks, self.config.labels, cuts,
                            **self.config.decoding()) if len(offsets) else []
             if lexicon is not None:
@@ -143,9 +150,9 @@ class Extractor:
                     spans = split_phrases(text, spans, found)
             spans = without_treated(select_style(spans, style))
             if assertion == "rules":
-                spans = assert_spans(text, spans, (AE, BENEFIT))
+                spans = assert_spans(text, spans, (AE, BENEFIT), lang=lang)
                 if lexicon is not None:  # a negated name the tagger saw nothing of is still returned, not coded
-                    spans = negated_names(text, spans, found, Evidence(offsets, probs, self.config.labels))
+                    spans = negated_names(text, spans, found, Evidence(offsets, probs, self.config.labels), lang=lang)
             result.append([s for s in spans if labels is None or s.label in labels])
         return result
 
@@ -199,18 +206,67 @@ _CACHE_LOCK = threading.Lock()
 def release_path(name_or_folder: str | Path) -> Path:
     from linker.models import release_folder
 
-    return release_folder(NAME) if str(name_or_folder) == NAME else Path(name_or_folder)
+    return release_folder(str(name_or_folder)) if str(name_or_folder) in (NAME, MULTI) else Path(name_or_folder)
 
 
-def load_extractor(name_or_folder: str | Path = NAME, *, threads: int | None = None) -> Extractor:
-    """The extractor of a release folder (`linker-ae`, the shipped one, by default), loaded by the entry of
-    `EXTRACTORS` its manifest's ``kind`` names: for a tagger, every file checked against its manifest's sha256
+def load_extractor(name_or_folder: str | Path = BY_LANGUAGE, *, threads: int | None = None) -> Extractor | ByLanguage:
+    """The taggers by language (``"auto"``, the default: `ByLanguage`), or the extractor of a release folder (a
+    shipped one by name, `linker-ae` or `linker-ae-multi`), loaded by the entry of `EXTRACTORS` its manifest's
+    ``kind`` names: for a tagger, every file checked against its manifest's sha256
     before anything loads, the base encoder loaded offline, the trained tensors put over it."""
+    if str(name_or_folder) == BY_LANGUAGE:
+        return ByLanguage(threads)
     key = str(release_path(name_or_folder).resolve())
     with _CACHE_LOCK:
         if key not in _CACHE:
             _CACHE[key] = _load(release_path(name_or_folder), threads)
         return _CACHE[key]
+
+
+def tagger_for(lang: str | None) -> str:
+    """The shipped tagger of a text's language: linker-ae for English, linker-ae-multi for any other (its base,
+    multilingual-e5-small, reads some hundred languages; linker measures es, fr, de, nl and ja)."""
+    return NAME if lang in (None, "en") else MULTI
+
+
+def text_languages(texts: Sequence[str], langs: Sequence[str | None] | None = None,
+                   lang: str | None = None) -> list[str]:
+    """Each text's language: its own in `langs`, else `lang`, else detected (`linker.language.detect`)."""
+    from linker.language import detect
+
+    return [(langs[t] if langs is not None else None) or lang or detect(text) for t, text in enumerate(texts)]
+
+
+class ByLanguage:
+    """The shipped taggers, each text tagged by the one of its language (`tagger_for`), each loaded the first time
+    a text needs it: an English-only run never loads the multilingual tagger. What `load_extractor` returns for
+    ``"auto"``, and what `linker annotate` and the service use unless told a tagger."""
+
+    name = BY_LANGUAGE
+
+    def __init__(self, threads: int | None = None) -> None:
+        from linker.models import read_release
+
+        self.threads = threads
+        # both releases' revisions, read from their manifests without loading either: a report names what ran
+        self.revision = "; ".join(read_release(release_path(name), verify=False).revision for name in (NAME, MULTI))
+
+    def tagger(self, lang: str | None) -> Extractor:
+        return load_extractor(tagger_for(lang), threads=self.threads)
+
+    def extract(self, texts: list[str], *, langs: Sequence[str | None] | None = None, **options) -> list[list]:
+        """`Extractor.extract` of each text by its language's tagger (`text_languages`: given, or detected)."""
+        langs = text_languages(texts, langs)
+        groups: dict[str, list[int]] = {}
+        for t, lang in enumerate(langs):
+            groups.setdefault(tagger_for(lang), []).append(t)
+        out: list[list] = [[] for _ in texts]
+        for name, members in groups.items():
+            found = load_extractor(name, threads=self.threads).extract(
+                [texts[t] for t in members], langs=[langs[t] for t in members], **options)
+            for t, spans in zip(members, found, strict=True):
+                out[t] = spans
+        return out
 
 
 def _probability(value: object) -> bool:
@@ -345,4 +401,5 @@ def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = T
     return Extractor(bert, tokenizer, head, config, name=release.name, revision=release.revision)
 
 
-__all__ = ["ASSERTIONS", "EXTRACTORS", "MODULES", "NAME", "STYLES", "Extractor", "load_extractor", "release_path", "select_style"]
+__all__ = ["ASSERTIONS", "BY_LANGUAGE", "EXTRACTORS", "MODULES", "MULTI", "NAME", "STYLES", "ByLanguage", "Extractor",
+           "load_extractor", "release_path", "select_style", "tagger_for", "text_languages"]

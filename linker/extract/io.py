@@ -71,6 +71,7 @@ class InputDoc:
     path: Path | None = None
     spans: list[list] = field(default_factory=list)  # per section: spans (ExtractedSpan or annotated dicts)
     line: int | None = None  # jsonl: the document's line
+    lang: str | None = None  # jsonl: the document's "lang" (None: `lang`, else detected)
 
     def name_parts(self) -> list[str]:
         """The parts of the name its output files take: a JSONL id is one, a folder input's path one per folder."""
@@ -106,7 +107,7 @@ def _iter_jsonl(path: Path, limits: ReadLimits) -> Iterator[InputDoc]:
         if size > limits.max_document_bytes:
             raise InputFormatError(where, f"a document text of at most {limits.max_document_bytes:,} bytes",
                                    f"{size:,} bytes (id {name!r})", line=span.line, fix=_SIZE_FIX)
-        yield InputDoc(name, "jsonl", [("", span.text)], path=path, line=span.line)
+        yield InputDoc(name, "jsonl", [("", span.text)], path=path, line=span.line, lang=span.lang)
 
 
 def _documents(path: Path, limits: ReadLimits) -> Iterator[InputDoc]:
@@ -226,8 +227,10 @@ def tag_documents(docs: Iterable[InputDoc], extractor, *, threshold: float | Non
 
     for batch in batches(docs):
         texts = [text for doc in batch for _, text in doc.sections]
-        spans = annotate_documents(texts, model=extractor, linker=linker, k=k, lang=lang, threshold=threshold,
-                                   style=style, assertion=assertion,
+        langs = [doc.lang for doc in batch for _ in doc.sections]  # a document's own lang wins over `lang`
+        spans = annotate_documents(texts, model=extractor, linker=linker, k=k, lang=lang,
+                                   langs=langs if any(langs) else None, threshold=threshold, style=style,
+                                   assertion=assertion,
                                    review_below=REVIEW_BELOW if review_below is None else review_below)
         at = 0
         for doc in batch:

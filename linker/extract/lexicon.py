@@ -9,6 +9,9 @@ phrase holding several names is split into one span per name (`split_phrases`).
 
 Names and text are compared as `linker.text.normalize` "words" makes them (NFKC, lower case, punctuation as white
 space), word by word, so "Nausea/vomiting" matches "nausea vomiting" and "rash" never matches inside "crash".
+Japanese and Chinese are written without spaces ("悪心・嘔吐、発疹があらわれた" holds no word boundary inside 発疹があらわれた),
+so there each Han, Hiragana or Katakana character is a unit of its own, in names and text alike, and 悪心 is found
+inside it; other scripts stay word by word.
 Names that only grade an event ("Severe", "Mild": HPO has them as concepts) are left out: `modifiers`, the Severity
 mentions of the TAC 2017 training labels, written by ``python -m linker.extract.lexicon ../shared/data/tac2017/train_xml``.
 """
@@ -25,11 +28,22 @@ from pathlib import Path
 
 from linker.extract.data import AE
 from linker.extract.model import ExtractedSpan
+from linker.language import CJK
 from linker.text import normalize
 
 MAX_WORDS = 6  # names of more words are rare as written mentions and cost a lookup per word of every text
 MIN_CHARS = 3  # "BP", "Q": two-letter names match abbreviations and units far more often than events
-_WORD = re.compile(r"[^\W_]+")
+# A name in CJK characters counts its characters as units: MedDRA/J names run to a dozen (薬剤性過敏症症候群: 9;
+# 中毒性表皮壊死融解症: 10). Two characters make a name (悪心, 発疹, 頭痛), one does not: a single kanji is part of
+# countless words (熱 in 発熱, 熱心; 咳 in 咳嗽), matching it inside them finds far more words than events.
+MAX_CJK_UNITS = 16
+MIN_CJK_UNITS = 2
+# The CJK characters (`linker.language.CJK`); a half-width Katakana's voiced mark (ﾞﾟ) stays with its letter: NFKC
+# makes the pair one letter (ｶﾞ: ガ). The blocks' punctuation (・, ゠, ゛) is no unit: only a word character (\w)
+# starts one.
+_CJK = CJK
+_WORD = re.compile(rf"(?=\w)[{_CJK}][\u3099\u309a\uff9e\uff9f]?|[^\W_{_CJK}]+")
+_IS_CJK = re.compile(rf"(?=\w)[{_CJK}]")
 MODIFIERS_FILE = "data/lexicon/modifiers.txt"
 
 
@@ -61,8 +75,13 @@ class Lexicon:
             if not isinstance(name, str):
                 continue
             key = normalize(name, "words")
-            if len(key) >= MIN_CHARS and key.count(" ") < MAX_WORDS and key not in skip:
-                keys.add(key)
+            units = _WORD.findall(key)
+            if _IS_CJK.search(key):
+                fits = MIN_CJK_UNITS <= len(units) <= MAX_CJK_UNITS
+            else:
+                fits = len(key) >= MIN_CHARS and key.count(" ") < MAX_WORDS
+            if fits and key not in skip:
+                keys.add(" ".join(units))  # = key, for a name without CJK characters
         self.keys = frozenset(keys)
         self.longest = max((key.count(" ") + 1 for key in keys), default=0)
 
@@ -70,8 +89,8 @@ class Lexicon:
         return len(self.keys)
 
     def find(self, text: str) -> list[tuple[int, int]]:
-        """(start, end) character offsets of the names found in `text`: at each word the longest name that starts
-        there, then on after it."""
+        """(start, end) character offsets of the names found in `text`: at each word (CJK: character) the longest
+        name that starts there, then on after it."""
         words = _words(text)
         found, i = [], 0
         while i < len(words):
@@ -141,4 +160,4 @@ if __name__ == "__main__":
     sys.stdout.write(HEADER + "".join(f"{word}\n" for word in severity_words(Path(sys.argv[1]))))
 
 
-__all__ = ["FILLERS", "Lexicon", "MAX_WORDS", "MIN_CHARS", "modifiers", "severity_words", "split_phrases"]
+__all__ = ["FILLERS", "Lexicon", "MAX_CJK_UNITS", "MAX_WORDS", "MIN_CHARS", "MIN_CJK_UNITS", "modifiers", "severity_words", "split_phrases"]

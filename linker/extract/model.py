@@ -24,9 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from linker.extract.data import AE, AR, EVENT_LABELS, LABELS, STATUSES
+from linker.language import CJK
 
 O, B, I = 0, 1, 2
-_WORD = re.compile(r"\w", re.UNICODE)
+# A word character a span widens over (`_whole_words`); not a CJK one: Japanese has no spaces, and a span widened to
+# its "whole word" would be the whole sentence.
+_WORD = re.compile(f"[^\\W{CJK}]")
 _JOIN = re.compile(r"[-/‐‑–]?")  # what may separate two pieces of one span: nothing, a hyphen, a slash
 
 
@@ -117,6 +120,7 @@ def top(bert, head, hidden, mask, frozen_layers: int):
 # 100,000 characters are some 25,000 pieces: a few MB a call, and the calls cost no more than one whole-text call.
 TOKENIZE_CHARS = 100_000
 _THROUGH_LAST_SPACE = re.compile(r"(?s).*\s")  # greedy: matches up to and including the range's last white space
+_SPACES = re.compile(r"\s+")
 _THROUGH_LAST_NON_WORD = re.compile(r"(?s).*\W")
 
 
@@ -145,10 +149,26 @@ def token_windows(tokenizer, text: str, window: int | None = None):
         encoded = tokenizer(text[start:end], add_special_tokens=False, truncation=False, return_offsets_mapping=True,
                             verbose=False)
         ids = np.asarray(encoded["input_ids"], dtype=np.int32)
-        offsets = np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        offsets = _without_leading_space(text[start:end], np.asarray(encoded["offset_mapping"], dtype=np.int64))
         keep = offsets[:, 1] > offsets[:, 0]
         yield ids[keep], offsets[keep] + start
         start = end
+
+
+def _without_leading_space(text: str, offsets: np.ndarray) -> np.ndarray:
+    """`offsets` (pieces, 2) with each piece's leading white space left out. A SentencePiece tokenizer (e5-small's)
+    counts the space before a word in its first piece ("▁nausea" is " nausea"): a span would start on the space and
+    never match a gold span exactly. WordPiece offsets (minilm's) hold no space and are returned as they are."""
+    offsets = offsets.reshape(-1, 2).copy()
+    space = np.zeros(len(text) + 1, dtype=bool)
+    for match in _SPACES.finditer(text):
+        space[match.start():match.end()] = True
+    while True:
+        starts = offsets[:, 0]
+        step = space[np.minimum(starts, len(text))] & (starts < offsets[:, 1])
+        if not step.any():
+            return offsets
+        offsets[step, 0] += 1
 
 
 def tokenize_arrays(tokenizer, text: str, window: int | None = None) -> tuple[np.ndarray, np.ndarray]:

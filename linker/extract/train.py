@@ -37,7 +37,7 @@ from linker.extract.data import (
     tac_split,
 )
 from linker.extract.lexicon import Lexicon
-from linker.extract.extractor import KIND, NAME, Extractor
+from linker.extract.extractor import KIND, MULTI, NAME, Extractor
 from linker.extract.metrics import mention_scores, phee_scores
 from linker.extract.model import (
     TaggerConfig,
@@ -54,6 +54,9 @@ from linker.extract.model import windows as cut_windows
 
 log = logging.getLogger(__name__)
 VERSION = "2"  # 2: every layer trained, dictionary names as evidence (`linker.extract.lexicon`)
+# Each tagger release's version, by name: the multilingual tagger (e5-small) counts its own.
+VERSIONS = {NAME: VERSION, MULTI: "1"}
+TAGGER_NAMES = {"minilm": NAME, "e5-small": MULTI}  # `linker train extractor --base`: the release each base makes
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
 
@@ -76,6 +79,7 @@ class ExtractorTrainConfig:
     seed: int = 0
     threads: int | None = None
     base: str = "minilm"
+    name: str = NAME  # the release's name: linker-ae (minilm) or linker-ae-multi (e5-small)
 
 
 @dataclass
@@ -454,7 +458,7 @@ def _start_run(encoder, tagger: TaggerConfig, data: _Data, config: ExtractorTrai
                                    {"params": head.parameters(), "lr": config.head_lr}], weight_decay=0.01)
     total = -(-len(data.windows) // config.batch_size) * config.epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / max(total, 1)))
-    return _Run(config, bert, head, Extractor(bert, tokenizer, head, tagger, name=NAME), trained, optimizer, schedule,
+    return _Run(config, bert, head, Extractor(bert, tokenizer, head, tagger, name=config.name), trained, optimizer, schedule,
                 pad, total, started, report)
 
 
@@ -548,7 +552,7 @@ def _write_release(run: _Run, data: _Data, out: Path, base_revision: str, *, com
         "metrics": {"chosen_epoch": best["epoch"], "threshold": best["threshold"], "phee_dev": best["phee_dev"],
                     "tac_dev": best["tac_dev"], "lexicon_dev": best.get("lexicon_dev", {})},
     }
-    manifest = write_release(Path(out), name=NAME, version=VERSION, kind=KIND, base=config.base,
+    manifest = write_release(Path(out), name=config.name, version=VERSIONS.get(config.name, VERSION), kind=KIND, base=config.base,
                              base_revision=base_revision, tensors=run.best_state, card=model_card(info, base_revision),
                              info=info)
     return {"out": str(out), "weights_bytes": manifest["files"]["weights.safetensors"]["bytes"], **info["metrics"],
@@ -601,7 +605,7 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
                                "the training record `linker train extractor` writes",
                                f"{type(exc).__name__} {str(exc)[:60]}") from None
     tensors = load_tensors(release)
-    write_release(Path(out), name=release.name, version=VERSION, kind=KIND, base=release.base,
+    write_release(Path(out), name=release.name, version=VERSIONS.get(release.name, VERSION), kind=KIND, base=release.base,
                   base_revision=base_revision, tensors=tensors, card=card, info=info)
     with extractor_module._CACHE_LOCK:
         extractor_module._CACHE.pop(str(Path(out).resolve()), None)
@@ -631,14 +635,48 @@ def _lexicon_line(cuts: dict | None) -> str:
                    "split's MedDRA names, no cut beat the tagger alone.")
 
 
+# What a model card says of each base a tagger is trained on: its full name, its transformer layers, what its
+# embeddings would add to the release in fp16, and the languages of its training text.
+BASES = {
+    "minilm": ("all-MiniLM-L6-v2", 6, "23 MB"),
+    "e5-small": ("multilingual-e5-small", 12, "192 MB: a vocabulary of 250,002 pieces"),
+}
+
+
+def _tests(info: dict) -> str:
+    t = info["training"]
+    cut = (" The time budget (`--max-seconds`) ended the last epoch some steps early, at a learning rate near 0."
+           if t.get("stopped_by_max_seconds") else "")
+    if t["config"].get("base", "minilm") == "minilm":
+        return "Test figures: `eval/extract/report.md` (`python -m bench.extract`)." + cut
+    return ("Figures in other languages and against linker-ae: `eval/extract/languages.md` (`python -m "
+            "bench.extract_languages`); no test set was scored for this release." + cut)
+
+
+def _language(info: dict) -> str:
+    return "English" if info["training"]["config"].get("base", "minilm") == "minilm" else "non-English"
+
+
+def _use(info: dict) -> str:
+    if info["training"]["config"].get("base", "minilm") == "minilm":
+        return ("English only: the base is an English model and all training\ntext is English; other languages are "
+                "neither trained nor measured.")
+    return ("Every training text is English:\nother languages (es, fr, de, nl, ja) are reached by cross-lingual "
+            "transfer through the multilingual base\nalone, measured in `eval/extract/languages.md` "
+            "(`python -m bench.extract_languages`). `linker annotate` picks\nthis tagger for a text that is not "
+            "English.")
+
+
 def model_card(info: dict, base_revision: str) -> str:
     t, m = info["training"], info["metrics"]
+    base = t["config"].get("base", "minilm")
+    full_name, layers, embeddings = BASES[base]
     frozen = info['frozen_layers']
-    body = (f"the embeddings and the first {frozen} transformer layers as the base has them; the top {6 - frozen} layers"
-            if frozen else "the embeddings as the base has them (they would add 23 MB); all 6 transformer layers")
-    return f"""# linker-ae: adverse-event span tagger
+    body = (f"the embeddings and the first {frozen} transformer layers as the base has them; the top {layers - frozen} layers"
+            if frozen else f"the embeddings as the base has them (they would add {embeddings}); all {layers} transformer layers")
+    return f"""# {t['config'].get('name', NAME)}: adverse-event span tagger
 
-A BIO token classifier over word pieces on top of `minilm` (all-MiniLM-L6-v2, {base_revision}): {body} and a
+A BIO token classifier over word pieces on top of `{base}` ({full_name}, {base_revision}): {body} and a
 linear head trained here. Only the trained tensors ship (fp16).
 
 Heads: {', '.join(info['labels'])}, each B/I/O; a status head marks an event span positive, negated or
@@ -679,16 +717,15 @@ per head {info['threshold']}, hysteresis {info.get('extend', {})}, split on B {i
 | TAC 2017 dev split | AdverseReaction exact F1 | {m['tac_dev']['exact']['f1']} |
 | TAC 2017 dev split | AdverseReaction relaxed F1 | {m['tac_dev']['relaxed']['f1']} |
 
-Test figures: `eval/extract/report.md` (`python -m bench.extract`).
+{_tests(info)}
 
 ## Intended use and limits
 
-Finding adverse-event and drug mentions in English case reports and drug labels, to be coded by `linker annotate`
-and reviewed by a person. Not a diagnostic device. English only: the base is an English model and all training
-text is English; other languages are neither trained nor measured. Discontinuous mentions come out as their
+Finding adverse-event and drug mentions in {_language(info)} case reports and drug labels, to be coded by `linker annotate`
+and reviewed by a person. Not a diagnostic device. {_use(info)} Discontinuous mentions come out as their
 separate pieces; overlapping mentions of one label as one. Status (negated, hypothetical) is learnt from few
 examples (a few hundred) and is weaker than the spans.
 """
 
 
-__all__ = ["ExtractorTrainConfig", "evaluate_dev", "model_card", "train_extractor", "tune_release"]
+__all__ = ["TAGGER_NAMES", "ExtractorTrainConfig", "evaluate_dev", "model_card", "train_extractor", "tune_release"]

@@ -107,7 +107,8 @@ def _add_routes(app: FastAPI, indexes: dict[str, LoadedIndex], default: str, lim
 
     @app.post("/annotate", response_model=AnnotateResponse, response_model_exclude_none=True, responses=errors)
     async def annotate(request: AnnotateRequest) -> Response:
-        """Extract adverse events, drugs and effects from texts (linker-ae) and code each positive adverse event with
+        """Extract adverse events, drugs and effects from texts (each text's tagger by its lang, given or detected:
+        linker-ae for English, linker-ae-multi for others) and code each positive adverse event with
         the index: code, confidence, and the decision (auto, review, no link, not coded)."""
         return await _annotate(request, *check_annotate(request, indexes, default, limits), tagger)
 
@@ -123,7 +124,8 @@ async def _annotate(request: AnnotateRequest, loaded: LoadedIndex, k: int, thres
         # the index's names as the tagger's evidence, as `annotate` gives them (built once per index, off the loop)
         lexicon = await run_in_threadpool(lexicon_of, loaded.linker)
         tagged = await tagger.extract([t.text for t in request.texts], threshold=threshold,
-                                      style=request.style or "auto", lexicon=lexicon)
+                                      style=request.style or "auto", lexicon=lexicon,
+                                      langs=[t.lang for t in request.texts])
     except BusyError as exc:
         raise busy("texts", "the tagger's queue", exc) from None
     events = EventLinks.of(tagged.results, langs=[t.lang for t in request.texts])

@@ -398,6 +398,7 @@ class TagJob:
     style: str
     on_done: Callable[[TagJob], None]
     lexicon: Any = None  # the names of the index the spans will be coded with (`linker.extract.lexicon_of`)
+    langs: list[str | None] | None = None  # each text's "lang" as the request gives it (None: detected)
     results: list = field(default_factory=list)  # the spans of each text tagged so far
     model: str = ""  # the tagger's revision
     next: int = 0  # first text not yet tagged
@@ -411,7 +412,7 @@ def _load_tagger(threads: int) -> Any:
 
 
 class Tagger(_WorkQueue):
-    """Runs the /annotate tagger (linker-ae) on the inference pool, behind a queue bounded in characters.
+    """Runs the /annotate taggers (linker-ae, linker-ae-multi: each text's by its language) on the inference pool, behind a queue bounded in characters.
 
     Not on the server's threadpool: the tagger is one torch model behind a lock, so from the threadpool 40 waiting
     /annotate requests held all 40 threads and /link waited for one (48 texts of 8,000 characters at once: /link up
@@ -432,14 +433,17 @@ class Tagger(_WorkQueue):
         self._load = load or (lambda: _load_tagger(self.pool.math_threads))
 
     def submit(self, texts: list[str], threshold: float | None, style: str,
-               on_done: Callable[[TagJob], None], lexicon: Any = None) -> TagJob:
+               on_done: Callable[[TagJob], None], lexicon: Any = None,
+               langs: list[str | None] | None = None) -> TagJob:
         """Queue `texts`; `on_done(job)` runs on the worker thread with job.results or job.error set."""
-        return self._admit(sum(map(len, texts)), lambda: TagJob(texts, threshold, style, on_done, lexicon))
+        return self._admit(sum(map(len, texts)), lambda: TagJob(texts, threshold, style, on_done, lexicon, langs))
 
-    async def extract(self, texts: list[str], *, threshold: float | None, style: str, lexicon: Any = None) -> TagJob:
+    async def extract(self, texts: list[str], *, threshold: float | None, style: str, lexicon: Any = None,
+                      langs: list[str | None] | None = None) -> TagJob:
         """The tagged job (spans of each text in job.results, the tagger's revision in job.model), awaited without
-        holding a thread; `lexicon` as `linker.extract.annotate_documents` takes it."""
-        return await _completion(lambda done: self.submit(texts, threshold, style, done, lexicon))
+        holding a thread; `lexicon` and `langs` (each text's language, None: detected) as
+        `linker.extract.annotate_documents` takes them."""
+        return await _completion(lambda done: self.submit(texts, threshold, style, done, lexicon, langs))
 
     def step(self) -> None:
         """Tag the next slice of the oldest request in line; requests that came meanwhile go before its next one."""
@@ -466,7 +470,7 @@ class Tagger(_WorkQueue):
             size += len(job.texts[stop])
             stop += 1
         job.results += tag(extractor, job.texts[job.next:stop], lexicon=job.lexicon, threshold=job.threshold,
-                           style=job.style)
+                           style=job.style, langs=None if job.langs is None else job.langs[job.next:stop])
         job.model, job.next = extractor.revision, stop
 
     def _finish(self, job: TagJob) -> None:

@@ -90,6 +90,9 @@ class TextIn(_TextIn):
     """One document to annotate."""
 
     text: str = Field(description="The document text, e.g. a case report or a drug-label section.")
+    lang: str | None = Field(None, description="The text's language (ISO 639-1): picks the tagger and the negation "
+                                               "cues, and restricts candidates to names in it; without it, detected "
+                                               "for the tagger and the cues only.")
 
 
 class AnnotateRequest(_Strict):
