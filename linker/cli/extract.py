@@ -77,7 +77,7 @@ def max_text_option():
 def _check_tagger(style: str, assertion: str, threshold: float | None, model: str) -> list[Path]:
     """The tagger's options, its packages (the dense extra) and its release folders (both shipped ones for
     "auto"), before anything loads."""
-    from linker.extract.extractor import ASSERTIONS, BY_LANGUAGE, MODULES, MULTI, NAME, STYLES, release_path
+    from linker.extract.extractor import ASSERTIONS, MODULES, STYLES, release_paths
     from linker.extras import check
 
     check(MODULES, extra="dense", what="the adverse-event tagger")
@@ -87,7 +87,7 @@ def _check_tagger(style: str, assertion: str, threshold: float | None, model: st
         raise ConfigError(f"--assertion: expected {', '.join(ASSERTIONS)}, found {assertion!r}")
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ConfigError(f"--threshold: expected a probability between 0 and 1, found {threshold}")
-    folders = [release_path(name) for name in ((NAME, MULTI) if model == BY_LANGUAGE else (model,))]
+    folders = release_paths(model)
     for folder in folders:
         if not (folder / "manifest.json").is_file():
             raise ConfigError(f"--model {model}: no tagger release there (no {folder / 'manifest.json'}); pass auto, "

@@ -300,7 +300,7 @@ def annotate_ray(
     and its options, so a re-run with another tagger or style is refused instead of mixed. `batch_size`:
     documents per extract-and-link call. `model`: "auto" (each document's tagger by its language: both shipped
     taggers), a shipped tagger's name or a release folder."""
-    from linker.extract.extractor import ASSERTIONS, BY_LANGUAGE, MULTI, NAME, STYLES, release_path
+    from linker.extract.extractor import ASSERTIONS, BY_LANGUAGE, STYLES, release_paths
     from linker.fileio import model_inputs
     from linker.models import read_release
 
@@ -310,7 +310,7 @@ def annotate_ray(
                           f"found {style!r} / {assertion!r}")
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ConfigError(f"--threshold: expected a probability between 0 and 1, found {threshold}")
-    folders = [release_path(name) for name in ((NAME, MULTI) if model == BY_LANGUAGE else (model,))]
+    folders = release_paths(model)
     releases = [read_release(folder) for folder in folders]  # every file's sha256, on the driver, before Ray starts
     extract = {"model": model if model == BY_LANGUAGE else str(folders[0]), "style": style, "assertion": assertion,
                "threshold": threshold}

@@ -4,8 +4,8 @@ The tagger (`linker.extract.model`) finds AdverseEvent, Drug and TherapeuticEffe
 (positive, negated, hypothetical) and a confidence; it ships as two release folders, ``linker/models/linker-ae``
 (English, on all-MiniLM-L6-v2) and ``linker/models/linker-ae-multi`` (es, fr, de, nl, ja, on multilingual-e5-small),
 trained by `linker train extractor` (`linker.extract.train`) on PHEE and the TAC 2017 training labels; by default
-each text is tagged by the one of its language (`load_extractor`'s "auto": `ByLanguage`). `annotate` links every positive AdverseEvent span with a `linker.link.Linker` and says what to
-do with it (`DECISIONS`).
+each text is tagged by the one of its language (`load_extractor`'s "auto": `ByLanguage`). `annotate` links every
+positive AdverseEvent span with a `linker.link.Linker` and says what to do with it (`DECISIONS`).
 
     from linker.extract import extract
     spans = extract(["Severe rash after starting lamotrigine."])[0]  # [ExtractedSpan(start=0, end=11, ...), ...]
@@ -260,4 +260,5 @@ def public(row: dict) -> dict:
 
 __all__ = ["AE", "BENEFIT", "BY_LANGUAGE", "DECISIONS", "DRUG", "INDICATION", "LABELS", "MULTI", "NAME", "REVIEW_BELOW",
            "STATUSES", "ByLanguage", "EventLinks", "ExtractedSpan", "Extractor", "Lexicon", "annotate",
-           "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "lexicon_of", "link_text", "load_extractor", "public", "tag"]
+           "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "lexicon_of", "link_text",
+           "load_extractor", "public", "tag"]

@@ -209,6 +209,11 @@ def release_path(name_or_folder: str | Path) -> Path:
     return release_folder(str(name_or_folder)) if str(name_or_folder) in (NAME, MULTI) else Path(name_or_folder)
 
 
+def release_paths(model: str | Path) -> list[Path]:
+    """The release folders a `--model` value names: both shipped taggers for "auto" (`ByLanguage`), else one."""
+    return [release_path(name) for name in ((NAME, MULTI) if str(model) == BY_LANGUAGE else (model,))]
+
+
 def load_extractor(name_or_folder: str | Path = BY_LANGUAGE, *, threads: int | None = None) -> Extractor | ByLanguage:
     """The taggers by language (``"auto"``, the default: `ByLanguage`), or the extractor of a release folder (a
     shipped one by name, `linker-ae` or `linker-ae-multi`), loaded by the entry of `EXTRACTORS` its manifest's
@@ -249,10 +254,7 @@ class ByLanguage:
 
         self.threads = threads
         # both releases' revisions, read from their manifests without loading either: a report names what ran
-        self.revision = "; ".join(read_release(release_path(name), verify=False).revision for name in (NAME, MULTI))
-
-    def tagger(self, lang: str | None) -> Extractor:
-        return load_extractor(tagger_for(lang), threads=self.threads)
+        self.revision = "; ".join(read_release(folder, verify=False).revision for folder in release_paths(BY_LANGUAGE))
 
     def extract(self, texts: list[str], *, langs: Sequence[str | None] | None = None, **options) -> list[list]:
         """`Extractor.extract` of each text by its language's tagger (`text_languages`: given, or detected)."""
@@ -402,4 +404,4 @@ def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = T
 
 
 __all__ = ["ASSERTIONS", "BY_LANGUAGE", "EXTRACTORS", "MODULES", "MULTI", "NAME", "STYLES", "ByLanguage", "Extractor",
-           "load_extractor", "release_path", "select_style", "tagger_for", "text_languages"]
+           "load_extractor", "release_path", "release_paths", "select_style", "tagger_for", "text_languages"]

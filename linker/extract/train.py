@@ -635,30 +635,35 @@ def _lexicon_line(cuts: dict | None) -> str:
                    "split's MedDRA names, no cut beat the tagger alone.")
 
 
-# What a model card says of each base a tagger is trained on: its full name, its transformer layers, what its
-# embeddings would add to the release in fp16, and the languages of its training text.
+# What a model card says of each base a tagger is trained on: its full name, its transformer layers, and what its
+# embeddings would add to the release in fp16.
 BASES = {
     "minilm": ("all-MiniLM-L6-v2", 6, "23 MB"),
     "e5-small": ("multilingual-e5-small", 12, "192 MB: a vocabulary of 250,002 pieces"),
 }
 
 
+def _english(info: dict) -> bool:
+    """Whether the card is the English tagger's (base minilm) rather than the multilingual one's."""
+    return info["training"]["config"].get("base", "minilm") == "minilm"
+
+
 def _tests(info: dict) -> str:
     t = info["training"]
     cut = (" The time budget (`--max-seconds`) ended the last epoch some steps early, at a learning rate near 0."
            if t.get("stopped_by_max_seconds") else "")
-    if t["config"].get("base", "minilm") == "minilm":
+    if _english(info):
         return "Test figures: `eval/extract/report.md` (`python -m bench.extract`)." + cut
     return ("Figures in other languages and against linker-ae: `eval/extract/languages.md` (`python -m "
             "bench.extract_languages`); no test set was scored for this release." + cut)
 
 
 def _language(info: dict) -> str:
-    return "English" if info["training"]["config"].get("base", "minilm") == "minilm" else "non-English"
+    return "English" if _english(info) else "non-English"
 
 
 def _use(info: dict) -> str:
-    if info["training"]["config"].get("base", "minilm") == "minilm":
+    if _english(info):
         return ("English only: the base is an English model and all training\ntext is English; other languages are "
                 "neither trained nor measured.")
     return ("Every training text is English:\nother languages (es, fr, de, nl, ja) are reached by cross-lingual "
