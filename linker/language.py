@@ -39,6 +39,12 @@ CJK = "\u3005-\u3007\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\
 _CJK_CHAR = re.compile(f"[{CJK}]")
 
 
+def primary(tag: str | None) -> str:
+    """The ISO 639-1 code of a language tag, as every choice by language reads it (the tagger, the assertion cues):
+    None is English, "en-US", "en_GB" and "EN" are "en", "ja-JP" is "ja"."""
+    return DEFAULT if tag is None else tag.strip().lower().replace("_", "-").split("-")[0]
+
+
 def detect(text: str) -> str:
     """One of `LANGUAGES`: "ja" when kana or Han characters outnumber the Latin-script words, else the language
     of the most function words of `_WORDS` (ties and none: English)."""

@@ -190,6 +190,20 @@ def test_decode_widens_to_whole_words_and_keeps_status():
     assert decode(text, offsets, probs, marks, LABELS, 0.95) == []
 
 
+def test_decode_never_runs_a_span_over_a_line_break():
+    text = "Nausea\nHeadache  dizziness"
+    offsets = [(0, 6), (7, 15), (17, 26)]
+    probs = np.zeros((3, len(LABELS), 3))
+    probs[:, :, O] = 1.0
+    probs[0, 0] = [0.0, 1.0, 0.0]  # one run B I I: without the line break, one span "Nausea\nHeadache  dizziness"
+    probs[1:, 0] = [0.0, 0.0, 1.0]
+    marks = np.tile([1.0, 0.0, 0.0], (3, 1))
+    spans = decode(text, offsets, probs, marks, LABELS, 0.5)
+    assert [s.text for s in spans] == ["Nausea", "Headache  dizziness"]
+    assert [s.text for s in decode("Nausea headache", [(0, 6), (7, 15)], probs[:2], marks[:2], LABELS, 0.5)] == [
+        "Nausea headache"]
+
+
 def test_phee_metrics_follow_squad_normalisation():
     assert normalize_answer("The  Rash!") == "rash"
     gold = [["severe rash", "fever"], ["the hepatitis"]]
@@ -352,6 +366,11 @@ def test_a_phrase_of_several_dictionary_names_is_one_span_per_name():
     text = "A severe rash."  # one name among grades and fillers: the name
     trimmed = split_phrases(text, [ExtractedSpan(0, 13, "A severe rash", AE, "positive", 0.8)], lexicon.find(text))
     assert [(s.text, s.group) for s in trimmed] == [("rash", (0, 13))]
+    # a term (the TAC head's span, AdverseReaction) holding two names splits too: a drug label's table cells
+    text = "発汗 幻覚"
+    cells = ExtractedSpan(0, 5, text, AR, "positive", 0.9)
+    assert [(s.text, s.label, s.group) for s in split_phrases(text, [cells], Lexicon(["発汗", "幻覚"]).find(text))] == [
+        ("発汗", AR, (0, 5)), ("幻覚", AR, (0, 5))]
 
 
 def _tiny_training_data(tmp_path):

@@ -93,3 +93,13 @@ def test_extract_cli_takes_each_documents_lang(tmp_path):
         row = json.loads(line)
         rows.setdefault(row.pop("doc"), []).append(row)
     assert rows.get("none") == rows.get("de") != rows.get("en")
+
+
+def test_one_rule_reads_a_language_tag_for_the_tagger_and_the_cues():
+    from linker.extract.assertion import cues_for
+    from linker.extract.extractor import MULTI, NAME, tagger_for
+    from linker.language import primary
+
+    assert [primary(t) for t in (None, "en-US", "EN_gb", " ja-JP ", "de")] == ["en", "en", "en", "ja", "de"]
+    assert [tagger_for(t) for t in (None, "en", "en-US", "EN", "ja-JP", "fr")] == [NAME] * 4 + [MULTI] * 2
+    assert cues_for("en-US").lang == "en" and cues_for("de-CH").lang == "de"

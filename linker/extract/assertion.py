@@ -39,6 +39,7 @@ from pathlib import Path
 
 from linker.errors import InputFormatError, UnknownNameError, shorten
 from linker.fileio import iter_lines
+from linker.language import primary
 
 WINDOW = 6  # words of scope on each side, NegEx's 5 plus one for the article or possessive ("no more rash")
 COLUMNS = "status<TAB>position<TAB>cue"
@@ -114,21 +115,16 @@ def languages() -> tuple[str, ...]:
     return tuple(sorted(entry["lang"] for entry in _manifest()["files"].values()))
 
 
-def language(lang: str | None) -> str:
-    """ISO 639-1 code of a text's language tag: None is English, "ja-JP" and "JA" are "ja"."""
-    return ENGLISH if lang is None else lang.strip().lower().replace("_", "-").split("-")[0]
-
-
 def load_cues(extra: Sequence[str | Path] = (), *, lang: str | None = ENGLISH) -> Cues:
     """The package's cue list of `lang` (`linker/data/assertion/`, `languages`) plus the rows of the user's files
     of the same columns. An unknown language is an error naming the known ones (`cues_for` falls back instead)."""
-    return _load(tuple(str(p) for p in extra), language(lang))
+    return _load(tuple(str(p) for p in extra), primary(lang))
 
 
 def cues_for(lang: str | None) -> Cues | None:
     """The package's cues of a text's language; None (no rules: the tagger's statuses stand) for a language without
     a list. A text of unknown language is not read with the English cues: their words occur in other languages."""
-    lang = language(lang)
+    lang = primary(lang)
     return load_cues(lang=lang) if lang in languages() else None
 
 

@@ -126,7 +126,7 @@ class Extractor:
         spans are returned as AdverseEvent (`select_style`); `assertion` (`ASSERTIONS`) who marks a span
         negated or hypothetical; `lexicon`: the names of the dictionary the spans will be coded with, taken as
         evidence where the release says how (`TaggerConfig.lexicon`; `linker.extract.lexicon`), and, with style
-        auto, to split a phrase holding several names into one span per name (`split_phrases`); `langs`: each
+        auto, to split a phrase or term holding several names into one span per name (`split_phrases`); `langs`: each
         text's language for the assertion rules (None: English; a language without cue lists keeps the tagger's
         statuses, `linker.extract.assertion.cues_for`)."""
         if style not in STYLES:
@@ -230,8 +230,10 @@ def load_extractor(name_or_folder: str | Path = BY_LANGUAGE, *, threads: int | N
 
 def tagger_for(lang: str | None) -> str:
     """The shipped tagger of a text's language: linker-ae for English, linker-ae-multi for any other (its base,
-    multilingual-e5-small, reads some hundred languages; linker measures es, fr, de, nl and ja)."""
-    return NAME if lang in (None, "en") else MULTI
+    multilingual-e5-small, reads some hundred languages; linker measures es, fr, de, nl and ja); "en-US" is English."""
+    from linker.language import primary
+
+    return NAME if primary(lang) == "en" else MULTI
 
 
 def text_languages(texts: Sequence[str], langs: Sequence[str | None] | None = None,

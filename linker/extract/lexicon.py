@@ -5,7 +5,7 @@ first) found more reactions than the tagger did (test recall 75.8 against 66.6).
 names of the dictionary it codes with: each name found in a text is proposed as a term, and kept when the tagger's
 own in-span probability over its word pieces reaches the release's ``lexicon`` threshold (chosen on dev; 0 keeps
 every match, which is the plain lookup added to the tagger's spans; `linker.extract.model.lexicon_spans`), and a
-phrase holding several names is split into one span per name (`split_phrases`).
+phrase or term holding several names is split into one span per name (`split_phrases`).
 
 Names and text are compared as `linker.text.normalize` "words" makes them (NFKC, lower case, punctuation as white
 space), word by word, so "Nausea/vomiting" matches "nausea vomiting" and "rash" never matches inside "crash".
@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
-from linker.extract.data import AE
+from linker.extract.data import AE, AR
 from linker.extract.model import ExtractedSpan
 from linker.language import CJK
 from linker.text import normalize
@@ -108,12 +108,13 @@ class Lexicon:
 FILLERS = frozenset("a an the my his her their your our its and or of some any very".split())
 
 
-def split_phrases(text: str, spans: list[ExtractedSpan], found: list[tuple[int, int]], label: str = AE,
-                  fillers: frozenset[str] = FILLERS) -> list[ExtractedSpan]:
-    """Each `label` span holding two or more of the dictionary names `found` ("severe nausea and hair loss": "nausea",
-    "hair loss") as one span per name, each coded on its own, the phrase kept as their ``group``; and a span of one
-    name among only grades and `fillers` ("a severe rash") as that name. A span holding one name with other words
-    ("itchy rash") is kept whole: the linker codes it as it is."""
+def split_phrases(text: str, spans: list[ExtractedSpan], found: list[tuple[int, int]],
+                  labels: tuple[str, ...] = (AE, AR), fillers: frozenset[str] = FILLERS) -> list[ExtractedSpan]:
+    """Each span of `labels` (the phrase head's and the term head's events) holding two or more of the dictionary
+    names `found` ("severe nausea and hair loss": "nausea", "hair loss"; a drug label's table cells "発汗 幻覚") as
+    one span per name, each coded on its own, the phrase kept as their ``group``; and a span of one name among only
+    grades and `fillers` ("a severe rash") as that name. A span holding one name with other words ("itchy rash") is
+    kept whole: the linker codes it as it is."""
     if not found:
         return spans
     grades = fillers | modifier_words()
@@ -121,7 +122,7 @@ def split_phrases(text: str, spans: list[ExtractedSpan], found: list[tuple[int, 
     out = []
     for span in spans:
         inside = [(a, b) for a, b in found[bisect.bisect_left(starts, span.start):bisect.bisect_left(starts, span.end)]
-                  if b <= span.end] if span.label == label else []
+                  if b <= span.end] if span.label in labels else []
         if len(inside) == 1:
             rest = text[span.start:inside[0][0]] + " " + text[inside[0][1]:span.end]
             if any(word not in grades for _, _, word in _words(rest)):
