@@ -374,6 +374,9 @@ def check_output(
     anything that appears there meanwhile either.
     """
     out = Path(output)
+    if str(out) == "-":  # a user means standard output; a file called "-" in the working folder surprises everyone
+        raise ConfigError(f"{option} -: this command writes files, not standard output (`linker normalize`, "
+                          "`extract` and `annotate` with --format jsonl write JSONL there); name a file or folder")
     _check_path_text(out, option)
     check_apart(out, inputs=inputs, option=option, release=release)
     target = out.resolve()

@@ -434,3 +434,20 @@ def test_annotate_writes_document_labels_that_eval_scores(inputs, indexes, tmp_p
         assert_one_line_error(code, err, needle)
     code, err = cli(["extract", "--input", inputs["txt"], "--output", tmp_path / "y.tsv", "--format", "labels"], capsys)
     assert_one_line_error(code, err, "linker annotate --labels")
+
+
+def test_output_dash_is_standard_output_and_never_a_file_named_dash(inputs, indexes, tmp_path, capsys,
+                                                                      monkeypatch):
+    from linker.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    for command in (["extract"], ["annotate", "--index", str(indexes["meddra"])]):
+        capsys.readouterr()
+        main([*command, "--input", str(inputs["txt"]), "--output", "-"])
+        out, err = capsys.readouterr()
+        rows = [json.loads(line) for line in out.splitlines()]
+        assert rows and all({"doc", "start", "end", "label"} <= set(r) for r in rows), out
+        assert err.strip().splitlines()[-1].endswith(tuple("0123456789s"))  # the summary goes to stderr
+        assert not (tmp_path / "-").exists()
+        code, lines = cli([*command, "--input", inputs["txt"], "--output", "-", "--format", "brat"], capsys)
+        assert_one_line_error(code, lines, "--output -", "jsonl", "brat")

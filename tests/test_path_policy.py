@@ -303,3 +303,13 @@ def test_a_full_disk_names_the_output(work, capsys, monkeypatch):
                     capsys)
     assert_one_line_error(code, err, "error: o.jsonl: No space left on device")
     assert sorted(p.name for p in work.iterdir()) == ["V", "a.jsonl", "names.parquet"]  # no output, no temporary
+
+
+def test_an_output_named_dash_is_refused_where_no_standard_output_is_written(tmp_path, monkeypatch, capsys):
+    # `--output -` means standard output to a user; a command that writes files must not create ./- instead
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="standard output"):
+        check_output("-")
+    code, err = cli(["dict", "build", "--source", "default", "--out", "-"], capsys)
+    assert_one_line_error(code, err, "--out -", "standard output")
+    assert not (tmp_path / "-").exists()

@@ -228,7 +228,7 @@ def test_cli_the_ray_engine_is_its_own_command(index, tmp_path, capsys):
     assert run_cli([*ray, "--output", str(tmp_path / "out"), "--format", "brat"]) == 2  # shards only
     assert "no such option --format" in capsys.readouterr().err
     assert run_cli([*ray, "--output", "-"]) == 1
-    assert "`-` (stdin/stdout) works with `linker normalize --format jsonl` only" in capsys.readouterr().err
+    assert "`-` (stdin/stdout) works with `linker normalize --format jsonl`" in capsys.readouterr().err
 
 
 def test_ray_is_an_optional_extra():

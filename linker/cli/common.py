@@ -178,7 +178,7 @@ def check_ray_job(command: str, input_spec: str, output: str, **linker_options) 
     check_linker_options(**linker_options)
     if "-" in (input_spec, output):
         raise ConfigError(f"{command} reads Parquet and JSONL shards into Parquet shards; `-` (stdin/stdout) works "
-                          "with `linker normalize --format jsonl` only")
+                          "with `linker normalize --format jsonl`, and `-` for stdout with `extract` and `annotate`")
     import_ray()  # a missing Ray is one line before any work
 
 

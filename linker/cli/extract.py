@@ -103,6 +103,8 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
 
     check_format(fmt)
     folder_format = WRITERS.get(fmt).folder
+    if str(output) == STDOUT and fmt != "jsonl":
+        raise ConfigError(f"--output -: standard output takes --format jsonl only, found --format {fmt}")
     if folder_format and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
         raise ConfigError(f"--output {output}: --format {fmt} writes a folder, found a file name ending in "
                           f"{output.suffix}; name a folder (such as {output.with_suffix('')}), or pass --format jsonl")
@@ -110,7 +112,24 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
     check_file(input_path, "--input")
     check_inputs(input_path, option="--input")
     inputs = [Input(input_path, "--input"), *(Input(folder, "--model") for folder in folders), *extra_inputs]
-    check_output(output, inputs=inputs, overwrite=overwrite, folder=folder_format)
+    if str(output) != STDOUT:
+        check_output(output, inputs=inputs, overwrite=overwrite, folder=folder_format)
+
+
+STDOUT = "-"  # --output -: the JSONL lines on standard output, as `linker normalize` writes them
+
+
+def _write(docs, output: Path, fmt: str, **options) -> int:
+    """`write_output`, or the JSONL lines on standard output for `--output -`."""
+    from linker.extract.io import write_output
+
+    if str(output) == STDOUT:
+        import sys
+
+        from linker.extract.io import write_jsonl_lines
+
+        return write_jsonl_lines(docs, sys.stdout)
+    return write_output(docs, output, fmt, **options)
 
 
 def _label_list(fmt: str, labels: Path | None) -> list[str] | None:
@@ -137,7 +156,7 @@ def _read(input_path: Path, fmt: str, max_line_bytes, max_document_bytes):
 @app.command("extract")
 def extract_cli(
     input_path: Path = typer.Option(..., "--input", help=_INPUT_HELP),
-    output: Path = typer.Option(..., "--output", "-o", help="Output file (jsonl) or folder (brat, ade-xml)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Output file (jsonl; - for standard output) or folder (brat, ade-xml)."),
     fmt: str = typer.Option("jsonl", "--format", "-f", help=_FORMAT_HELP),
     model: str = model_option(),
     lang: str = typer.Option(None, "--lang", help="The documents' language (a JSONL document's own lang wins): picks the tagger and the cues; without it each document's is detected."),
@@ -152,7 +171,7 @@ def extract_cli(
     """Find adverse events, drugs and therapeutic effects in texts (negated and hypothetical events tagged), each
     document with the tagger and cues of its language."""
     from linker.extract import load_extractor
-    from linker.extract.io import tag_documents, write_output
+    from linker.extract.io import tag_documents
 
     if fmt == "labels":
         raise ConfigError("--format labels writes the codes of each document: run `linker annotate --labels LIST`")
@@ -161,7 +180,7 @@ def extract_cli(
     started = time.perf_counter()
     extractor = load_extractor(model, threads=threads)
     tagged = tag_documents(docs, extractor, threshold=threshold, style=style, assertion=assertion, lang=lang)
-    written = write_output(tagged, output, fmt)  # read, tagged and written a batch at a time
+    written = _write(tagged, output, fmt)  # read, tagged and written a batch at a time
     typer.echo(f"extracted {written:,} spans from {len(docs):,} document(s) -> {output} in "
                f"{time.perf_counter() - started:.1f}s", err=True)
 
@@ -170,7 +189,7 @@ def extract_cli(
 def annotate_cli(
     index: Path = index_option("Index folder from `linker index build` (a MedDRA one for ade-xml)."),
     input_path: Path = typer.Option(..., "--input", help=_INPUT_HELP),
-    output: Path = typer.Option(..., "--output", "-o", help="Output file (jsonl) or folder (brat, ade-xml)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Output file (jsonl; - for standard output) or folder (brat, ade-xml)."),
     fmt: str = typer.Option("jsonl", "--format", "-f", help=_FORMAT_HELP),
     k: int = typer.Option(1, "--k", "-k", help="Candidates kept per adverse event (jsonl); the code is the best."),
     lang: str = lang_option("The documents' language (a JSONL document's own lang wins): picks the tagger and the cues, and restricts candidates to names in it; without it each document's is detected, for the tagger and cues only."),
@@ -192,7 +211,7 @@ def annotate_cli(
     """Extract adverse events and code each with the index: code, confidence, and the decision (auto, review,
     no link, or not coded for a negated / hypothetical event)."""
     from linker.extract import load_extractor
-    from linker.extract.io import tag_documents, write_output
+    from linker.extract.io import tag_documents
     from linker.link import Linker
 
     check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence)
@@ -226,7 +245,7 @@ def annotate_cli(
 
     annotated = tag_documents(docs, extractor, threshold=threshold, style=style, assertion=assertion, linker=linker,
                               k=k, lang=lang, review_below=review_below)
-    written = write_output(counted(annotated), output, fmt, db=db, coded=True, labels=label_list)
+    written = _write(counted(annotated), output, fmt, db=db, coded=True, labels=label_list)
     typer.echo(f"annotated {written:,} spans from {len(docs):,} document(s) ("
                + ", ".join(f"{n:,} {name}" for name, n in counts.items())
                + f" adverse events) -> {output} in {time.perf_counter() - started:.1f}s", err=True)

@@ -388,14 +388,19 @@ def write_output(docs: Iterable[InputDoc], output: Path, fmt: str, *, db: str | 
 @register_writer("jsonl", folder=False, normalize=normalize_jsonl_path)
 def write_jsonl_spans(docs: Iterable[InputDoc], output: Path, *, db: str | None = None, coded: bool = False) -> int:
     """One JSON line per span (`span_records`), written atomically."""
+    with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        return write_jsonl_lines(docs, handle)
+
+
+def write_jsonl_lines(docs: Iterable[InputDoc], handle) -> int:
+    """One JSON line per span of `docs` (`span_records`) to the open text `handle`; the lines written."""
     from linker.formats.jsonl import write_jsonl
 
     written = 0
-    with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-        for doc in docs:
-            for record in span_records(doc):
-                write_jsonl(handle, record)
-                written += 1
+    for doc in docs:
+        for record in span_records(doc):
+            write_jsonl(handle, record)
+            written += 1
     return written
 
 
@@ -481,6 +486,7 @@ __all__ = [
     "span_records",
     "write_ade_xml_spans",
     "write_brat_spans",
+    "write_jsonl_lines",
     "write_jsonl_spans",
     "write_output",
 ]
