@@ -182,15 +182,22 @@ class Linker:
     are re-scored (mixed with the retriever's score as the calibration says, `retriever_weight`)
     and re-ordered before the cut to k. With a calibration in the index folder
     that matches the scorer, every candidate carries a `confidence`; with `min_confidence`, a
-    mention whose best candidate is below it gets no candidates ("no link", `LinkResult.nil`).
+    mention whose best candidate is below it gets no candidates ("no link", `LinkResult.nil`). `min_score` does
+    the same on the best candidate's score itself, for an index without calibration: the scale is the index's
+    (the cosine of tf-idf or dense vectors, 1.0 an exact name; with a re-ranker, the mixed score), so choose it on
+    development data of that index (on the TAC 2017 development split's tf-idf MedDRA index, 0.7:
+    eval/extract/report.md; scispaCy's tf-idf linker withholds below 0.7 too).
     """
 
     def __init__(self, index: LoadedIndex, *, reranker: CrossEncoder | None = None,
-                 rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None) -> None:
+                 rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None,
+                 min_score: float | None = None) -> None:
         if rerank_k < 1:
             raise ConfigError(f"rerank_k must be >= 1, found {rerank_k}")
         if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
             raise ConfigError(f"min_confidence is a probability from 0 to 1, found {min_confidence}")
+        if min_score is not None and not -1.0 <= min_score <= 1.0:
+            raise ConfigError(f"min_score is a score from -1 to 1 (a cosine), found {min_score}")
         self.index = index
         self.reranker = reranker
         self.rerank_k = rerank_k
@@ -210,6 +217,7 @@ class Linker:
             raise ConfigError(f"--min-confidence needs a calibration of {index.folder} for this scorer; "
                               f"run `linker calibrate --index {index.folder} --dataset SPEC` first")
         self.min_confidence = min_confidence
+        self.min_score = min_score
         self.stats = {"texts": 0, "distinct_texts": 0, "retrieve_seconds": 0.0, "rerank_seconds": 0.0, "rerank_pairs": 0}
         table = index.concepts.table
         prior = read_prior(index)
@@ -295,7 +303,7 @@ class Linker:
 
     @classmethod
     def load(cls, index_dir: str | Path, *, checksums: bool = True, rerank: str | Path | None = None,
-             rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None,
+             rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None, min_score: float | None = None,
              precision: str | None = None, rerank_precision: str = "auto") -> Linker:
         """Load and verify an index folder (IndexMismatchError when its files do not match its manifest). The
         checksums are paid once per folder and manifest: a stamp in the user cache lets later loads trust them while
@@ -314,7 +322,7 @@ class Linker:
         reranker = None
         if rerank is not None and str(rerank) != "none":
             reranker = CrossEncoder.load(rerank, precision=rerank_precision)
-        return cls(index, reranker=reranker, rerank_k=rerank_k, min_confidence=min_confidence)
+        return cls(index, reranker=reranker, rerank_k=rerank_k, min_confidence=min_confidence, min_score=min_score)
 
     @property
     def retriever_weight(self) -> float:
@@ -419,6 +427,8 @@ class Linker:
             confidence = cal(final[order], margins(final, ranked, twins)[:k], hits.scores[order] >= EXACT_SCORE)
         if self.min_confidence is not None and (len(order) == 0 or confidence[0] < self.min_confidence):
             return LinkResult(mention, (), None if cal is None else NO_LINK)
+        if self.min_score is not None and (len(order) == 0 or final[order[0]] < self.min_score):
+            return LinkResult(mention, (), NO_LINK)
         candidates = self._candidates(hits, final, order, confidence, lang)
         decision = None if cal is None else cal.decide(float(confidence[0]) if len(order) else None)
         return LinkResult(mention, candidates, decision)

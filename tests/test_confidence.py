@@ -117,6 +117,24 @@ def test_min_confidence_without_calibration_is_refused(tmp_path):
         Linker.load(plain, min_confidence=1.5)
 
 
+def test_min_score_gives_no_link_without_calibration(tmp_path, capsys):
+    plain = build_indexes(tmp_path)["meddra"]
+    scores = {r.mention: r.candidates[0].score for r in Linker.load(plain).link(["hair loss", "zzz qqq hair"], k=1)}
+    assert scores["hair loss"] > scores["zzz qqq hair"]
+    cut = (scores["hair loss"] + scores["zzz qqq hair"]) / 2  # between the two, not on a kernel's last bit
+    exact, vague = Linker.load(plain, min_score=cut).link(["hair loss", "zzz qqq hair"], k=3)
+    assert exact.candidates and exact.decision is None  # no calibration: no decision of its own
+    assert vague.to_dict() == {"mention": "zzz qqq hair", "candidates": [], "nil": True, "decision": "no link"}
+    with pytest.raises(ConfigError, match="from -1 to 1"):
+        Linker.load(plain, min_score=1.5)
+    main(["link", "--index", str(plain), "--min-score", str(cut), "--json", "hair loss", "zzz qqq hair"])
+    assert [r["nil"] for r in json.loads(capsys.readouterr().out)] == [False, True]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["normalize", "--index", str(plain), "--input", "-", "--output", "-", "--format", "jsonl",
+              "--min-score", "2"])
+    assert exit_info.value.code == 1 and "--min-score" in capsys.readouterr().err
+
+
 def test_changed_calibration_file_is_refused(calibrated, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(calibrated, copy)

@@ -26,7 +26,7 @@ def split_csv(values: list[str] | None) -> tuple[str, ...]:
 
 
 def check_linker_options(*, k: int | None = None, rerank_k: int | None = None, min_confidence: float | None = None,
-                         precision: str | None = None) -> None:
+                         precision: str | None = None, min_score: float | None = None) -> None:
     """The options of link, normalize, serve, eval and calibrate, checked before anything is loaded."""
     from linker.errors import ConfigError
     from linker.precision import check_precision
@@ -37,6 +37,8 @@ def check_linker_options(*, k: int | None = None, rerank_k: int | None = None, m
         raise ConfigError(f"--rerank-k: expected an integer >= 1, found {rerank_k}")
     if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
         raise ConfigError(f"--min-confidence: expected a probability from 0 to 1, found {min_confidence}")
+    if min_score is not None and not -1.0 <= min_score <= 1.0:
+        raise ConfigError(f"--min-score: expected a score from -1 to 1 (a cosine), found {min_score}")
     check_precision(precision)
 
 
@@ -123,6 +125,14 @@ def rerank_k_option():
 
 def min_confidence_option():
     return typer.Option(None, "--min-confidence", help=MIN_CONFIDENCE_HELP)
+
+
+MIN_SCORE_HELP = ("'No link' when the best candidate's score is below this: for an index without calibration; its "
+                  "scale is the index's (a cosine, 1 for an exact name), so choose it on your development data.")
+
+
+def min_score_option():
+    return typer.Option(None, "--min-score", help=MIN_SCORE_HELP)
 
 
 # --- options and checks of every command that links spans: normalize, normalize-ray, annotate, annotate-ray

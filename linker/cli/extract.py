@@ -24,6 +24,7 @@ from linker.cli.common import (
     max_document_option,
     max_line_option,
     min_confidence_option,
+    min_score_option,
     option_inputs,
     overwrite_option,
     read_limits,
@@ -205,6 +206,7 @@ def annotate_cli(
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
+    min_score: float = min_score_option(),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
     labels: Path = typer.Option(None, "--labels", help="--format labels: a file of concept ids (one a line, optionally a tab and a name): the columns."),
 ) -> None:
@@ -214,7 +216,7 @@ def annotate_cli(
     from linker.extract.io import tag_documents
     from linker.link import Linker
 
-    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence)
+    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, min_score=min_score)
     if not 0.0 <= review_below <= 1.0:
         raise ConfigError(f"--review-below: expected a probability from 0 to 1, found {review_below}")
     check_coded_output(fmt, k, db)
@@ -226,7 +228,7 @@ def annotate_cli(
     check_index(index, rerank)
     docs = _read(input_path, fmt, max_line_bytes, max_document_bytes)
     started = time.perf_counter()
-    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence)
+    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, min_score=min_score)
     if fmt == "ade-xml":
         from linker.normalize import require_meddra
 

@@ -10,7 +10,7 @@ import typer
 from linker.cli._app import app
 from linker.cli.common import (
     MAX_LINE_HELP, QUERY_PRECISION_HELP, check_file, check_index, check_linker_options, echo_json, min_confidence_option,
-    option_inputs, read_limits, rerank_k_option, rerank_option,
+    min_score_option, option_inputs, read_limits, rerank_k_option, rerank_option,
 )
 from linker.errors import InputFormatError
 from linker.link import Linker, LinkResult
@@ -53,6 +53,7 @@ def link_cli(
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
+    min_score: float = min_score_option(),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --output when it exists."),
     explain: bool = typer.Option(False, "--explain", help="Show the n-grams each mention shares with each matched name, with their tf-idf weights."),
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
@@ -66,14 +67,16 @@ def link_cli(
         raise InputFormatError("command line", "--explain with mention texts on the command line", "--input")
     # Everything below is checked before the index loads (seconds): options, then the input and output paths
     # (the index and model folders are inputs too), then the index folder's manifest.
-    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
+    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision,
+                         min_score=min_score)
     limits = read_limits(max_line_bytes, None)
     if input_path is not None:
         check_file(input_path, "--input")
         check_paths(str(input_path), str(output or "-"), fmt="jsonl", overwrite=overwrite,
                     inputs=option_inputs(index, rerank))
     check_index(index, rerank)
-    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
+    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, min_score=min_score,
+                         precision=precision)
     if input_path is not None:
         summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
                                          limits=limits, overwrite=overwrite)

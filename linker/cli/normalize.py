@@ -26,6 +26,7 @@ from linker.cli.common import (
     max_document_option,
     max_line_option,
     min_confidence_option,
+    min_score_option,
     option_inputs,
     overwrite_option,
     read_limits,
@@ -67,6 +68,7 @@ def normalize_cli(
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
+    min_score: float = min_score_option(),
     precision: str = precision_option(),
     engine: str = typer.Option(None, "--engine", hidden=True, help="Moved: `linker normalize-ray`."),
 ) -> None:
@@ -75,7 +77,8 @@ def normalize_cli(
         raise ConfigError(f"--engine {engine} is gone: `linker normalize` links here; on Ray: linker normalize-ray "
                           "--index FOLDER --input SHARDS --output FOLDER")
     # Options, paths and the index folder's manifest are checked before the index loads (seconds).
-    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
+    check_linker_options(k=k, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision,
+                         min_score=min_score)
     if fmt is None:
         raise ConfigError(f"--format is required: one of {', '.join(FORMATS)}")
     FORMATS.get(fmt)  # an unknown format names the known ones, before any work
@@ -90,7 +93,8 @@ def normalize_cli(
     check_paths(input_path, output, fmt=fmt, overwrite=overwrite, inputs=option_inputs(index, rerank))
     check_index(index, rerank)
     started = time.perf_counter()
-    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
+    linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, min_score=min_score,
+                         precision=precision)
     if input_path == "-" or output == "-":
         summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang, limits=limits, overwrite=overwrite)
     else:

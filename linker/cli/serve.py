@@ -13,7 +13,8 @@ import typer
 
 from linker.cli._app import app
 from linker.cli.common import (
-    QUERY_PRECISION_HELP, check_linker_options, min_confidence_option, rerank_k_option, rerank_option,
+    QUERY_PRECISION_HELP, check_linker_options, min_confidence_option, min_score_option, rerank_k_option,
+    rerank_option,
 )
 from linker.errors import ConfigError
 
@@ -60,6 +61,7 @@ def serve_cli(
     rerank: str = rerank_option(),
     rerank_k: int = rerank_k_option(),
     min_confidence: float = min_confidence_option(),
+    min_score: float = min_score_option(),
     precision: str = typer.Option(None, "--precision", help=QUERY_PRECISION_HELP),
 ) -> None:
     """Serve POST /link, POST /annotate, GET /health, GET /indexes and the OpenAPI docs at /docs."""
@@ -67,7 +69,7 @@ def serve_cli(
 
     check(("fastapi", "uvicorn"), extra="service", what="linker serve")  # one line, before any work
     check_port(port)  # before the indexes load, which may take minutes
-    check_linker_options(rerank_k=rerank_k, min_confidence=min_confidence, precision=precision)
+    check_linker_options(rerank_k=rerank_k, min_confidence=min_confidence, precision=precision, min_score=min_score)
     import uvicorn
 
     from linker.service import ServiceLimits, create_app
@@ -75,7 +77,8 @@ def serve_cli(
     given = {"max_text_chars": max_text_chars, "max_mentions": max_mentions, "max_request_chars": max_request_chars,
              "max_k": max_k}
     limits = ServiceLimits(**{name: value for name, value in given.items() if value is not None})
-    linker_options = {"rerank": rerank, "rerank_k": rerank_k, "min_confidence": min_confidence, "precision": precision}
+    linker_options = {"rerank": rerank, "rerank_k": rerank_k, "min_confidence": min_confidence, "min_score": min_score,
+                      "precision": precision}
     service = create_app(index, limits, linker_options=linker_options)  # loads every index now: a bad one fails before the port opens
     sock = listen_socket(host, port)  # bound here, not by uvicorn, so that a failure is one error line
     shown = f"[{host}]" if ":" in host else host

@@ -495,7 +495,7 @@ def load_indexes(index_dirs: Sequence[str | Path], max_pending: int = 20_000,
     """Load each index folder once; its name is the folder name (which must be unique). Their batchers share
     `pool` (one pool of their own when None).
 
-    `linker_options`: keyword arguments of `Linker.load` (rerank, rerank_k, min_confidence) for every index.
+    `linker_options`: keyword arguments of `Linker.load` (rerank, rerank_k, min_confidence, min_score) for every index.
     """
     if not index_dirs:
         raise ConfigError("no index given; pass --index DIR (one or more)")
