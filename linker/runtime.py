@@ -213,15 +213,17 @@ class BertRuntime:
             def part(name: str, i=i) -> np.ndarray:
                 return get(f"encoder.layer.{i}.{name}")
 
-            # Query, key and value as one (hidden, 3 hidden) product: one BLAS call instead of three.
+            # Query, key and value as one (hidden, 3 hidden) product: one BLAS call instead of three. Every weight is
+            # stored transposed and contiguous (x @ W): on one thread, as the service's inference threads run, a
+            # forward pass over a transposed view took 10.9 ms against 8.1 (one 7-token mention, minilm).
             qkv = np.concatenate([part(f"attention.self.{n}.weight") for n in ("query", "key", "value")]).T.copy()
             qkv_bias = np.concatenate([part(f"attention.self.{n}.bias") for n in ("query", "key", "value")])
             self.layers.append((
                 qkv, qkv_bias,
-                part("attention.output.dense.weight").T, part("attention.output.dense.bias"),
+                part("attention.output.dense.weight").T.copy(), part("attention.output.dense.bias"),
                 (part("attention.output.LayerNorm.weight"), part("attention.output.LayerNorm.bias")),
-                part("intermediate.dense.weight").T, part("intermediate.dense.bias"),
-                part("output.dense.weight").T, part("output.dense.bias"),
+                part("intermediate.dense.weight").T.copy(), part("intermediate.dense.bias"),
+                part("output.dense.weight").T.copy(), part("output.dense.bias"),
                 (part("output.LayerNorm.weight"), part("output.LayerNorm.bias")),
             ))
         if self.word.shape[1] != shape.hidden or self.position.shape[0] < shape.max_positions:
