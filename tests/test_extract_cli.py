@@ -137,7 +137,7 @@ def test_annotate_codes_events_with_decisions(inputs, indexes, tmp_path, capsys)
     assert err[-1].startswith("annotated ")
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     events = [r for r in rows if r["label"] == "AdverseEvent"]
-    assert events and all(r["decision"] in ("coded", "review", "no link", "not coded") for r in events)
+    assert events and all(r["decision"] in ("auto", "review", "no link", "not coded") for r in events)
     coded = {r["code"] for r in events if r["code"]}
     assert coded and coded <= MEDDRA_CODES, rows
     assert all(r["decision"] == "not coded" and r["code"] is None for r in events if r["status"] != "positive")
@@ -423,7 +423,7 @@ def test_annotate_writes_document_labels_that_eval_scores(inputs, indexes, tmp_p
     for line in lines[1:]:
         doc, *cells = line.split("\t")
         found = {c for c, cell in zip(sorted(MEDDRA_CODES), cells) if cell == "1"}
-        assert found == {r["code"] for r in rows if r["doc"] == doc and r["decision"] in ("coded", "review")} \
+        assert found == {r["code"] for r in rows if r["doc"] == doc and r["decision"] in ("auto", "review")} \
             & MEDDRA_CODES
     code, err = cli(["eval", "--dataset", f"doc-labels:{out}", "--submission", out], capsys)
     assert code == 0, err
