@@ -223,6 +223,7 @@ def japanese(taggers: dict, path: Path, limit: int | None) -> dict:
         # evidence (`Extractor.extract(lexicon=)`); both with the Japanese assertion cues
         # and with the weak links withheld at the cut chosen on the TAC dev split (`bench.extract`), unchanged
         cut = tac_min_score()
+        withheld = None if cut is None else Linker(linker.index, min_score=cut)
         if cut is not None:
             out["min_score"] = cut
         for name, extractor in taggers.items():
@@ -234,8 +235,7 @@ def japanese(taggers: dict, path: Path, limit: int | None) -> dict:
                 found = {k: set().union(*link(m)) for k, m in zip(keys, mentions)}
                 out[row] = label_set_scores(gold, found) | {"spans": sum(map(len, mentions)),
                                                             "seconds": round(time.perf_counter() - t0, 1)}
-                if evidence is not None and cut is not None:
-                    withheld = Linker(linker.index, min_score=cut)
+                if evidence is not None and withheld is not None:
                     found = {k: set().union(*link(m, withheld)) for k, m in zip(keys, mentions)}
                     out[f"{row}, --min-score"] = label_set_scores(gold, found) | {"spans": out[row]["spans"]}
         hits = {k: lexicon.find(texts[k]) for k in keys}

@@ -25,6 +25,8 @@ from pathlib import Path
 from linker.errors import ConfigError, InputFormatError, MissingInputError, shorten
 from linker.folders import cache_root
 
+STDIO = "-"  # the path that means standard input or output, in every command and reader that takes one
+
 log = logging.getLogger(__name__)
 
 # A single-byte fallback for lines that are not UTF-8. cp1252 is a superset of latin-1's
@@ -374,7 +376,7 @@ def check_output(
     anything that appears there meanwhile either.
     """
     out = Path(output)
-    if str(out) == "-":  # a user means standard output; a file called "-" in the working folder surprises everyone
+    if str(out) == STDIO:  # a user means standard output; a file called "-" in the working folder surprises everyone
         raise ConfigError(f"{option} -: this command writes files, not standard output (`linker normalize`, "
                           "`extract` and `annotate` with --format jsonl write JSONL there); name a file or folder")
     _check_path_text(out, option)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from linker.errors import ConfigError
-from linker.fileio import FileNamer, Input, atomic_dir, atomic_file, check_inputs, check_output, model_inputs
+from linker.fileio import STDIO, FileNamer, Input, atomic_dir, atomic_file, check_inputs, check_output, model_inputs
 from linker.formats import DEFAULT_LIMITS, ReadLimits, input_files
 from linker.formats.ade_xml import ADE_MENTION_TYPES, label_text, read_ade_xml, write_ade_xml, write_reactions
 from linker.formats.brat import brat_lines, read_brat, write_brat
@@ -187,7 +187,7 @@ def normalize_jsonl_stream(
     """
     check_paths(input_path, output, fmt="jsonl", overwrite=overwrite, inputs=linker_inputs(linker))
     source, where = jsonl_source(input_path, limits)
-    if output == "-":
+    if output == STDIO:
         return normalize_jsonl_lines(linker, source, where, sys.stdout, k=k, lang=lang)
     with atomic_file(output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
         summary = normalize_jsonl_lines(linker, source, where, handle, k=k, lang=lang)
@@ -219,12 +219,12 @@ def check_paths(input_path: str | Path, output: str | Path, *, fmt: str, overwri
     A folder input gives a folder output (replaced whole); a file input gives file outputs, and a
     single brat file also writes its .txt beside the output. `-` (stdin, stdout) is never checked.
     """
-    if str(input_path) != "-":
+    if str(input_path) != STDIO:
         check_inputs(input_path, option="--input")
-    if str(output) == "-":
+    if str(output) == STDIO:
         return
     source, target = Path(input_path), Path(output)
-    inputs, outputs = [*([] if str(input_path) == "-" else [Input(source, "--input")]), *inputs], [target]
+    inputs, outputs = [*([] if str(input_path) == STDIO else [Input(source, "--input")]), *inputs], [target]
     if fmt == "brat" and source.is_file() and source.with_suffix(".txt").is_file():
         inputs.append(Input(source.with_suffix(".txt"), "the text of --input"))
         outputs.append(target.with_suffix(".txt"))

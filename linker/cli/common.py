@@ -76,7 +76,9 @@ def check_file(path: str | Path | None, option: str) -> None:
     """An input file or folder an option names exists (None: not given; `-`: stdin)."""
     from linker.errors import MissingInputError
 
-    if path is not None and str(path) != "-" and not os.path.lexists(path):
+    from linker.fileio import STDIO
+
+    if path is not None and str(path) != STDIO and not os.path.lexists(path):
         raise MissingInputError(f"{path}: no such file or folder ({option})")
 
 
@@ -186,7 +188,9 @@ def check_ray_job(command: str, input_spec: str, output: str, **linker_options) 
     from linker.errors import ConfigError
 
     check_linker_options(**linker_options)
-    if "-" in (input_spec, output):
+    from linker.fileio import STDIO
+
+    if STDIO in (input_spec, output):
         raise ConfigError(f"{command} reads Parquet and JSONL shards into Parquet shards; `-` (stdin/stdout) works "
                           "with `linker normalize --format jsonl`, and `-` for stdout with `extract` and `annotate`")
     import_ray()  # a missing Ray is one line before any work

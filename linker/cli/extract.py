@@ -99,12 +99,12 @@ def _check_tagger(style: str, assertion: str, threshold: float | None, model: st
 def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, threshold: float | None,
                   model: str, extra_inputs: list, style: str, assertion: str) -> None:
     from linker.extract.io import check_format
-    from linker.fileio import Input, check_inputs, check_output
+    from linker.fileio import STDIO, Input, check_inputs, check_output
     from linker.formats.writers import WRITERS
 
     check_format(fmt)
     folder_format = WRITERS.get(fmt).folder
-    if str(output) == STDOUT and fmt != "jsonl":
+    if str(output) == STDIO and fmt != "jsonl":
         raise ConfigError(f"--output -: standard output takes --format jsonl only, found --format {fmt}")
     if folder_format and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
         raise ConfigError(f"--output {output}: --format {fmt} writes a folder, found a file name ending in "
@@ -113,18 +113,16 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
     check_file(input_path, "--input")
     check_inputs(input_path, option="--input")
     inputs = [Input(input_path, "--input"), *(Input(folder, "--model") for folder in folders), *extra_inputs]
-    if str(output) != STDOUT:
+    if str(output) != STDIO:
         check_output(output, inputs=inputs, overwrite=overwrite, folder=folder_format)
-
-
-STDOUT = "-"  # --output -: the JSONL lines on standard output, as `linker normalize` writes them
 
 
 def _write(docs, output: Path, fmt: str, **options) -> int:
     """`write_output`, or the JSONL lines on standard output for `--output -`."""
     from linker.extract.io import write_output
+    from linker.fileio import STDIO
 
-    if str(output) == STDOUT:
+    if str(output) == STDIO:
         import sys
 
         from linker.extract.io import write_jsonl_lines

@@ -13,6 +13,7 @@ from linker.cli.common import (
     min_score_option, option_inputs, read_limits, rerank_k_option, rerank_option,
 )
 from linker.errors import InputFormatError
+from linker.fileio import STDIO
 from linker.link import Linker, LinkResult
 from linker.normalize import check_paths, normalize_jsonl_stream
 
@@ -72,15 +73,15 @@ def link_cli(
     limits = read_limits(max_line_bytes, None)
     if input_path is not None:
         check_file(input_path, "--input")
-        check_paths(str(input_path), str(output or "-"), fmt="jsonl", overwrite=overwrite,
+        check_paths(str(input_path), str(output or STDIO), fmt="jsonl", overwrite=overwrite,
                     inputs=option_inputs(index, rerank))
     check_index(index, rerank)
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, min_score=min_score,
                          precision=precision)
     if input_path is not None:
-        summary = normalize_jsonl_stream(linker, str(input_path), str(output or "-"), k=k, lang=lang,
+        summary = normalize_jsonl_stream(linker, str(input_path), str(output or STDIO), k=k, lang=lang,
                                          limits=limits, overwrite=overwrite)
-        if output is not None and str(output) != "-":
+        if output is not None and str(output) != STDIO:
             typer.echo(f"linked {summary.mentions:,} mentions to {output}", err=True)
         return
     results = linker.link(mentions, k=k, lang=lang)

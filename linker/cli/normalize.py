@@ -35,6 +35,7 @@ from linker.cli.common import (
     workers_option,
 )
 from linker.errors import ConfigError
+from linker.fileio import STDIO
 from linker.link import Linker
 from linker.normalize import (
     BATCH,
@@ -85,7 +86,7 @@ def normalize_cli(
     check_coded_output(fmt, k, db)
     if expand_abbreviations and fmt == "jsonl":
         raise ConfigError("--expand-abbreviations needs the documents: use --format brat or ade-xml")
-    if (input_path == "-" or output == "-") and fmt != "jsonl":
+    if STDIO in (input_path, output) and fmt != "jsonl":
         raise ConfigError(f"`-` (stdin/stdout) works with --format jsonl only, found --format {fmt}")
     limits = read_limits(max_line_bytes, max_document_bytes)
     # before the index is loaded: the index and model folders are inputs too
@@ -95,7 +96,7 @@ def normalize_cli(
     started = time.perf_counter()
     linker = Linker.load(index, rerank=rerank, rerank_k=rerank_k, min_confidence=min_confidence, min_score=min_score,
                          precision=precision)
-    if input_path == "-" or output == "-":
+    if STDIO in (input_path, output):
         summary = normalize_jsonl_stream(linker, input_path, output, k=k, lang=lang, limits=limits, overwrite=overwrite)
     else:
         summary = normalize_path(linker, input_path, output, fmt=fmt, k=k, db=db, lang=lang, overwrite=overwrite,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from linker.errors import InputFormatError, MissingInputError, shorten
-from linker.fileio import describe_path, iter_handle_lines, iter_lines
+from linker.fileio import STDIO, describe_path, iter_handle_lines, iter_lines
 from linker.formats import DEFAULT_LIMITS, ReadLimits
 
 # Spans carry flat metadata; 32 levels leave room for any real record and keep json.dumps far
@@ -97,7 +97,7 @@ def jsonl_source(
     A file is streamed afresh by each call, so callers can validate in one pass and work in a
     second at constant memory; stdin cannot be read twice and is held (its lines capped).
     """
-    if input_path == "-":
+    if input_path == STDIO:
         lines, held = [], 0
         for number, line in iter_handle_lines(sys.stdin.buffer, "<stdin>", max_line_bytes=limits.max_line_bytes):
             held += len(line)
