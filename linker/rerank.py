@@ -170,7 +170,8 @@ class CrossEncoder:
 
 def init_cross_encoder(base: str, *, device: str = "cpu", precision: str = "auto", seed: int = 0) -> CrossEncoder:
     """A new cross-encoder from a base encoder (alias, folder or hub name): its transformer plus a
-    freshly initialised one-output head (seeded)."""
+    freshly initialised one-output head (seeded). A shipped encoder (``linker-en``) starts from its trained
+    tensors, as it encodes, not from the base under them."""
     torch = require("torch", extra="dense", what="a re-ranker")
     require("transformers", extra="dense", what="a re-ranker")
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -192,6 +193,10 @@ def init_cross_encoder(base: str, *, device: str = "cpu", precision: str = "auto
         raise LinkerError(f"base encoder {base!r} ({spec.path}) could not be loaded as a transformer: {error}") from error
     finally:
         hf_logging.set_verbosity(verbosity)
+    if spec.release is not None:
+        from linker.models import overlay, read_release
+
+        overlay(model.base_model, read_release(spec.release))
     info = RerankerInfo(name=spec.name, path=spec.path, sha256=f"base:{spec.revision}")
     return CrossEncoder(info, model.to(device), tokenizer, device=device, precision=precision)
 

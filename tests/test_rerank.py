@@ -177,6 +177,31 @@ def test_cross_encoder_from_a_trained_encoder_folder_keeps_its_transformer(tiny_
         assert np.array_equal(loaded[f"bert.{key}"].detach().numpy(), saved[key].numpy())
 
 
+def test_cross_encoder_from_a_shipped_encoder_starts_from_its_release():
+    # `--encoder linker-en` names the trained encoder, not the MiniLM base under it: the release's tensors are
+    # overlaid, as `linker.encoders` does for the bi-encoder.
+    from linker.models import load_tensors, read_release
+    from linker.rerank import init_cross_encoder
+
+    release = load_tensors(read_release("linker-en"))
+    loaded = dict(init_cross_encoder("linker-en").model.named_parameters())
+    key = "encoder.layer.5.output.dense.weight"
+    assert np.array_equal(loaded[f"bert.{key}"].detach().numpy(), release[key].float().numpy())
+
+
+def test_frozen_embeddings_keep_the_base_and_train_the_layers(tmp_path, tiny_encoder_dir, meddra_table):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "frozen"
+    train_rerank(meddra_table, encoder=str(tiny_encoder_dir), out=out,
+                 config=RerankConfig(**{**TINY.__dict__, "epochs": 1, "freeze_embeddings": True}))
+    base, trained = load_file(str(tiny_encoder_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    for key in ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight"):
+        assert np.array_equal(trained[f"bert.{key}"].numpy(), base[key].numpy())
+    key = "encoder.layer.1.output.dense.weight"
+    assert not np.array_equal(trained[f"bert.{key}"].numpy(), base[key].numpy())
+
+
 def test_heaviest_mix_is_the_retriever_order_even_for_dense_near_ties():
     # A dense retriever's top cosines 0.002 apart: weight 1000 still lets a logit gap of 10 reorder them, so the
     # grid's last weight must reach the retriever's own order (calibrate can then choose it).

@@ -145,6 +145,7 @@ def rerank_cli(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Keep the base's embeddings; train the transformer layers and the head."),
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a re-ranker folder that linker wrote."),
 ) -> None:
@@ -164,7 +165,7 @@ def rerank_cli(
         mine_index=None if mine_index is None else str(mine_index),
         lr=lr, warmup=warmup, batch_size=batch_size, negatives=negatives, epochs=epochs, max_queries=max_queries,
         synonyms_per_concept=synonyms_per_concept, checkpoint_every=checkpoint_every, seed=seed, device=device,
-        threads=threads, precision=precision, max_seconds=max_seconds,
+        threads=threads, precision=precision, max_seconds=max_seconds, freeze_embeddings=freeze_embeddings,
     )
     summary = train_rerank(dict_path, encoder=encoder, out=out, train_specs=tuple(train or ()), config=config,
                            resume=resume, show_progress=on_terminal(), overwrite=overwrite)

@@ -66,6 +66,9 @@ class RerankConfig:
     # them: the retriever the re-ranker will serve, so it learns to undo that retriever's mistakes.
     mine_index: str | None = None
     weight_decay: float = 0.01
+    # the word, position and type embeddings keep the base's values: a third of MiniLM's parameters, which a
+    # model trained so need not ship (it goes on top of its base, as the shipped encoders do)
+    freeze_embeddings: bool = False
     checkpoint_every: int = 200  # steps; 0 = only after each epoch
     max_seconds: float | None = None  # time budget: stop after the step that passes it and save (CPU runs)
     seed: int = 0
@@ -316,6 +319,9 @@ def start_run(encoder: str, out: Path, groups: list[Group], metrics: common.Metr
         model = CrossEncoder.load(model_dir, device=device, precision=precision)
     else:
         model = init_cross_encoder(encoder, device=device, precision=precision, seed=config.seed)
+    if config.freeze_embeddings:  # on a resumed run too, so that its optimizer holds the same parameters
+        for parameter in model.model.base_model.embeddings.parameters():
+            parameter.requires_grad_(False)
     params = [p for p in model.model.parameters() if p.requires_grad]
     optimizer = common.adam(params, decoupled=True, lr=config.lr, weight_decay=config.weight_decay)
     if resume:
