@@ -83,9 +83,14 @@ class CrossEncoder:
 
     @classmethod
     def load(cls, name_or_path: str | Path, *, device: str = "cpu", precision: str = "auto") -> CrossEncoder:
-        """Load a re-ranker folder (or hub name); refuses a model with more than one output."""
+        """Load a re-ranker folder, a shipped re-ranker (``linker-rerank-en``) or a hub name; refuses a model with
+        more than one output."""
+        from linker.models import RERANKERS
+
         path = Path(name_or_path)
         local = path.exists()
+        if not local and str(name_or_path) in RERANKERS:
+            return cls.from_release(str(name_or_path), device=device, precision=precision)
         if local and not (path / "config.json").is_file():
             raise MissingInputError(f"{path}: not a re-ranker folder (no config.json); train one with "
                                     "`linker train rerank`")
@@ -121,6 +126,22 @@ class CrossEncoder:
         model.to(device).eval()
         log.info("loaded re-ranker %s (sha256 %s)", info.name, sha[:12])
         return cls(info, model, tokenizer, device=device, precision=precision)
+
+    @classmethod
+    def from_release(cls, name: str, *, device: str = "cpu", precision: str = "auto") -> CrossEncoder:
+        """A shipped re-ranker: its base with a new head, the release's tensors (checked against their sha256) put
+        on top; its identity for calibration is the sha256 of the release's weights."""
+        from linker.models import WEIGHTS, overlay, read_release
+
+        release = read_release(name)
+        if release.manifest["kind"] != "reranker":
+            raise ConfigError(f"{release.folder}: a release of kind {release.manifest['kind']!r}, not a re-ranker")
+        reranker = init_cross_encoder(release.base, device=device, precision=precision)
+        overlay(reranker.model, release)
+        reranker.model.to(device).eval()
+        reranker.info = RerankerInfo(name=release.name, path=str(release.folder),
+                                     sha256=release.manifest["files"][WEIGHTS]["sha256"])
+        return reranker
 
     def score(self, mentions: Sequence[str], names: Sequence[str], *, batch_size: int = BATCH_SIZE) -> np.ndarray:
         """(n,) float32 logits of the pairs (mentions[i], names[i]); pairs batched by length.
@@ -205,6 +226,15 @@ def bind_reranker(source: str | Path, index_tmp: Path) -> dict:
     """Copy a local re-ranker folder into an index folder being built; return its manifest entry."""
     import shutil
 
+    from linker.models import RERANKERS
+
+    if str(source) in RERANKERS and not Path(source).exists():  # a shipped release: the index holds it whole
+        from linker.folders import sha256_file
+
+        reranker, target = CrossEncoder.load(str(source)), index_tmp / RERANKER_DIR
+        reranker.save(target, extra={"release": reranker.info.name, "release_sha256": reranker.info.sha256})
+        return {"name": reranker.info.name, "source_path": str(source), "sha256": sha256_file(weights_file(target)),
+                "path": RERANKER_DIR}
     source = Path(source)
     if not (source / "config.json").is_file():
         raise MissingInputError(f"{source}: not a re-ranker folder (no config.json); --reranker takes a folder "

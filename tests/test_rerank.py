@@ -410,3 +410,60 @@ def test_time_budget_stops_and_saves(tmp_path, tiny_encoder_dir, meddra_table):
     assert summary["stopped_at_time_budget"] == {"epoch": 1, "step_in_epoch": 1,
                                                  "steps_per_epoch": -(-summary["data"]["groups"] // 4)}
     assert CrossEncoder.load(out).score(["hair loss"], ["Alopecia"]).shape == (1,)
+
+
+def test_a_shipped_reranker_release_loads_by_name_and_binds_to_an_index(tmp_path, monkeypatch, indexes):
+    # A release of kind "reranker" (what `linker train release linker-rerank-en` writes): the changed tensors of a
+    # MiniLM cross-encoder in fp16, loaded by its short name on top of the base, and bound into an index whole.
+    import torch
+
+    from linker import models
+    from linker.rerank import init_cross_encoder
+    from linker.train.release import changed_tensors
+
+    with pytest.raises(ConfigError, match="not a re-ranker"):
+        CrossEncoder.from_release("linker-en")  # an encoder's release
+    monkeypatch.setattr("linker.folders.MODELS_DIR", tmp_path / "models")
+    monkeypatch.setitem(models.RERANKERS, "test-rerank", "minilm")
+    base, trained = init_cross_encoder("minilm"), init_cross_encoder("minilm", seed=1)
+    with torch.no_grad():
+        trained.model.bert.encoder.layer[5].output.dense.weight.mul_(0.5)
+        trained.model.classifier.bias.add_(0.25)  # a new head starts at 0: training moves it
+    tensors = changed_tensors(base.model, trained.model)
+    assert set(tensors) == {"bert.encoder.layer.5.output.dense.weight", "classifier.weight", "classifier.bias"}
+    release = models.write_release(tmp_path / "models" / "test-rerank", name="test-rerank", version="1",
+                                   kind="reranker", base="minilm", base_revision="test", tensors=tensors,
+                                   card="card\n", info={})
+    shipped = CrossEncoder.load("test-rerank")
+    assert shipped.info.sha256 == release["files"]["weights.safetensors"]["sha256"]
+    pairs = (["hair loss", "head pain"], ["Alopecia", "Headache"])
+    np.testing.assert_allclose(shipped.score(*pairs), trained.score(*pairs), atol=1e-2)  # fp16 storage
+    out = tmp_path / "bound"
+    build_index(indexes["meddra"] / "concepts.parquet", kind="tfidf", out=out, reranker="test-rerank")
+    manifest = read_manifest(out)
+    assert manifest["reranker"]["name"] == "test-rerank"
+    bound = Linker.load(out)
+    assert bound.scorer == f"rerank:{manifest['reranker']['sha256']}"
+    np.testing.assert_allclose(bound.reranker.score(*pairs), shipped.score(*pairs), atol=1e-5)
+
+
+def test_release_development_figures_and_card(indexes, reranker):
+    # `linker train release linker-rerank-en`'s development step on a tiny index: the lay development phrases,
+    # the retriever alone and re-ranked at each mix weight; the card shows them. (The full run needs ../shared.)
+    from linker.train.rerank_release import MIX_WEIGHTS, compact_cost, dev_rerank_accuracy, model_card
+
+    model = CrossEncoder.load(reranker)
+    dev = dev_rerank_accuracy(indexes["meddra"], model, 4)
+    assert dev["phrases"] == 632 and dev["rerank_k"] == 4
+    assert list(dev["reranked_acc1_by_mix_weight"]) == [str(w) for w in MIX_WEIGHTS]
+    assert all(0 <= v <= dev["retriever_acc4"] for v in dev["reranked_acc1_by_mix_weight"].values())
+    assert compact_cost(model, model, indexes["meddra"], k=2)["max_abs_logit_difference"] == 0.0
+    info = {"summary": "s", "command": "linker train release x", "choices": "c", "rerank_k": 4,
+            "training": {"method": "m", "start": "linker-en", "retriever": "linker-en", "config": {},
+                         "metrics": {"data": {}, "train_seconds": 60}},
+            "dev": dev}
+    card = model_card("x", info, {"version": "1", "base": "minilm", "base_revision": "r",
+                                  "tensors": {"count": 3, "parameters": 10}})
+    for section in ("## Intended use", "## Limits", "## Training data and licences", "## How it was trained",
+                    "## Metrics"):
+        assert section in card

@@ -225,7 +225,7 @@ def build_index(
     # the re-ranker and encoder folders, the prior's datasets and the files their options name.
     encoder = getattr(config, "encoder", None) or getattr(getattr(config, "dense", None), "encoder", None)
     inputs = [Input(Path(dict_path), "--dict"), Input(hierarchy_path(Path(dict_path)), "--dict's hierarchy side table"),
-              *([Input(Path(reranker), "--reranker")] if reranker is not None else []),
+              *model_inputs(reranker, "--reranker"),
               *model_inputs(encoder, "--encoder"), *(i for spec in prior for i in spec_inputs(spec, "--prior"))]
     check_output(out, inputs=inputs, overwrite=overwrite, folder=True,
                  option="--out")

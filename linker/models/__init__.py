@@ -5,7 +5,8 @@ safetensors, and names the base it goes on top of (one of the offline encoders t
 ``minilm``, ``e5-small``). Loading it loads the base, checks every shipped file against the sha256 in
 ``manifest.json`` and overlays the tensors. A release folder holds three files:
 
-- ``manifest.json``: format, name, version, kind (``encoder``, or ``tagger`` for `linker.extract`'s linker-ae), base
+- ``manifest.json``: format, name, version, kind (``encoder``, ``tagger`` for `linker.extract`'s linker-ae, or
+  ``reranker`` for `linker.rerank`'s cross-encoder), base
   alias and revision, the tensors (names, shapes, dtype), the sha256 and size of each file, training and metrics
   summaries; a tagger's also holds its decoding fields (`DECODING_FIELDS`) and ``decoding_sha256`` over them;
 - ``weights.safetensors``: the trained tensors (fp16), keys as in the base transformer's ``state_dict``;
@@ -35,6 +36,9 @@ MAX_WEIGHTS_BYTES = 64 << 20  # the budget is 30 MB a model; anything much large
 MAX_MANIFEST_BYTES = 1 << 20
 # name -> the base encoder alias it overlays; the registry of short names `linker.encoders` offers.
 SHIPPED = {"linker-en": "minilm", "linker-multi": "e5-small"}
+# name -> base alias of the shipped cross-encoder re-rankers (kind ``reranker``; `linker.rerank` loads them by name):
+# their tensors are the sequence-classification model's (``bert.*`` and ``classifier.*``) that training changed.
+RERANKERS = {"linker-rerank-en": "minilm"}
 # A tagger's fields that decide what it finds (`linker.extract`). `decoding_sha256` covers them and the weights they
 # were chosen for: an edited threshold (NaN silently finds nothing) is refused as an edited weights file is.
 DECODING_FIELDS = ("labels", "max_length", "stride", "frozen_layers", "threshold", "extend", "split", "lexicon")
@@ -68,7 +72,8 @@ def read_release(name_or_folder: str | Path, *, verify: bool = True) -> Release:
 
     A missing, altered or truncated file is one error naming it, what the manifest expects and what was found,
     and how to restore it; nothing is loaded from a release that fails."""
-    folder = release_folder(name_or_folder) if str(name_or_folder) in SHIPPED else Path(name_or_folder)
+    named = str(name_or_folder) in SHIPPED or str(name_or_folder) in RERANKERS
+    folder = release_folder(name_or_folder) if named else Path(name_or_folder)
     path = folder / MANIFEST
     fix = FIX
     if not path.is_file():
