@@ -447,23 +447,16 @@ def test_a_shipped_reranker_release_loads_by_name_and_binds_to_an_index(tmp_path
     np.testing.assert_allclose(bound.reranker.score(*pairs), shipped.score(*pairs), atol=1e-5)
 
 
-def test_release_development_figures_and_card(indexes, reranker):
-    # `linker train release linker-rerank-en`'s development step on a tiny index: the lay development phrases,
-    # the retriever alone and re-ranked at each mix weight; the card shows them. (The full run needs ../shared.)
-    from linker.train.rerank_release import MIX_WEIGHTS, compact_cost, dev_rerank_accuracy, model_card
+def test_lay_development_figures_of_a_reranker(indexes, reranker):
+    # bench.rerank_lay on a tiny index: the lay development phrases, the retriever alone and re-ranked at each mix
+    # weight and each k, every pair scored once.
+    from bench.rerank_lay import MIX_WEIGHTS, dev_rerank_accuracy, markdown
 
-    model = CrossEncoder.load(reranker)
-    dev = dev_rerank_accuracy(indexes["meddra"], model, 4)
-    assert dev["phrases"] == 632 and dev["rerank_k"] == 4
-    assert list(dev["reranked_acc1_by_mix_weight"]) == [str(w) for w in MIX_WEIGHTS]
+    dev = dev_rerank_accuracy(indexes["meddra"], CrossEncoder.load(reranker), 4, ks=(2, 4))
+    assert dev["phrases"] == 632 and dev["rerank_k"] == 4 and list(dev["by_k"]) == ["2"]
+    for table in (dev, dev["by_k"]["2"]):
+        assert list(table["reranked_acc1_by_mix_weight"]) == [str(w) for w in MIX_WEIGHTS]
     assert all(0 <= v <= dev["retriever_acc4"] for v in dev["reranked_acc1_by_mix_weight"].values())
-    assert compact_cost(model, model, indexes["meddra"], k=2)["max_abs_logit_difference"] == 0.0
-    info = {"summary": "s", "command": "linker train release x", "choices": "c", "rerank_k": 4,
-            "training": {"method": "m", "start": "linker-en", "retriever": "linker-en", "config": {},
-                         "metrics": {"data": {}, "train_seconds": 60}},
-            "dev": dev}
-    card = model_card("x", info, {"version": "1", "base": "minilm", "base_revision": "r",
-                                  "tensors": {"count": 3, "parameters": 10}})
-    for section in ("## Intended use", "## Limits", "## Training data and licences", "## How it was trained",
-                    "## Metrics"):
-        assert section in card
+    report = {"command": "c", "date": "d", "machine": {"cpus": 2, "load_average_before": [], "load_average_after": []},
+              "index": "i", "phrases": dev.pop("phrases"), "rerankers": {"tiny": {"folder": "f", **dev}}}
+    assert "| 2 |" in markdown(report) and "| 4 |" in markdown(report)

@@ -89,7 +89,7 @@ def _build_head(
 def _build_tail(
     sparse_weight: str = typer.Option(None, "--sparse-weight", help="hybrid: weight of the tf-idf score: a number (default 1), learned (BioSyn's, from the encoder folder's biosyn.json) or tuned (on --dev by `linker index tune`'s grid)."),
     dev: str = typer.Option(None, "--dev", help="hybrid with --sparse-weight tuned: dev mentions FORMAT:PATH[#OPTIONS] to tune on."),
-    reranker: Path = typer.Option(None, "--reranker", help="Re-ranker to bind, copied in and used by default: a folder (`linker train rerank`) or a shipped one (linker-rerank-en)."),
+    reranker: Path = typer.Option(None, "--reranker", help="Re-ranker to bind, copied in and used by default: a folder (`linker train rerank`) or a shipped re-ranker's name."),
     prior: list[str] = typer.Option(None, "--prior", help="Labelled training data FORMAT:PATH[#OPTIONS] (repeatable): among concepts tied at equal scores, the one most often gold there for the matched name ranks first, then the one most often gold overall."),
 ) -> None:
     """`build_cli`'s own options after the generated ones: --sparse-weight takes words (learned, tuned) that are

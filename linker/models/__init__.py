@@ -36,9 +36,11 @@ MAX_WEIGHTS_BYTES = 64 << 20  # the budget is 30 MB a model; anything much large
 MAX_MANIFEST_BYTES = 1 << 20
 # name -> the base encoder alias it overlays; the registry of short names `linker.encoders` offers.
 SHIPPED = {"linker-en": "minilm", "linker-multi": "e5-small"}
-# name -> base alias of the shipped cross-encoder re-rankers (kind ``reranker``; `linker.rerank` loads them by name):
-# their tensors are the sequence-classification model's (``bert.*`` and ``classifier.*``) that training changed.
-RERANKERS = {"linker-rerank-en": "minilm"}
+# name -> base alias of the shipped cross-encoder re-rankers (kind ``reranker``; `linker.rerank` loads them by name,
+# `linker index build --reranker NAME` binds them): their tensors are the sequence-classification model's (``bert.*``
+# and ``classifier.*``) that training changed. None ships yet: none has beaten the dense linker-en retriever by
+# enough on the lay development slice (eval/rerank/lay_dev.md: +3.0 Acc@1 at best, for 4 to 32 pairs a mention).
+RERANKERS: dict[str, str] = {}
 # A tagger's fields that decide what it finds (`linker.extract`). `decoding_sha256` covers them and the weights they
 # were chosen for: an edited threshold (NaN silently finds nothing) is refused as an edited weights file is.
 DECODING_FIELDS = ("labels", "max_length", "stride", "frozen_layers", "threshold", "extend", "split", "lexicon")

@@ -1,5 +1,4 @@
-"""Retrain exactly what ships: ``linker train release linker-en`` (``make models`` does every model; the
-re-ranker's recipe and steps are `linker.train.rerank_release`'s).
+"""Retrain exactly what ships: ``linker train release linker-en`` (``make models`` does both models).
 
 One `ReleaseRecipe` per shipped model says what it learns from: open terminologies read from
 ``../shared/data`` and the installed packages, never a benchmark's mentions. The steps:
@@ -258,39 +257,31 @@ def compact_cost(full, compact, queries: list[str], names: list[str]) -> dict:
             "queries": len(queries), "names": len(names), "top1_agreement": round(float(same.mean()), 4)}
 
 
-def dev_index(encoder_name: str, work: Path, tag: str) -> tuple[Path, Path]:
-    """The default dictionary less every held-out name (test and development slices) under `work`, and a dense
-    index of it with `encoder_name` (kept by a rerun when it is of the same encoder and table)."""
+def dev_accuracy(encoder_name: str, work: Path, tag: str) -> dict:
+    """Dense Acc@1 / Acc@5 on the lay development phrases, over the default dictionary less every held-out name
+    (test and development slices): the figure the release's choices are made on, never the test set."""
     from linker.dictionary import SourceSpec, build_dictionary
-    from linker.encoders import resolve_encoder
+    from linker.eval.report import evaluate
     from linker.index import build_index
     from linker.index.dense import DenseConfig
-    from linker.index.manifest import read_manifest
     from linker.sources import SourceOptions
-    from linker.sources.default import LAY_DEV_HELDOUT, LAY_HELDOUT
+    from linker.sources.default import LAY_DEV, LAY_DEV_HELDOUT, LAY_HELDOUT
 
     table = work / "default-heldout.parquet"
     if not table.is_file():
         build_dictionary([SourceSpec("default", ())], table, overwrite=True,
                          options=SourceOptions(exclude_names=(str(LAY_HELDOUT), str(LAY_DEV_HELDOUT))))
-    index = work / f"dev-index-{tag}"
-    current = (index / "manifest.json").is_file() and read_manifest(index).get("encoder", {}).get("revision") == \
-        resolve_encoder(encoder_name).revision and read_manifest(index)["concepts"]["sha256"] == sha256_file(table)
-    if not current:
-        build_index(table, kind="dense", out=index, config=DenseConfig(encoder=encoder_name), overwrite=True)
-    return table, index
-
-
-def dev_accuracy(encoder_name: str, work: Path, tag: str) -> dict:
-    """Dense Acc@1 / Acc@5 on the lay development phrases, over the default dictionary less every held-out name
-    (test and development slices): the figure the release's choices are made on, never the test set."""
-    from linker.eval.report import evaluate
-    from linker.sources.default import LAY_DEV
-
-    _table, index = dev_index(encoder_name, work, tag)
     dev = work / "lay_dev.eval.tsv"
     rows = [line.split("\t") for line in LAY_DEV.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
     dev.write_text("".join(f"{ids}\t{text}\n" for text, ids, _origin in rows), encoding="utf-8")
+    index = work / f"dev-index-{tag}"
+    from linker.encoders import resolve_encoder
+    from linker.index.manifest import read_manifest
+
+    current = (index / "manifest.json").is_file() and read_manifest(index).get("encoder", {}).get("revision") == \
+        resolve_encoder(encoder_name).revision and read_manifest(index)["concepts"]["sha256"] == sha256_file(table)
+    if not current:  # a rerun keeps an index of the same encoder and table
+        build_index(table, kind="dense", out=index, config=DenseConfig(encoder=encoder_name), overwrite=True)
     report = evaluate(index, f"tsv:{dev}", ks=(1, 5), progress=False)
     row = report.row("full")
     return {"phrases": row.n, "acc1": round(100 * row.accuracies[0].value, 2), "acc5": round(100 * row.accuracies[1].value, 2)}
@@ -308,8 +299,7 @@ def train_release(name: str, *, data: str | Path | None = None, work: str | Path
     from linker.train.common import METRICS_FILE
 
     if name not in RECIPES:
-        raise ConfigError(f"unknown release {name!r}; choose {', '.join(RECIPES)} (or a re-ranker's, "
-                          "linker.train.rerank_release)")
+        raise ConfigError(f"unknown release {name!r}; choose {', '.join(RECIPES)}")
     recipe = RECIPES[name]
     if device or threads:
         run = {"device": device, "threads": threads}
