@@ -451,3 +451,5 @@ def test_output_dash_is_standard_output_and_never_a_file_named_dash(inputs, inde
         assert not (tmp_path / "-").exists()
         code, lines = cli([*command, "--input", inputs["txt"], "--output", "-", "--format", "brat"], capsys)
         assert_one_line_error(code, lines, "--output -", "jsonl", "brat")
+        code, lines = cli([*command, "--input", "-", "--output", tmp_path / "z.jsonl"], capsys)
+        assert_one_line_error(code, lines, "--input -", "not standard input", "save the documents to a file")

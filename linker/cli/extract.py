@@ -104,6 +104,9 @@ def _check_common(input_path: Path, output: Path, fmt: str, overwrite: bool, thr
 
     check_format(fmt)
     folder_format = WRITERS.get(fmt).folder
+    if str(input_path) == STDIO:  # the documents are read twice (checked whole before any work), a pipe only once
+        raise ConfigError("--input -: extract and annotate read a file or folder, not standard input; save the "
+                          "documents to a file (e.g. docs.jsonl) and name it (`linker normalize --format jsonl` reads -)")
     if str(output) == STDIO and fmt != "jsonl":
         raise ConfigError(f"--output -: standard output takes --format jsonl only, found --format {fmt}")
     if folder_format and output.suffix.lower() in _FILE_SUFFIXES and not output.is_dir():
