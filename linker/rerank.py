@@ -83,8 +83,8 @@ class CrossEncoder:
 
     @classmethod
     def load(cls, name_or_path: str | Path, *, device: str = "cpu", precision: str = "auto") -> CrossEncoder:
-        """Load a re-ranker folder, a shipped re-ranker (``linker-rerank-en``) or a hub name; refuses a model with
-        more than one output."""
+        """Load a re-ranker folder, a shipped re-ranker (by its name in `linker.models.RERANKERS`) or a hub name;
+        refuses a model with more than one output."""
         from linker.models import RERANKERS
 
         path = Path(name_or_path)
