@@ -85,12 +85,12 @@ class CrossEncoder:
     def load(cls, name_or_path: str | Path, *, device: str = "cpu", precision: str = "auto") -> CrossEncoder:
         """Load a re-ranker folder, a shipped re-ranker (by its name in `linker.models.RERANKERS`) or a hub name;
         refuses a model with more than one output."""
-        from linker.models import RERANKERS
+        from linker.models import shipped_reranker
 
+        if (shipped := shipped_reranker(name_or_path)) is not None:
+            return cls.from_release(shipped, device=device, precision=precision)
         path = Path(name_or_path)
         local = path.exists()
-        if not local and str(name_or_path) in RERANKERS:
-            return cls.from_release(str(name_or_path), device=device, precision=precision)
         if local and not (path / "config.json").is_file():
             raise MissingInputError(f"{path}: not a re-ranker folder (no config.json); train one with "
                                     "`linker train rerank`")
@@ -136,9 +136,9 @@ class CrossEncoder:
         release = read_release(name)
         if release.manifest["kind"] != "reranker":
             raise ConfigError(f"{release.folder}: a release of kind {release.manifest['kind']!r}, not a re-ranker")
-        reranker = init_cross_encoder(release.base, device=device, precision=precision)
+        reranker = init_cross_encoder(release.base, device=device, precision=precision)  # on `device` already
         overlay(reranker.model, release)
-        reranker.model.to(device).eval()
+        reranker.model.eval()
         reranker.info = RerankerInfo(name=release.name, path=str(release.folder),
                                      sha256=release.manifest["files"][WEIGHTS]["sha256"])
         return reranker
@@ -226,12 +226,12 @@ def bind_reranker(source: str | Path, index_tmp: Path) -> dict:
     """Copy a local re-ranker folder into an index folder being built; return its manifest entry."""
     import shutil
 
-    from linker.models import RERANKERS
+    from linker.models import shipped_reranker
 
-    if str(source) in RERANKERS and not Path(source).exists():  # a shipped release: the index holds it whole
+    if (shipped := shipped_reranker(source)) is not None:  # a shipped release: the index holds it whole
         from linker.folders import sha256_file
 
-        reranker, target = CrossEncoder.load(str(source)), index_tmp / RERANKER_DIR
+        reranker, target = CrossEncoder.from_release(shipped), index_tmp / RERANKER_DIR
         reranker.save(target, extra={"release": reranker.info.name, "release_sha256": reranker.info.sha256})
         return {"name": reranker.info.name, "source_path": str(source), "sha256": sha256_file(weights_file(target)),
                 "path": RERANKER_DIR}

@@ -449,14 +449,17 @@ def test_a_shipped_reranker_release_loads_by_name_and_binds_to_an_index(tmp_path
 
 def test_lay_development_figures_of_a_reranker(indexes, reranker):
     # bench.rerank_lay on a tiny index: the lay development phrases, the retriever alone and re-ranked at each mix
-    # weight and each k, every pair scored once.
-    from bench.rerank_lay import MIX_WEIGHTS, dev_rerank_accuracy, markdown
+    # weight and each k, with the weight `linker calibrate` would choose there.
+    from bench.rerank_lay import SHOWN_WEIGHTS, dev_rerank_accuracy, markdown
+    from linker.eval.calibrate import RETRIEVER_WEIGHTS
 
-    dev = dev_rerank_accuracy(indexes["meddra"], CrossEncoder.load(reranker), 4, ks=(2, 4))
-    assert dev["phrases"] == 632 and dev["rerank_k"] == 4 and list(dev["by_k"]) == ["2"]
-    for table in (dev, dev["by_k"]["2"]):
-        assert list(table["reranked_acc1_by_mix_weight"]) == [str(w) for w in MIX_WEIGHTS]
-    assert all(0 <= v <= dev["retriever_acc4"] for v in dev["reranked_acc1_by_mix_weight"].values())
-    report = {"command": "c", "date": "d", "machine": {"cpus": 2, "load_average_before": [], "load_average_after": []},
-              "index": "i", "phrases": dev.pop("phrases"), "rerankers": {"tiny": {"folder": "f", **dev}}}
-    assert "| 2 |" in markdown(report) and "| 4 |" in markdown(report)
+    dev = dev_rerank_accuracy(indexes["meddra"], reranker, 4, ks=(2, 4))
+    assert dev["phrases"] == 632 and dev["rerank_k"] == 4 and list(dev["by_k"]) == ["2", "4"]
+    for top, table in dev["by_k"].items():
+        assert list(table["reranked_acc1_by_mix_weight"]) == [str(w) for w in SHOWN_WEIGHTS]
+        assert all(0 <= v <= table["retriever_acc"] for v in table["reranked_acc1_by_mix_weight"].values())
+        assert table["calibrate_choice"]["retriever_weight"] in RETRIEVER_WEIGHTS
+        assert table["retriever_acc1"] <= table["retriever_acc"]
+    lines = "\n".join(markdown({"index": "i", "torch_threads": 1, "phrases": dev.pop("phrases"),
+                                "rerankers": {"tiny": {"folder": "f", **dev}}}))
+    assert "| 2 |" in lines and "| 4 |" in lines and "calibrate's w" in lines
