@@ -226,6 +226,51 @@ def test_flat_search_equals_faiss(monkeypatch):
     assert rows.tolist() == [[10, 3000], [2000, 2001]]
 
 
+@pytest.mark.parametrize("scan_max_queries", [0, 100])  # numpy's BLAS pass / FAISS's SIMD scan finds the candidates
+def test_exact_flat_topk_is_the_exact_order_whatever_finds_the_candidates(scan_max_queries):
+    # The definition: every row re-scored by `exact_scores`, ordered by (score desc, row asc). Copies of one vector
+    # (more than k + FLAT_PAD of them, so the proof fails and the search widens) and near-ties must come out so.
+    pytest.importorskip("faiss")
+    from linker.index.dense import FLAT_PAD, exact_flat_topk, exact_scores, max_row_norm
+
+    rng = np.random.default_rng(1)
+    names = rng.standard_normal((3000, 24)).astype(np.float32)
+    names /= np.linalg.norm(names, axis=1, keepdims=True)
+    names[100 : 100 + 3 * FLAT_PAD] = names[7]  # a crowd of equal vectors
+    names[2500] = names[7] * np.float32(1 - 1e-7)  # and one a hair below them
+    queries = rng.standard_normal((6, 24)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    queries[0] = names[7]
+    queries[1] = names[7] + np.float32(1e-3) * queries[2]
+    all_rows = np.broadcast_to(np.arange(len(names)), (len(queries), len(names)))
+    exact = exact_scores(queries, names, all_rows)
+    for k in (1, 5, 40, 3000, 3005):
+        scores, rows = exact_flat_topk(queries, names, k, max_norm=max_row_norm(names),
+                                       scan_max_queries=scan_max_queries)
+        assert rows.shape == scores.shape == (len(queries), k)
+        for q in range(len(queries)):
+            want = np.lexsort((np.arange(len(names)), -exact[q].astype(np.float64)))[:k]
+            assert rows[q, : len(want)].tolist() == want.tolist()
+            assert (rows[q, len(want) :] == -1).all()
+            np.testing.assert_array_equal(scores[q, : len(want)], exact[q, want])
+    _, rows = exact_flat_topk(queries[:1], names, 5, max_norm=1.0, scan_max_queries=scan_max_queries)
+    assert rows[0].tolist() == [7, 100, 101, 102, 103]  # equal vectors: by row
+
+
+def test_float32_dot_error_bounds_every_product():
+    # The proof's premise, on vectors whose sums cancel: |float32 dot - exact| <= bound x |q| |x|.
+    from linker.index.dense import float32_dot_error
+
+    rng = np.random.default_rng(2)
+    for dim in (16, 384, 1024):
+        q = rng.standard_normal((200, dim)).astype(np.float32)
+        x = rng.standard_normal((500, dim)).astype(np.float32)
+        fast = (q @ x.T).astype(np.float64)
+        exact = q.astype(np.float64) @ x.astype(np.float64).T
+        scale = np.linalg.norm(q.astype(np.float64), axis=1)[:, None] * np.linalg.norm(x.astype(np.float64), axis=1)
+        assert (np.abs(fast - exact) <= float32_dot_error(dim) * scale).all()
+
+
 def test_flat_search_fewer_names_than_k():
     from linker.index.dense import flat_search
 

@@ -459,6 +459,77 @@ def flat_search(queries: np.ndarray, embeddings: np.ndarray, k: int) -> tuple[np
     return best_scores, best_rows
 
 
+# Queries per call up to which a flat search of float32 vectors finds its candidates with FAISS's SIMD scan
+# (`faiss.knn`: one pass over the vectors per query, one thread per query) rather than `flat_search`'s BLAS products
+# (one pass for all the queries of a block). One mention, one thread, the default index (150,749 names): the scan
+# took 11 ms against 24 ms for numpy's product (bench/flat_search.py, eval/bench/flat_search.md).
+SCAN_MAX_QUERIES = 4
+# Names fetched past the k asked for: the margin that lets the exact re-scoring prove its top k complete.
+FLAT_PAD = 16
+
+
+def float32_dot_error(dim: int) -> float:
+    """A bound on |float32 dot product - exact value| / (|q| |x|) for vectors of `dim` float32 values, summed in any
+    order, fused or not: gamma_dim = dim u / (1 - dim u), u = 2^-24 (Higham, Accuracy and Stability of Numerical
+    Algorithms, 3.1), doubled for safety, plus the rounding of `exact_scores`' own float32 result."""
+    unit = 2.0 ** -24
+    return 2 * dim * unit / (1 - dim * unit) + 2 * unit
+
+
+def max_row_norm(embeddings: np.ndarray, block: int = 65536) -> float:
+    """The largest L2 norm of a row of `embeddings` (one pass, block by block)."""
+    top = 0.0
+    for start in range(0, len(embeddings), block):
+        names = np.asarray(embeddings[start : start + block], dtype=np.float32)
+        top = max(top, float(np.sqrt(np.einsum("ij,ij->i", names, names, dtype=np.float64).max(initial=0.0))))
+    return top
+
+
+def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_norm: float,
+                    scan_max_queries: int = SCAN_MAX_QUERIES) -> tuple[np.ndarray, np.ndarray]:
+    """The top k names of each query by (`exact_scores` desc, row asc) over all rows of `embeddings`: proved, not
+    hoped. Candidates come from a float32 pass (FAISS's SIMD scan for up to `scan_max_queries` queries of float32
+    vectors, `flat_search`'s BLAS products otherwise), k + `FLAT_PAD` of them, and are re-scored exactly. A query's
+    answer is kept when its k-th exact score beats the best that any name left out could reach: the last fetched
+    float32 score plus the float32 pass's rounding bound (`float32_dot_error` x |q| x `max_norm`). Otherwise it
+    fetches four times as many, up to every name. So the answer is the same whatever the processor's kernels and
+    their rounding (an AVX-512 BLAS once broke a tie that AVX2 did not), and whichever pass found the candidates.
+    Returns (scores (q, k) float32, rows (q, k) int64; row -1 beyond the names)."""
+    n, q = len(embeddings), len(queries)
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    out_scores = np.full((q, k), MISSING_SCORE, dtype=np.float32)
+    out_rows = np.full((q, k), -1, dtype=np.int64)
+    if n == 0 or q == 0:
+        return out_scores, out_rows
+    slack = float32_dot_error(queries.shape[1]) * np.linalg.norm(queries.astype(np.float64), axis=1) * max_norm
+    scan = q <= scan_max_queries and embeddings.dtype == np.float32 and embeddings.flags.c_contiguous
+    pending, fetch = np.arange(q), min(n, k + FLAT_PAD)
+    while len(pending):
+        if scan:
+            approx, rows = _scan(queries[pending], embeddings, fetch)
+        else:
+            approx, rows = flat_search(queries[pending], embeddings, fetch)
+        scores, rows = sort_hits(exact_scores(queries[pending], embeddings, rows), rows, k)
+        # Every name left out scored at most approx[:, -1] in float32, so at most that plus the slack exactly.
+        proved = np.ones(len(pending), bool) if fetch >= n else scores[:, k - 1] > approx[:, -1] + slack[pending]
+        out_scores[pending[proved]], out_rows[pending[proved]] = scores[proved], rows[proved]
+        pending, fetch = pending[~proved], min(n, fetch * 4)
+    return out_scores, out_rows
+
+
+def _scan(queries: np.ndarray, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """FAISS's SIMD scan (`faiss.knn`), one OpenMP thread per query at most: for a single query FAISS splits the
+    names between its threads, and on 2 shared cores with another job running that took 41 ms against 9 ms on one
+    thread (bench/flat_search.py). OpenMP keeps the thread count per calling thread, so this one is restored."""
+    faiss = require("faiss", extra="dense", what="a dense index")
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(max(1, min(threads, len(queries))))
+    try:
+        return faiss.knn(queries, embeddings, k, metric=faiss.METRIC_INNER_PRODUCT)
+    finally:
+        faiss.omp_set_num_threads(threads)
+
+
 def _top_with_ties(scores: np.ndarray, k: int) -> np.ndarray:
     """Column numbers of each row's k largest scores, the lowest columns among those tied with the k-th: (rows, k)."""
     if scores.shape[1] <= k:
@@ -475,7 +546,7 @@ def _top_with_ties(scores: np.ndarray, k: int) -> np.ndarray:
 def _merge(s1, r1, s2, r2, k):
     scores = np.concatenate([s1, s2], axis=1)
     rows = np.concatenate([r1, r2], axis=1)
-    return _sort_hits(scores, rows, k)
+    return sort_hits(scores, rows, k)
 
 
 def exact_scores(vectors: np.ndarray, embeddings: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -500,7 +571,7 @@ def exact_scores(vectors: np.ndarray, embeddings: np.ndarray, rows: np.ndarray) 
     return np.where(rows >= 0, scores, MISSING_SCORE).astype(np.float32)
 
 
-def _sort_hits(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def sort_hits(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Best k per query, ordered by (score desc, row asc); missing hits (-1) last."""
     scores = np.where(rows < 0, MISSING_SCORE, scores).astype(np.float32)
     tie_rows = np.where(rows < 0, np.iinfo(np.int64).max, rows)
@@ -650,6 +721,7 @@ class DenseNameIndex(NameIndexBase):
             # the service 1.21x at ten mentions per request (eval/service/service_load_medic_dense_vs_tfidf.md).
             # The setting is FAISS's, process-wide (an IVF index searches its centroids with it).
             faiss.cvar.distance_compute_blas_threshold = 1
+        self._max_norm: float | None = None  # the vectors' largest norm, for `exact_flat_topk`'s bound (first search)
         self._work_dir: tempfile.TemporaryDirectory | None = None  # owns a temporary build folder
         self._work_path: Path | None = None
 
@@ -760,22 +832,18 @@ class DenseNameIndex(NameIndexBase):
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         if len(vectors) == 0:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+        if self.faiss_index is None:  # flat: exact, whatever the kernels' rounding
+            if self._max_norm is None:
+                self._max_norm = max_row_norm(self.embeddings)
+            return exact_flat_topk(vectors, self.embeddings, k, max_norm=self._max_norm)
         rerank = self.config.rerank and self.config.faiss_kind.startswith("ivf")
         fetch = min(self.size, candidates(self.config, k) if rerank else k)
         # One extra hit so that ties at the k-th place are resolved by row, not by FAISS order.
-        fetch = min(self.size, fetch + 1)
-        if self.faiss_index is None:
-            scores, rows = flat_search(vectors, self.embeddings, fetch)
-        else:
-            scores, rows = self.faiss_index.search(vectors, fetch)
-        # A config still at "auto" was never built by `build`: the constructor made a flat index for it.
-        if rerank or self.config.faiss_kind in ("flat", "auto"):
-            # A flat search is a blocked matrix product whose rounding depends on where a name falls
-            # in its block, so two bit-identical name vectors (names with equal token ids) could score
-            # a few ulps apart and their tie fall differently in each build and precision. Re-scored
-            # one pair at a time, equal vectors score equal and the tie goes by row.
+        scores, rows = self.faiss_index.search(vectors, min(self.size, fetch + 1))
+        if rerank:
+            # Re-scored one pair at a time, equal vectors score equal and their tie goes by row.
             scores = exact_scores(vectors, self.embeddings, rows)
-        return _sort_hits(scores, rows, k)
+        return sort_hits(scores, rows, k)
 
     def save(self, folder: Path) -> dict:
         """Write ``dense/`` into `folder` (embeddings.npy, index.faiss for non-flat, params.json);
