@@ -7,7 +7,7 @@ search widens instead: it fetches ``k * OVERFETCH`` names, collapses them to con
 again with four times as many for the queries that still lack k concepts, or whose k-th concept
 ties with the last name fetched (a tie at the cut would otherwise make the result depend on the
 index's arbitrary order among equal scores). It stops when the index has no more matching names.
-For exact indexes (tf-idf, flat FAISS) the result is therefore exactly the top-k concepts by best
+For exact indexes (tf-idf, flat dense) the result is therefore exactly the top-k concepts by best
 name score, in the stable order (score desc, concept_id asc; with a prior, `ConceptIndex`, the most annotated of
 tied concepts first; `linker.link.Linker` then applies the prior per matched name); among equal-scoring names of one
 concept the lowest table row (sources write the preferred name first) is the matched name.
