@@ -226,11 +226,23 @@ def test_flat_search_equals_faiss(monkeypatch):
     assert rows.tolist() == [[10, 3000], [2000, 2001]]
 
 
-@pytest.mark.parametrize("scan_max_queries", [0, 100])  # numpy's BLAS pass / FAISS's SIMD scan finds the candidates
-def test_exact_flat_topk_is_the_exact_order_whatever_finds_the_candidates(scan_max_queries):
+@pytest.fixture
+def faiss_switch():
+    """FAISS's scan/BLAS switch as a dense index sets it (process-wide: BLAS products), put back after the test;
+    yields how many queries a flat search scans by itself."""
+    faiss = pytest.importorskip("faiss")
+    from linker.index.dense import SCAN_MAX_QUERIES
+
+    before = faiss.cvar.distance_compute_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = 1
+    yield SCAN_MAX_QUERIES
+    faiss.cvar.distance_compute_blas_threshold = before
+
+
+@pytest.mark.parametrize("use_faiss", [False, True])  # numpy's BLAS, or FAISS's scan and BLAS, find candidates
+def test_exact_flat_topk_is_the_exact_order_whatever_finds_the_candidates(use_faiss, faiss_switch):
     # The definition: every row re-scored by `exact_scores`, ordered by (score desc, row asc). Copies of one vector
     # (more than k + FLAT_PAD of them, so the proof fails and the search widens) and near-ties must come out so.
-    pytest.importorskip("faiss")
     from linker.index.dense import FLAT_PAD, exact_flat_topk, exact_scores, max_row_norm
 
     rng = np.random.default_rng(1)
@@ -244,17 +256,29 @@ def test_exact_flat_topk_is_the_exact_order_whatever_finds_the_candidates(scan_m
     queries[1] = names[7] + np.float32(1e-3) * queries[2]
     all_rows = np.broadcast_to(np.arange(len(names)), (len(queries), len(names)))
     exact = exact_scores(queries, names, all_rows)
-    for k in (1, 5, 40, 3000, 3005):
-        scores, rows = exact_flat_topk(queries, names, k, max_norm=max_row_norm(names),
-                                       scan_max_queries=scan_max_queries)
-        assert rows.shape == scores.shape == (len(queries), k)
-        for q in range(len(queries)):
+    assert len(queries) > faiss_switch >= 2  # FAISS's BLAS products for all of them, the scan for the first two
+    for k, few in ((1, 6), (5, 6), (40, 6), (3000, 6), (3005, 6), (5, 2), (40, 2)):
+        scores, rows = exact_flat_topk(queries[:few], names, k, max_norm=max_row_norm(names), use_faiss=use_faiss)
+        assert rows.shape == scores.shape == (few, k)
+        for q in range(few):
             want = np.lexsort((np.arange(len(names)), -exact[q].astype(np.float64)))[:k]
             assert rows[q, : len(want)].tolist() == want.tolist()
             assert (rows[q, len(want) :] == -1).all()
             np.testing.assert_array_equal(scores[q, : len(want)], exact[q, want])
-    _, rows = exact_flat_topk(queries[:1], names, 5, max_norm=1.0, scan_max_queries=scan_max_queries)
+    _, rows = exact_flat_topk(queries[:1], names, 5, max_norm=1.0, use_faiss=use_faiss)
     assert rows[0].tolist() == [7, 100, 101, 102, 103]  # equal vectors: by row
+
+
+def test_top_m_finds_the_largest_scores():
+    # The sampled floor never drops one of the m largest: random scores, many ties, m past the sample's size.
+    from linker.index.dense import top_m
+
+    rng = np.random.default_rng(3)
+    for n, m in ((10, 3), (5000, 1), (5000, 56), (100_000, 56), (100_000, 2000), (7, 7), (7, 9)):
+        for scores in (rng.standard_normal(n).astype(np.float32), rng.integers(0, 5, n).astype(np.float32)):
+            found = top_m(scores, m)
+            assert len(found) == min(m, n) == len(set(found.tolist()))
+            np.testing.assert_array_equal(np.sort(scores[found]), np.sort(scores)[n - min(m, n) :])
 
 
 def test_float32_dot_error_bounds_every_product():

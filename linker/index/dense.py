@@ -459,11 +459,11 @@ def flat_search(queries: np.ndarray, embeddings: np.ndarray, k: int) -> tuple[np
     return best_scores, best_rows
 
 
-# Queries per call up to which a flat search of float32 vectors finds its candidates with FAISS's SIMD scan
-# (`faiss.knn`: one pass over the vectors per query, one thread per query) rather than `flat_search`'s BLAS products
-# (one pass for all the queries of a block). One mention, one thread, the default index (150,749 names): the scan
-# took 11 ms against 24 ms for numpy's product (bench/flat_search.py, eval/bench/flat_search.md).
-SCAN_MAX_QUERIES = 4
+# Queries per call up to which a flat search of float32 vectors scans them once per query (`_scan`); from one more,
+# FAISS's BLAS products over blocks of 1,024 names read them once for all the queries (`faiss.knn`). The default
+# index (150,749 names), one thread: one query 12 ms by the scan, 44 by the products; 4 queries 10.4 ms a query by
+# the products (bench/flat_search.py, eval/bench/flat_search.md).
+SCAN_MAX_QUERIES = 2
 # Names fetched past the k asked for: the margin that lets the exact re-scoring prove its top k complete.
 FLAT_PAD = 16
 
@@ -485,15 +485,16 @@ def max_row_norm(embeddings: np.ndarray, block: int = 65536) -> float:
     return top
 
 
-def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_norm: float,
+def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_norm: float, use_faiss: bool = True,
                     scan_max_queries: int = SCAN_MAX_QUERIES) -> tuple[np.ndarray, np.ndarray]:
     """The top k names of each query by (`exact_scores` desc, row asc) over all rows of `embeddings`: proved, not
-    hoped. Candidates come from a float32 pass (FAISS's SIMD scan for up to `scan_max_queries` queries of float32
-    vectors, `flat_search`'s BLAS products otherwise), k + `FLAT_PAD` of them, and are re-scored exactly. A query's
-    answer is kept when its k-th exact score beats the best that any name left out could reach: the last fetched
-    float32 score plus the float32 pass's rounding bound (`float32_dot_error` x |q| x `max_norm`). Otherwise it
-    fetches four times as many, up to every name. So the answer is the same whatever the processor's kernels and
-    their rounding (an AVX-512 BLAS once broke a tie that AVX2 did not), and whichever pass found the candidates.
+    hoped. Candidates come from a float32 pass over float32 vectors with FAISS (`_scan` for up to `scan_max_queries`
+    queries, `faiss.knn`'s BLAS products for more), or numpy's BLAS products (`flat_search`: without `use_faiss`, and
+    for float16 vectors); k + `FLAT_PAD` of them, re-scored exactly. A query's answer is kept when its k-th exact
+    score beats the best that any name left out could reach: the last fetched float32 score plus the float32 pass's
+    rounding bound (`float32_dot_error` x |q| x `max_norm`). Otherwise it fetches four times as many, up to every
+    name. So the answer is the same whatever the processor's kernels and their rounding (an AVX-512 BLAS once broke
+    a tie that AVX2 did not), and whichever pass found the candidates.
     Returns (scores (q, k) float32, rows (q, k) int64; row -1 beyond the names)."""
     n, q = len(embeddings), len(queries)
     queries = np.ascontiguousarray(queries, dtype=np.float32)
@@ -502,11 +503,14 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
     if n == 0 or q == 0:
         return out_scores, out_rows
     slack = float32_dot_error(queries.shape[1]) * np.linalg.norm(queries.astype(np.float64), axis=1) * max_norm
-    scan = q <= scan_max_queries and embeddings.dtype == np.float32 and embeddings.flags.c_contiguous
+    use_faiss = use_faiss and embeddings.dtype == np.float32 and embeddings.flags.c_contiguous
     pending, fetch = np.arange(q), min(n, k + FLAT_PAD)
     while len(pending):
-        if scan:
+        if use_faiss and len(pending) <= scan_max_queries:
             approx, rows = _scan(queries[pending], embeddings, fetch)
+        elif use_faiss:  # BLAS products: the index set FAISS's `distance_compute_blas_threshold` to 1
+            faiss = require("faiss", extra="dense", what="a dense index")
+            approx, rows = faiss.knn(queries[pending], embeddings, fetch, metric=faiss.METRIC_INNER_PRODUCT)
         else:
             approx, rows = flat_search(queries[pending], embeddings, fetch)
         scores, rows = sort_hits(exact_scores(queries[pending], embeddings, rows), rows, k)
@@ -517,17 +521,41 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
     return out_scores, out_rows
 
 
-def _scan(queries: np.ndarray, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """FAISS's SIMD scan (`faiss.knn`), one OpenMP thread per query at most: for a single query FAISS splits the
-    names between its threads, and on 2 shared cores with another job running that took 41 ms against 9 ms on one
-    thread (bench/flat_search.py). OpenMP keeps the thread count per calling thread, so this one is restored."""
+def _scan(queries: np.ndarray, embeddings: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's m best float32 inner products (scores desc), by FAISS's SIMD inner products of one vector with
+    every row (`fvec_inner_products_ny`, one thread, no copy of the mapped rows) and a partial sort. FAISS's own
+    choice between this scan and BLAS products (`distance_compute_blas_threshold`) is process-wide and its meaning
+    has changed between versions; here the choice is per call (`SCAN_MAX_QUERIES`)."""
     faiss = require("faiss", extra="dense", what="a dense index")
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(max(1, min(threads, len(queries))))
-    try:
-        return faiss.knn(queries, embeddings, k, metric=faiss.METRIC_INNER_PRODUCT)
-    finally:
-        faiss.omp_set_num_threads(threads)
+    n, dim = embeddings.shape
+    scores = np.empty(n, dtype=np.float32)
+    out_scores, out_rows = np.empty((len(queries), m), np.float32), np.empty((len(queries), m), np.int64)
+    for i, query in enumerate(queries):
+        faiss.fvec_inner_products_ny(faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(embeddings), dim, n)
+        top = top_m(scores, m)
+        top = top[np.lexsort((top, -scores[top].astype(np.float64)))]
+        out_scores[i], out_rows[i] = scores[top], top
+    return out_scores, out_rows
+
+
+SAMPLE = 64  # `top_m` reads every stride-th score, stride = n / (SAMPLE x m)
+
+
+def top_m(scores: np.ndarray, m: int) -> np.ndarray:
+    """Positions of the m largest of `scores` (any order; ties at the m-th: any of them). A partial sort of every
+    score took 2.4 ms of a 13 ms scan of the default index. Instead: the m-th largest of every stride-th score is at
+    most the m-th largest of all, so the scores at or above it hold the m largest, and only those (about n / `SAMPLE`
+    of them) are partially sorted."""
+    n = len(scores)
+    if m >= n:
+        return np.arange(n)
+    stride = n // (SAMPLE * m)
+    if stride > 1:
+        sample = scores[::stride]
+        floor = np.partition(sample, len(sample) - m)[len(sample) - m]
+        kept = np.flatnonzero(scores >= floor)
+        return kept[np.argpartition(scores[kept], len(kept) - m)[len(kept) - m :]]
+    return np.argpartition(scores, n - m)[n - m :]
 
 
 def _top_with_ties(scores: np.ndarray, k: int) -> np.ndarray:
@@ -708,19 +736,15 @@ class DenseNameIndex(NameIndexBase):
         self.config = config
         self.embeddings = embeddings  # (n, dim) float32 or float16 (config.storage), usually a read-only memmap
         self.params = dict(params or {})
-        # None for flat: `flat_search` multiplies the memory-mapped vectors directly. A FAISS IndexFlatIP held a
-        # copy of them (230 MB for the default index, copied at every load) and cost the import of FAISS, for the
-        # same product and the same hits.
+        # None for flat: `exact_flat_topk` searches the memory-mapped vectors directly. A FAISS IndexFlatIP held a
+        # copy of them (230 MB for the default index, copied at every load) for the same products.
         self.faiss_index = faiss_index
-        if faiss_index is not None:
-            faiss = require("faiss", extra="dense", what="a dense index")
-            # Below this many queries FAISS scans the vectors once per query, one thread per query; above,
-            # one matrix product per block reads them once for all queries on every thread. A service links
-            # a few mentions per call: on the 77,830-name MEDIC index (minilm, 2 cores) the product made
-            # `Linker.link` 1.62x faster for 1 mention and 1.22x for 10 (scratch timing, same top-1), and
-            # the service 1.21x at ten mentions per request (eval/service/service_load_medic_dense_vs_tfidf.md).
-            # The setting is FAISS's, process-wide (an IVF index searches its centroids with it).
-            faiss.cvar.distance_compute_blas_threshold = 1
+        # Every dense search goes through FAISS (a flat one through `faiss.knn`, `exact_flat_topk`): imported here,
+        # so that the service's inference threads limit its OpenMP and BLAS threads too (`_limit_math_threads`).
+        faiss = require("faiss", extra="dense", what="a dense index")
+        # FAISS's own searches (`faiss.knn`, an IVF index's centroids) by BLAS products, whatever the number of
+        # queries: a flat search scans for few queries by itself (`exact_flat_topk`). The setting is process-wide.
+        faiss.cvar.distance_compute_blas_threshold = 1
         self._max_norm: float | None = None  # the vectors' largest norm, for `exact_flat_topk`'s bound (first search)
         self._work_dir: tempfile.TemporaryDirectory | None = None  # owns a temporary build folder
         self._work_path: Path | None = None
