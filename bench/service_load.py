@@ -431,7 +431,7 @@ def service_lines(s: dict) -> list[str]:
     return lines
 
 
-def write_report(report: Report, result: dict) -> None:
+def write_report(report: Report, result: dict, baseline: Path | None = None) -> None:
     note = [result["note"], ""] if result["note"] else []
     lines = [f"Index `{result['index']}` ({result['index_version']}).", "", *note, *service_lines(result["service"])]
     b = result["batch"]
@@ -445,7 +445,8 @@ def write_report(report: Report, result: dict) -> None:
             f"| {b['spans']:,} | {b['linked']:,} | {b['seconds_total']} | {b['spans_per_second_incl_index_load']} | "
             f"{b['peak_rss_mib']} | {b['perturbed_name_top1_own_concept']:.1%} |",
         ]
-    report.write(result, lines)
+    # a --baseline tree is a scratch folder of this machine: written as <scratch>, never as its absolute path
+    report.write(result, lines, scratch=baseline.resolve() if baseline is not None else None)
 
 
 def main() -> None:
@@ -476,7 +477,7 @@ def main() -> None:
         "service": service_phase(args.index, [s["text"] for s in spans], args),
     }
     result["batch"] = batch_phase(args.index, spans) if args.spans else None
-    write_report(report, result)
+    write_report(report, result, args.baseline)
 
 
 if __name__ == "__main__":
