@@ -39,10 +39,11 @@ def dev_rerank_accuracy(index: Path, reranker: str | Path, k: int, *, ks: tuple[
     mentions = load_dataset(f"lay:{LAY_DEV}")
     gold = [m.gold for m in mentions]
     out: dict = {"phrases": len(mentions), "rerank_k": k, "by_k": {}}
+    linker_ = Linker.load(index, rerank=reranker, rerank_k=k)  # loaded once; each row sets how many it re-scores
+    linker_.calibration = None  # the re-ranker's raw logits, as `linker calibrate` fits them
+    expand, _known = gold_matcher(linker_)
     for top in sorted({*(t for t in ks if t < k), k}):
-        linker_ = Linker.load(index, rerank=reranker, rerank_k=top)
-        linker_.calibration = None  # the re-ranker's raw logits, as `linker calibrate` fits them
-        expand, _known = gold_matcher(linker_)
+        linker_.rerank_k = top
         started = time.perf_counter()
         ranked = predict(linker_, mentions, top, query_lang=False, progress=False)
         seconds = time.perf_counter() - started
