@@ -412,7 +412,8 @@ INDEXES = {  # name -> (label, kind, encoder)
     "hybrid_linker_en": ("tf-idf + linker-en, hybrid (1:1)", "hybrid", "linker-en"),
     "dense_linker_multi": ("linker-multi, dense", "dense", "linker-multi"),
 }
-DEFAULT = "default"  # the shipped default index: the dev-chosen linker-en index with the default calibration
+DEFAULT = "default"  # the shipped default index: `make demo`'s recipe (dev-chosen linker-en index, re-ranker, calibration)
+BEFORE = "default_before_rerank"  # the default index of the report before linker-rerank-en was bound to it
 DICTIONARY_NAMES = "1000"  # `linker calibrate --dictionary-names`, as the Makefile's default calibration
 # Issue 49's twelve everyday phrases, and the near-tie it names: read in docs/models.md with their decisions
 EVERYDAY = ["liver damage", "heart racing", "cant sleep", "swollen ankles", "blurred vision", "tingling in fingers",
@@ -420,8 +421,22 @@ EVERYDAY = ["liver damage", "heart racing", "cant sleep", "swollen ankles", "blu
             "muscle aches", "pain in left knee"]
 
 
-def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
+def default_recipe(table: Path, folder: Path) -> list[list[str]]:
+    """The Makefile's own commands that build and calibrate `indexes/default` (`makefile_demo`), over `table` into
+    `folder`: the default index exactly as `make demo` makes it (the re-ranker bound, its k and precision)."""
+    import shlex
+
+    commands = [c for c in makefile_demo() if c.startswith(("linker index build", "linker calibrate"))]
+    return [[str(table) if a == "indexes/default.parquet" else str(folder) if a == "indexes/default" else a
+             for a in shlex.split(c)[1:]] for c in commands]
+
+
+def run_eval(scratch: Path, out: Path, only_indexes: bool = False, only_default: bool = False) -> dict:
+    """Build the indexes and score each on the test set once. `only_default`: build and score the default index
+    alone (after a change to `make demo`'s recipe); the other rows are kept from the previous report, and its
+    default row becomes the "before" row."""
     scratch.mkdir(parents=True, exist_ok=True)
+    previous = json.loads((out / "report.json").read_text()) if only_default else None
     load_before = load()
     seconds: dict[str, float] = {}
     rows, dev_rows = read_test_set(), read_test_set(LAY_DEV)
@@ -458,35 +473,48 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
     from linker.encoders import resolve_encoder
 
     indexes = {name: scratch / name for name in INDEXES}
-    for name, (_label, kind, encoder) in INDEXES.items():
-        build(name, indexes[name], table, kind, encoder)
     leak = scratch / "tfidf_full"
-    build("tfidf_with_heldout_leak", leak, full, "tfidf", None)
+    if not only_default:
+        for name, (_label, kind, encoder) in INDEXES.items():
+            build(name, indexes[name], table, kind, encoder)
+        build("tfidf_with_heldout_leak", leak, full, "tfidf", None)
     if only_indexes:
         return {}
 
-    # The choice of the default index, on the development slice only: dense or hybrid linker-en.
-    dev = {name: scores(indexes[name], dev_spec) for name in ("dense_linker_en", "hybrid_linker_en")}
-    chosen = max(dev, key=lambda n: (dev[n]["acc1"], n == "hybrid_linker_en"))
+    # The choice of the default index's kind, on the development slice only: dense or hybrid linker-en (the
+    # Makefile's DEFAULT_KIND); with `only_default`, the previous report's choice.
+    if previous:
+        dev, chosen = previous["choice_on_dev"]["dev"], previous["choice_on_dev"]["chosen"]
+    else:
+        dev = {name: scores(indexes[name], dev_spec) for name in ("dense_linker_en", "hybrid_linker_en")}
+        chosen = max(dev, key=lambda n: (dev[n]["acc1"], n == "hybrid_linker_en"))
     default = scratch / DEFAULT
     if default.exists():
         shutil.rmtree(default)
-    shutil.copytree(indexes[chosen], default)
-    seconds["calibrate_default"] = linker_cli("calibrate", "--index", str(default), "--dataset", dev_spec,
-                                              "--exclude-names", str(LAY_DEV_HELDOUT), "--dictionary-names",
-                                              DICTIONARY_NAMES, "--origin", "default")
+    build_command, calibrate_command = default_recipe(table_path, default)
+    if INDEXES[chosen][1] not in build_command:
+        raise SystemExit(f"the development slice chose {chosen}; the Makefile builds {build_command}")
+    seconds["index_default"] = linker_cli(*build_command)
+    seconds["calibrate_default"] = linker_cli(*calibrate_command)
 
     results, t = {}, time.perf_counter()
-    for name, path in [*indexes.items(), (DEFAULT, default), ("tfidf_with_heldout_leak", leak)]:
+    scored = [(DEFAULT, default)] if previous else [*indexes.items(), (DEFAULT, default), ("tfidf_with_heldout_leak", leak)]
+    for name, path in scored:
         started = time.perf_counter()
         results[name] = {subset: scores(path, spec) for subset, spec in specs.items()}
         seconds[f"eval_{name}"] = round(time.perf_counter() - started, 1)
-    answers = {name: top1(path, rows) for name, path in [*indexes.items(), (DEFAULT, default)]}
+    answers = {DEFAULT: top1(default, rows)} if previous else {
+        name: top1(path, rows) for name, path in [*indexes.items(), (DEFAULT, default)]}
+    if previous:  # the other rows as the previous report scored them; its default row is "before"
+        results = {**{n: previous["results"][n] for n in INDEXES}, BEFORE: previous["results"][DEFAULT],
+                   DEFAULT: results[DEFAULT], "tfidf_with_heldout_leak": previous["results"]["tfidf_with_heldout_leak"]}
+        answers = {**{n: previous["issue35_top1"][n] for n in INDEXES}, BEFORE: previous["issue35_top1"][DEFAULT],
+                   DEFAULT: [answers[DEFAULT][i] for i in range(len(rows)) if rows[i]["origin"] == "issue35"]}
     # the decisions on the development slice (where the map and its thresholds were fitted: in-sample)
     decisions_dev = scores(default, dev_spec)["decisions"]
     issue = [i for i, r in enumerate(rows) if r["origin"] == "issue35"]
-    manifests = {name: json.loads((path / "manifest.json").read_text())
-                 for name, path in [*indexes.items(), (DEFAULT, default)]}
+    manifests = {DEFAULT: json.loads((default / "manifest.json").read_text())} if previous else {
+        name: json.loads((path / "manifest.json").read_text()) for name, path in [*indexes.items(), (DEFAULT, default)]}
     report = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m bench.lay eval",
@@ -505,15 +533,19 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
                                "rows_left_out": excluded["rows_left_out"]},
         },
         "choice_on_dev": {"dev": dev, "chosen": chosen},
-        "indexes": {name: {"kind": m["kind"], "encoder": {k: v for k, v in (m.get("encoder") or {}).items() if k != "path"},
-                           "names": m["counts"]["names"], "build_seconds": m["build_seconds"],
-                           "calibration": m.get("calibration")}
-                    for name, m in manifests.items()},
+        "indexes": {**({n: previous["indexes"][n] for n in INDEXES} if previous else {}),
+                    **{name: {"kind": m["kind"], "encoder": {k: v for k, v in (m.get("encoder") or {}).items() if k != "path"},
+                              "names": m["counts"]["names"], "build_seconds": m["build_seconds"],
+                              "calibration": m.get("calibration"),
+                              "reranker": (m.get("reranker") or {}).get("name")}
+                       for name, m in manifests.items()}},
         "results": results,
         "decisions_dev": decisions_dev,
         "everyday": phrase_answers(default),
-        "issue35_top1": {name: [answers[name][i] for i in issue] for name in answers},
-        "test_evaluations": "one run of this script scores each system on the test set once",
+        "issue35_top1": answers if previous else {name: [answers[name][i] for i in issue] for name in answers},
+        "test_evaluations": "one run of this script scores each system on the test set once" + (
+            f"; this run (`--only-default`) scored the default index alone, the other rows are the report of "
+            f"{previous['date']}" if previous else ""),
         "stage_seconds": seconds,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -521,6 +553,10 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False) -> dict:
     if previous.is_file():  # `benchmarks` writes its section, and `demo` is a past study's record: keep them
         earlier = json.loads(previous.read_text())
         report.update({key: earlier[key] for key in ("benchmarks", "demo", "before") if key in earlier})
+        if only_default:
+            report["before_rerank"] = {"date": earlier["date"], "everyday": earlier.get("everyday"),
+                                       "calibration": earlier["indexes"][DEFAULT]["calibration"],
+                                       "decisions_dev": earlier.get("decisions_dev")}
         if "before" not in report:  # the first run with decisions: what the default index did before them
             report["before"] = {"date": earlier["date"], "results": earlier["results"].get(DEFAULT),
                                 "no_link": earlier.get("no_link")}
@@ -637,7 +673,9 @@ def _evaluations(card: dict) -> int:
 
 
 LABELS = {name: label for name, (label, _kind, _encoder) in INDEXES.items()} | {
-    DEFAULT: "**the default index** (`make demo`'s recipe: dev-chosen linker-en index + default calibration)",
+    DEFAULT: "**the default index** (`make demo`'s recipe: dev-chosen linker-en index + linker-rerank-en + default "
+             "calibration)",
+    BEFORE: "the default index before the re-ranker (linker-en, dense + default calibration; report of 2026-11-28)",
     "tfidf_with_heldout_leak": "reference only: tf-idf with the held-out names left IN (a leak)"}
 
 
@@ -653,8 +691,9 @@ def markdown(r: dict) -> str:
         "",
         f"Produced by `{r['command']}` on {r['date']} ({r['machine']['cpus']} CPUs, load average "
         f"{r['machine']['load_average_before']} before, {r['machine']['load_average_after']} after); each system "
-        "scored on the test set once. The encoders: `linker/models/linker-en`, `linker/models/linker-multi` (their "
-        "model cards say how they were trained; `make models` retrains them).",
+        "scored on the test set once. The encoders: `linker/models/linker-en`, `linker/models/linker-multi`; the "
+        "re-ranker `linker/models/linker-rerank-en` (their model cards say how they were trained; `make models` "
+        "retrains them)." + (f" {r['test_evaluations']}." if "--only-default" in r.get("test_evaluations", "") else ""),
         "",
         f"**Test set** `{r['test_set']['path']}` (sha256 `{r['test_set']['sha256'][:16]}…`, {r['test_set']['rows']} "
         f"phrases; built by `{m['command']}`, blind to every model): "
@@ -728,6 +767,9 @@ def markdown(r: dict) -> str:
         x = r["results"][DEFAULT][subset]
         if x.get("decisions"):
             lines.append(band_row(f"test: {subset}", x["decisions"], x["n"], x["ece_calibrated"]))
+        y = r["results"].get(BEFORE, {}).get(subset)
+        if y and y.get("decisions"):
+            lines.append(band_row(f"test: {subset}, before the re-ranker", y["decisions"], y["n"], y["ece_calibrated"]))
     before = r.get("before") or {}
     if before.get("no_link"):
         b = before["no_link"]
@@ -736,12 +778,21 @@ def markdown(r: dict) -> str:
                   f"({pct(b['test']['coverage'])}%) at {pct(b['test']['precision'])}% precision."]
     lines.append("")
     if r.get("everyday"):
+        earlier = {e["text"]: e for e in (r.get("before_rerank") or {}).get("everyday") or []}
         lines += ["## Everyday phrases: the answer, its confidence and the decision", "",
-                  "The default index (held-out names masked, as scored above); the first two concepts.", "",
-                  "| phrase | decision | first (confidence) | second (confidence) |", "|---|---|---|---|"]
+                  "The default index (held-out names masked, as scored above); the first two concepts"
+                  + (f"; and the first before the re-ranker (report of {r['before_rerank']['date']})." if earlier else "."), "",
+                  "| phrase | decision | first (confidence) | second (confidence) |" + (" before the re-ranker |" if earlier else ""),
+                  "|---|---|---|---|" + ("---|" if earlier else "")]
+
+        def answer(a: dict) -> str:
+            return f"{a['id']} {a['name']} ({'-' if a['confidence'] is None else format(a['confidence'], '.3f')})"
+
         for e in r["everyday"]:
-            cells = [f"{a['id']} {a['name']} ({'-' if a['confidence'] is None else format(a['confidence'], '.3f')})"
-                     for a in e["answers"]] + ["-"] * (2 - len(e["answers"]))
+            cells = [answer(a) for a in e["answers"]] + ["-"] * (2 - len(e["answers"]))
+            if earlier:
+                b = earlier.get(e["text"])
+                cells.append(f"{b['decision']}: {answer(b['answers'][0])}" if b and b["answers"] else "-")
             lines.append(f"| {e['text']} | {e['decision']} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## The ten phrases of issue 35: top-1 answer", "",
@@ -827,6 +878,8 @@ def main() -> None:
     e.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
     e.add_argument("--out", type=Path, default=ROOT / "eval" / "shipped")
     e.add_argument("--only-indexes", action="store_true", help="build (or keep) the indexes, score nothing")
+    e.add_argument("--only-default", action="store_true",
+                   help="build and score the default index alone (make demo's recipe changed); keep the other rows")
     z = sub.add_parser("benchmarks", help="the shipped encoders' zero-shot recipes beside the untrained encoders")
     z.add_argument("--scratch", type=Path, default=ROOT / "indexes" / "lay")
     z.add_argument("--out", type=Path, default=ROOT / "eval" / "shipped")
@@ -843,7 +896,7 @@ def main() -> None:
     elif args.command == "benchmarks":
         run_benchmarks(args.scratch, args.out, args.only)
     else:
-        run_eval(args.scratch, args.out, only_indexes=args.only_indexes)
+        run_eval(args.scratch, args.out, only_indexes=args.only_indexes, only_default=args.only_default)
 
 
 if __name__ == "__main__":

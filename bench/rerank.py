@@ -2,7 +2,7 @@
 
     python -m bench.rerank --index indexes/rr/ncbi_tfidf --rerank models/rr-ncbi-minilm
         --dataset SPEC [--mentions 200] [--rerank-k 16] [--runs 3] [--threads 2] [--name bench_rerank_ncbi]
-        [--precisions auto | fp32,bf16,int8]
+        [--precisions auto | fp32,bf16,int8,numpy]
 
 The machine is shared, so the figure that travels is the *ratio* of the two (median of --runs
 alternated runs, the same mentions in the same batches); milliseconds per mention and the load
@@ -11,7 +11,8 @@ is the reference, fp32 the exact one) and the report adds their parity on the be
 top-1 agreement with the first and each one's Acc@1 (each mention linked whole, as the benchmark
 links it: a composite is right when some gold id is on top, BioSyn's rule), the index's calibrated
 mix applying to all. ``int8`` is measured here only, as the library does not offer it for re-rankers: the fp32
-re-ranker with its Linear layers quantised dynamically (`linker.precision.quantize_int8`), to show why.
+re-ranker with its Linear layers quantised dynamically (`linker.precision.quantize_int8`), to show why. ``numpy`` is
+fp32 in `linker.runtime`'s numpy cross-encoder (what a calibrated index loads: no torch); the others run on torch.
 Writes eval/bench/NAME.{md,json}.
 """
 
@@ -36,10 +37,11 @@ from linker.precision import quantize_int8
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", type=Path, required=True)
-    parser.add_argument("--rerank", type=Path, required=True)
+    parser.add_argument("--rerank", required=True, help="a re-ranker folder or a shipped re-ranker's name")
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--mentions", type=int, default=200, help="distinct mention texts; 0: all")
-    parser.add_argument("--precisions", default="auto", help="the re-ranker's, comma-separated: auto, fp32, bf16")
+    parser.add_argument("--precisions", default="auto",
+                        help="the re-ranker's, comma-separated: auto, fp32, bf16, int8 (torch), numpy (numpy fp32)")
     parser.add_argument("--rerank-k", type=int, default=16)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--runs", type=int, default=3)
@@ -56,7 +58,8 @@ def main() -> None:
     contenders = {"retriever": Linker.load(args.index, rerank="none")}
     for precision, name in zip(precisions, reranked):
         contenders[name] = Linker.load(args.index, rerank=args.rerank, rerank_k=args.rerank_k,
-                                       rerank_precision="fp32" if precision == "int8" else precision)
+                                       rerank_precision="fp32" if precision in ("int8", "numpy") else precision,
+                                       rerank_runtime="numpy" if precision == "numpy" else "torch")
         if precision == "int8":
             quantize_int8(contenders[name].reranker.model)
     for linker in contenders.values():

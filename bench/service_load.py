@@ -1,11 +1,12 @@
 """Load test of `linker serve` beside the library it serves, and of `linker normalize`: eval/service/NAME.{md,json}.
 
     python -m bench.service_load --index indexes/default [--seconds 10] [--sizes 1,10] [--clients 8] [--rounds 3]
-        [--baseline DIR] [--library-batch 500] [--spans 10000] [--out eval/service/service_load]
+        [--baseline DIR] [--baseline-index DIR] [--library-batch 500] [--spans 10000] [--out eval/service/service_load]
 
 1. Starts `linker serve` of this checkout on 127.0.0.1 (a free port, loopback only) and, with `--baseline DIR`, the
    same command run from the source tree DIR (`git archive COMMIT | tar -x -C DIR`): before beside after, on one
-   index, machine and load. Waits for /health, then warms each server up (its first calls load lazy parts).
+   index, machine and load. `--baseline-index DIR` serves another index as "before" (this checkout's code, or
+   the `--baseline` tree's): an index before and after a change of `make demo`'s recipe. Waits for /health, then warms each server up (its first calls load lazy parts).
 2. `--rounds` rounds, each: for every request size, the library's batched rate (one `Linker.link` call of
    `--library-batch` mentions in this process, at its default threads and at one BLAS thread, the service's), then
    every server with `--clients` closed-loop clients for `--seconds` (requests/s, mentions/s, p50/p99 latency,
@@ -172,6 +173,12 @@ def start_server(index: Path, label: str = "service", tree: Path = ROOT) -> Serv
             raise SystemExit(f"server ({label}) did not answer /health within {STARTUP_LIMIT} s")
 
 
+def rel_index(path: Path) -> str:
+    """An index folder as the report names it: relative to the repository when inside it, else its name."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else f"<scratch>/{path.name}"
+
+
 def stop_server(server: Server) -> None:
     if server.sampler is not None:
         server.sampler.stopped.set()
@@ -331,10 +338,11 @@ def summarise(servers: list[Server], rounds: dict, sizes: list[int]) -> list[dic
 
 def service_phase(index: Path, texts: list[str], args: argparse.Namespace) -> dict:
     """The servers (this checkout's, and the baseline's) and the library, measured in turns."""
-    servers = [start_server(index, "after" if args.baseline is not None else "service")]
+    compared = args.baseline is not None or args.baseline_index is not None
+    servers = [start_server(index, "after" if compared else "service")]
     try:
-        if args.baseline is not None:
-            servers.insert(0, start_server(index, "before", args.baseline))
+        if compared:
+            servers.insert(0, start_server(args.baseline_index or index, "before", args.baseline or ROOT))
         for server in servers:
             service_run(server, texts, args.clients, WARM_UP_SECONDS, max(args.sizes))
         library = Library(index, texts)
@@ -347,6 +355,8 @@ def service_phase(index: Path, texts: list[str], args: argparse.Namespace) -> di
         "clients": args.clients, "k": 5, "rounds": args.rounds, "seconds_per_run": args.seconds,
         "library_batch": args.library_batch,
         "servers": {s.label: {"tree": "this checkout" if s.tree == ROOT else f"--baseline {s.tree.name}",
+                              "index": rel_index(args.baseline_index if s.label == "before" and args.baseline_index
+                                                 else index),
                               "startup_seconds": s.startup_seconds, "server_rss_mib": s.sampler.summary(),
                               "runs": s.runs} for s in servers},
         **rounds,
@@ -423,7 +433,7 @@ def service_lines(s: dict) -> list[str]:
         "",
         "| server | start | 1/4 | 1/2 | end | max | start-up s |",
         "|---|---:|---:|---:|---:|---:|---:|",
-        *[f"| {label} ({v['tree']}) | " + " | ".join(str(v["server_rss_mib"][key]) for key in
+        *[f"| {label} ({v['tree']}, {v.get('index', 'the index above')}) | " + " | ".join(str(v["server_rss_mib"][key]) for key in
                                                    ("start", "quarter", "middle", "end", "max"))
           + f" | {v['startup_seconds']} |" for label, v in s["servers"].items()],
         "",
@@ -457,6 +467,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of library and servers in turns")
     parser.add_argument("--baseline", type=Path, help="a source tree whose `linker serve` is measured as 'before'")
+    parser.add_argument("--baseline-index", type=Path, help="an index served as 'before' (by this checkout, or "
+                        "the --baseline tree)")
     parser.add_argument("--library-batch", type=int, default=500, help="mentions in the library's batched call")
     parser.add_argument("--note", default="", help="a line for the report: what the trees are, e.g. their commits")
     parser.add_argument("--spans", type=int, default=10_000, help="batch spans; 0 skips the batch phase")

@@ -143,6 +143,10 @@ class Calibration:
     auto_precision: float | None = None  # the held-in precision auto_from was chosen for
     no_link_below: float | None = None  # decision "no link" below this confidence; None: none (older files)
     exact_offset: float = 0.0  # added for an exact match (`EXACT_SCORE`); 0 in older files
+    # Re-ranker scorers: how the re-ranker ran when the map was fitted (the top `rerank_k`, in `rerank_precision`);
+    # `Linker.load` runs it so unless told otherwise, so an index links the way it was calibrated. None: older files.
+    rerank_k: int | None = None
+    rerank_precision: str | None = None
 
     def features(self, scores, margins_=None, exact=None) -> np.ndarray:
         """The map's input (`map_input`) with this calibration's weights."""
@@ -309,6 +313,11 @@ def read_calibration(folder: str | Path, manifest: dict) -> Calibration | None:
     for field in ("scorer", "method", "fitted_on", "fitted_at"):
         if field in data and not isinstance(data[field], str):
             raise InputFormatError(path, f"{field!r} as a string", _shown(data[field]), fix=fix)
+    k = data.get("rerank_k")
+    if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_RERANK_K):
+        raise InputFormatError(path, f"'rerank_k' as an integer from 1 to {MAX_RERANK_K}", _shown(k), fix=fix)
+    if data.get("rerank_precision") not in (None, "fp32", "bf16"):
+        raise InputFormatError(path, "'rerank_precision' as fp32 or bf16", _shown(data["rerank_precision"]), fix=fix)
     try:
         calibration = Calibration(**{**data, "x": tuple(data["x"]), "y": tuple(data["y"])})
     except TypeError as exc:  # a missing or unknown field
@@ -319,6 +328,8 @@ def read_calibration(folder: str | Path, manifest: dict) -> Calibration | None:
         raise InputFormatError(path, "'y' as probabilities from 0 to 1", _shown(list(calibration.y)), fix=fix)
     return calibration
 
+
+MAX_RERANK_K = 10_000  # a calibration asking for more pairs a mention than this is not one `linker calibrate` wrote
 
 # A calibration holds two breakpoints per distinct held-in score at most: a million held-in mentions stay
 # under 64 MiB, and it is read whole.
@@ -353,7 +364,8 @@ def write_calibration(folder: str | Path, calibration: Calibration, *, origin: s
         raise ConfigError(f"calibration origin: expected user or default, found {origin!r}")
     if calibration.scorer != RETRIEVER_SCORER:
         summary.update(retriever_weight=calibration.retriever_weight, accuracy=calibration.accuracy,
-                       retriever_accuracy=calibration.retriever_accuracy)
+                       retriever_accuracy=calibration.retriever_accuracy, rerank_k=calibration.rerank_k,
+                       rerank_precision=calibration.rerank_precision)
     manifest = {key: value for key, value in manifest.items() if key != "files"}
     return write_manifest(folder, {**manifest, "calibration": summary})
 

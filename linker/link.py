@@ -29,7 +29,7 @@ from linker.confidence import (
 from linker.errors import ConfigError, IndexMismatchError, InputFormatError, UnknownNameError, shorten
 from linker.folders import check_model_folder
 from linker.index import LoadedIndex, load_index, name_count, name_row_counts, read_prior
-from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder
+from linker.rerank import DEFAULT_RERANK_K, RERANKER_DIR, CrossEncoder, load_reranker
 from linker.retrieve import ConceptHits, ConceptIndex, arrow_numpy, top_concepts
 
 log = logging.getLogger(__name__)
@@ -190,9 +190,9 @@ class Linker:
     """
 
     def __init__(self, index: LoadedIndex, *, reranker: CrossEncoder | None = None,
-                 rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None,
+                 rerank_k: int | None = None, min_confidence: float | None = None,
                  min_score: float | None = None) -> None:
-        if rerank_k < 1:
+        if rerank_k is not None and rerank_k < 1:
             raise ConfigError(f"rerank_k must be >= 1, found {rerank_k}")
         if min_confidence is not None and not 0.0 <= min_confidence <= 1.0:
             raise ConfigError(f"min_confidence is a probability from 0 to 1, found {min_confidence}")
@@ -200,7 +200,6 @@ class Linker:
             raise ConfigError(f"min_score is a score from -1 to 1 (a cosine), found {min_score}")
         self.index = index
         self.reranker = reranker
-        self.rerank_k = rerank_k
         self.calibration = read_calibration(index.folder, index.manifest)
         if self.calibration is not None and self.calibration.scorer != self.scorer:
             log.warning("%s: its calibration was fitted for scorer %s, this Linker scores with %s; "
@@ -208,6 +207,8 @@ class Linker:
                         index.folder, self.calibration.scorer[:20], self.scorer[:20])
             self.calibration = None
         cal = self.calibration
+        # None: the k the calibration was fitted with, else DEFAULT_RERANK_K
+        self.rerank_k = rerank_k or (cal.rerank_k if cal is not None and cal.rerank_k else DEFAULT_RERANK_K)
         if reranker is not None and cal is not None and cal.retriever_accuracy is not None \
                 and not cal.accuracy > cal.retriever_accuracy:
             log.warning("%s: on its held-in set (%s) the re-ranker did not beat the retriever's own order (Acc@1 "
@@ -303,8 +304,9 @@ class Linker:
 
     @classmethod
     def load(cls, index_dir: str | Path, *, checksums: bool = True, rerank: str | Path | None = None,
-             rerank_k: int = DEFAULT_RERANK_K, min_confidence: float | None = None, min_score: float | None = None,
-             precision: str | None = None, rerank_precision: str = "auto") -> Linker:
+             rerank_k: int | None = None, min_confidence: float | None = None, min_score: float | None = None,
+             precision: str | None = None, rerank_precision: str | None = None,
+             rerank_runtime: str | None = None) -> Linker:
         """Load and verify an index folder (IndexMismatchError when its files do not match its manifest). The
         checksums are paid once per folder and manifest: a stamp in the user cache lets later loads trust them while
         the files are unchanged (`linker.index.manifest.VerifiedStamp`). A dense index of a plain BERT encoder in
@@ -315,13 +317,19 @@ class Linker:
         index encodes mentions: auto, fp32, bf16 or int8; None (default) uses the precision the
         index's names were encoded in (`linker.precision`). `rerank_precision`: the re-ranker's, auto (bf16 where
         the device runs it natively), bf16 or fp32 (eval/bench/bench_rerank_precision_ncbi.md: their agreement).
+        `rerank_k` and `rerank_precision` None (default): as the index's calibration was fitted with
+        (`linker calibrate` records both), else 32 and auto. In fp32 on the CPU the re-ranker runs without torch
+        (`linker.rerank.load_reranker`; `rerank_runtime` or ``$LINKER_RUNTIME=torch`` keeps torch).
         """
         index = load_index(index_dir, checksums=checksums, precision=precision)
         if rerank is None and index.manifest.get("reranker"):
             rerank = bound_reranker(index)
         reranker = None
         if rerank is not None and str(rerank) != "none":
-            reranker = CrossEncoder.load(rerank, precision=rerank_precision)
+            if rerank_precision is None:
+                calibration = read_calibration(index.folder, index.manifest)
+                rerank_precision = (calibration and calibration.rerank_precision) or "auto"
+            reranker = load_reranker(rerank, precision=rerank_precision, runtime=rerank_runtime)
         return cls(index, reranker=reranker, rerank_k=rerank_k, min_confidence=min_confidence, min_score=min_score)
 
     @property

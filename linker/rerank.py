@@ -189,6 +189,62 @@ class CrossEncoder:
         (folder / RERANKER_MARKER).write_text(json.dumps({"kind": "cross-encoder", **(extra or {})}, indent=1))
 
 
+RUNTIMES = ("auto", "numpy", "torch")
+
+
+def load_reranker(name_or_path: str | Path, *, device: str = "cpu", precision: str = "auto", runtime: str | None = None,
+                  threads: int | None = None):
+    """The re-ranker a query path (link, normalize, serve, eval) loads: `linker.runtime.RuntimeCrossEncoder` (numpy,
+    no torch import) for fp32 on the CPU where the model is a BERT cross-encoder, else `CrossEncoder.load` (torch).
+    The same logits within float rounding (tests/test_rerank.py). `runtime` as `linker.encoders.load_query_encoder`'s:
+    auto (``$LINKER_RUNTIME`` when set), numpy (refuses a model it cannot run) or torch."""
+    import os
+
+    runtime = runtime or os.environ.get("LINKER_RUNTIME") or "auto"
+    if runtime not in RUNTIMES:
+        from linker.errors import UnknownNameError
+
+        raise UnknownNameError("re-ranker runtime", runtime, RUNTIMES)
+    if runtime != "torch" and precision == "fp32" and device == "cpu":
+        reranker = _runtime_reranker(name_or_path, threads)
+        if reranker is not None:
+            log.info("loaded re-ranker %s (sha256 %s) in the numpy runtime", reranker.info.name, reranker.info.sha256[:12])
+            return reranker
+    if runtime == "numpy":
+        raise ConfigError(f"re-ranker {name_or_path}: the numpy runtime runs BERT cross-encoder folders and shipped "
+                          f"re-rankers in fp32 on the CPU (here precision {precision}, device {device}); use runtime "
+                          "'auto' or 'torch'")
+    return CrossEncoder.load(name_or_path, device=device, precision=precision)
+
+
+def _runtime_reranker(name_or_path: str | Path, threads: int | None):
+    """`load_reranker`'s numpy re-ranker, or None (a hub name, a folder that is not a BERT cross-encoder)."""
+    from linker.folders import check_model_folder, sha256_file
+    from linker.models import WEIGHTS, read_release, shipped_reranker
+    from linker.runtime import load_runtime_cross_encoder
+
+    if (shipped := shipped_reranker(name_or_path)) is not None:
+        release = read_release(shipped)  # every file checked against its sha256
+        if release.manifest["kind"] != "reranker":
+            raise ConfigError(f"{release.folder}: a release of kind {release.manifest['kind']!r}, not a re-ranker")
+        from linker.encoders import ensure_e5_small, resolve_encoder
+
+        spec = resolve_encoder(release.base)
+        if spec.builtin == "e5-small":
+            ensure_e5_small(Path(spec.path))
+        info = RerankerInfo(name=release.name, path=str(release.folder), sha256=release.manifest["files"][WEIGHTS]["sha256"])
+        return load_runtime_cross_encoder(None, info, max_length=MAX_LENGTH, base=spec.path, release=release.folder,
+                                          threads=threads)
+    path = Path(name_or_path)
+    if not (path / "config.json").is_file():
+        return None  # not a local re-ranker folder: `CrossEncoder.load` says what it is
+    check_model_folder(path, what="a re-ranker folder", fix="pass a folder written by `linker train rerank`")
+    if weights_file(path) != path / "model.safetensors":
+        return None
+    info = RerankerInfo(name=path.name, path=str(name_or_path), sha256=sha256_file(path / "model.safetensors"))
+    return load_runtime_cross_encoder(path, info, max_length=MAX_LENGTH, threads=threads)
+
+
 def init_cross_encoder(base: str, *, device: str = "cpu", precision: str = "auto", seed: int = 0) -> CrossEncoder:
     """A new cross-encoder from a base encoder (alias, folder or hub name): its transformer plus a
     freshly initialised one-output head (seeded). A shipped encoder (``linker-en``) starts from its trained

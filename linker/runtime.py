@@ -206,7 +206,8 @@ class BertRuntime:
 
         self.word = get("embeddings.word_embeddings.weight")  # (vocab, hidden), memory-mapped
         self.position = get("embeddings.position_embeddings.weight")
-        self.token_type = get("embeddings.token_type_embeddings.weight")[0]  # single texts: type 0 throughout
+        self.token_types = get("embeddings.token_type_embeddings.weight")  # single texts: type 0 throughout
+        self.token_type = self.token_types[0]
         self.embed_norm = (get("embeddings.LayerNorm.weight"), get("embeddings.LayerNorm.bias"))
         self.layers = []
         for i in range(shape.layers):
@@ -230,12 +231,14 @@ class BertRuntime:
             raise InputFormatError("BERT weights", f"{shape.hidden}-d embeddings and {shape.max_positions} positions",
                                    f"{self.word.shape} and {self.position.shape}")
 
-    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """(batch, hidden) pooled vectors of `ids` (batch, length) int64 with `mask` (batch, length) 0/1."""
+    def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
+        """(batch, hidden) pooled vectors of `ids` (batch, length) int64 with `mask` (batch, length) 0/1 and, for
+        text pairs, their token `types` (0 for the first text, 1 for the second)."""
         batch, length = ids.shape
         shape = self.shape
         heads, width = shape.heads, shape.hidden // shape.heads
-        x = self.word[ids] + self.position[:length] + self.token_type  # (batch, length, hidden)
+        x = self.word[ids] + self.position[:length]  # (batch, length, hidden)
+        x += self.token_type if types is None else self.token_types[types]
         x = _layer_norm(x.reshape(batch * length, shape.hidden), *self.embed_norm, shape.eps)
         # Padding as transformers masks it: the smallest float32 added to the scores of padded keys.
         masked = ((1.0 - mask.astype(np.float32)) * np.finfo(np.float32).min)[:, None, None, :]
@@ -377,6 +380,128 @@ class RuntimeEncoder:
         return f"RuntimeEncoder({self.spec.name!r}, dim={self.dim}, numpy fp32)"
 
 
+def plain_cross_encoder(folder: str | Path) -> tuple[dict | None, str]:
+    """(settings, "") when `folder` is a one-output BERT sequence-classification folder this runtime reproduces
+    (what `linker train rerank` writes, and an index's bound re-ranker), else (None, why not)."""
+    folder = Path(folder)
+    for name in (WEIGHTS, TOKENIZER, "config.json"):
+        if not (folder / name).is_file():
+            return None, f"no {name}"
+    config = _read_json(folder, "config.json")
+    why = _not_plain_classifier(config)
+    if why:
+        return None, why
+    try:
+        return {"shape": BertShape.from_config(config)}, ""
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, f"config.json ({type(exc).__name__}: {exc})"
+
+
+def _not_plain_classifier(config: object) -> str:
+    if not isinstance(config, dict) or config.get("model_type") != "bert":
+        return f"model_type {config.get('model_type') if isinstance(config, dict) else None!r}"
+    if config.get("architectures") != ["BertForSequenceClassification"] or len(config.get("id2label") or {}) != 1:
+        return f"architectures {config.get('architectures')!r} with labels {config.get('id2label')!r}"
+    if config.get("hidden_act", "gelu") != "gelu" or config.get("position_embedding_type", "absolute") != "absolute":
+        return f"hidden_act {config.get('hidden_act')!r}, positions {config.get('position_embedding_type')!r}"
+    return ""
+
+
+class RuntimeCrossEncoder:
+    """`linker.rerank.CrossEncoder`'s `score` for a BERT cross-encoder, in float32 numpy: the pair tokenised as
+    transformers does (``[CLS] mention [SEP] name [SEP]``, token types 0 then 1, cut longest first to
+    `max_length`), the [CLS] vector through the pooler (dense, tanh) and the one-output classifier. Equal pairs are
+    scored once, as there. No torch: a bound re-ranker does not bring torch's import (seconds) into a CLI call or
+    a service's start. fp32 on the CPU only; `linker.rerank.load_reranker` chooses it."""
+
+    device = "cpu"
+    precision = "fp32"
+    runtime = "numpy"
+
+    def __init__(self, info, tensors: dict[str, np.ndarray], shape: BertShape, tokenizer_file: Path, *,
+                 max_length: int, threads: int | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        self.info = info
+        self.model = BertRuntime(tensors, shape, "cls")
+
+        def get(name: str) -> np.ndarray:
+            if name not in tensors:
+                raise InputFormatError(f"cross-encoder weights: tensor {name}", "present", "missing")
+            return np.ascontiguousarray(tensors[name], dtype=np.float32)
+
+        self.pooler = (get("bert.pooler.dense.weight").T.copy(), get("bert.pooler.dense.bias"))
+        self.classifier = (get("classifier.weight").T.copy(), get("classifier.bias"))
+        if self.classifier[0].shape != (shape.hidden, 1):
+            raise InputFormatError("cross-encoder weights: classifier.weight", f"(1, {shape.hidden})",
+                                   str(tuple(self.classifier[0].shape[::-1])))
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length, strategy="longest_first")
+        self.threads = threads or RUNTIME_THREADS
+
+    @property
+    def scorer(self) -> str:
+        return self.info.scorer
+
+    def score(self, mentions: Sequence[str], names: Sequence[str], *, batch_size: int = 128) -> np.ndarray:
+        """(n,) float32 logits of the pairs (mentions[i], names[i]), as `linker.rerank.CrossEncoder.score`."""
+        if len(mentions) != len(names):
+            raise ValueError("mentions and names must have the same length")
+        where = {pair: i for i, pair in enumerate(dict.fromkeys(zip(mentions, names)))}
+        distinct = list(where)
+        scores = np.empty(len(distinct), dtype=np.float32)
+        encodings = self.tokenizer.encode_batch(distinct, add_special_tokens=True)
+        order = sorted(range(len(distinct)), key=lambda i: len(encodings[i].ids))
+        with _blas_threads(self.threads):
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                width = max(len(encodings[i].ids) for i in rows)
+                ids, types, mask = (np.zeros((len(rows), width), dtype=np.int64) for _ in range(3))
+                for j, i in enumerate(rows):
+                    n = len(encodings[i].ids)
+                    ids[j, :n], types[j, :n], mask[j, :n] = encodings[i].ids, encodings[i].type_ids, 1
+                pooled = np.tanh(self.model(ids, mask, types) @ self.pooler[0] + self.pooler[1])
+                scores[rows] = (pooled @ self.classifier[0] + self.classifier[1])[:, 0]
+        pick = np.fromiter((where[pair] for pair in zip(mentions, names)), dtype=np.int64, count=len(mentions))
+        return scores[pick]
+
+    def __repr__(self) -> str:
+        return f"RuntimeCrossEncoder({self.info.name!r}, numpy fp32)"
+
+
+def load_runtime_cross_encoder(folder: str | Path, info, *, max_length: int, base: str | Path | None = None,
+                               release: str | Path | None = None, threads: int | None = None
+                               ) -> RuntimeCrossEncoder | None:
+    """The numpy cross-encoder of a re-ranker `folder` (weights, tokenizer and config of one folder), or of a
+    shipped release: `base`, an encoder folder whose BERT tensors get ``bert.`` names, with the `release`'s trained
+    tensors (``bert.*``, ``classifier.*``) on top. None when it does not qualify (the reason is logged)."""
+    if release is None:
+        settings, why = plain_cross_encoder(folder)
+        if settings is None:
+            log.debug("re-ranker %s: not run by the numpy runtime (%s)", folder, why)
+            return None
+        tensors, shape, tokenizer = read_safetensors(Path(folder) / WEIGHTS), settings["shape"], Path(folder) / TOKENIZER
+    else:
+        base = Path(base)
+        config = _read_json(base, "config.json")
+        if not isinstance(config, dict) or config.get("model_type") != "bert" or not (base / TOKENIZER).is_file():
+            log.debug("re-ranker %s: its base %s is not a BERT folder the numpy runtime runs", release, base)
+            return None
+        shape = BertShape.from_config(config)
+        tensors = {k if k.startswith("bert.") else f"bert.{k}": v for k, v in read_safetensors(base / WEIGHTS).items()}
+        from linker.models import WEIGHTS as RELEASE_WEIGHTS
+
+        trained = read_safetensors(Path(release) / RELEASE_WEIGHTS)
+        for key, value in trained.items():
+            if key in tensors and tensors[key].shape != value.shape:
+                raise InputFormatError(Path(release) / RELEASE_WEIGHTS, f"tensor {key} {tensors[key].shape} of the base",
+                                       f"{value.shape} (a release for another base?)")
+        tensors.update({k: v.astype(np.float32) for k, v in trained.items()})
+        tokenizer = base / TOKENIZER
+    return RuntimeCrossEncoder(info, tensors, shape, tokenizer, max_length=max_length, threads=threads)
+
+
 # BLAS threads of a forward pass, unless the index's config sets them (`_blas_threads`: why one).
 RUNTIME_THREADS = 1
 # Texts in one encode call from which the torch encoder takes over: a batch job's call (`linker normalize` sends
@@ -447,4 +572,5 @@ def release_tensors(release_folder: str | Path, base: dict[str, np.ndarray]) -> 
     return out
 
 
-__all__ = ["BertRuntime", "RuntimeEncoder", "TORCH_MIN_TEXTS", "load_runtime", "plain_bert", "read_safetensors"]
+__all__ = ["BertRuntime", "RuntimeCrossEncoder", "RuntimeEncoder", "TORCH_MIN_TEXTS", "load_runtime",
+           "load_runtime_cross_encoder", "plain_bert", "plain_cross_encoder", "read_safetensors"]

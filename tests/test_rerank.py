@@ -345,6 +345,10 @@ def test_bound_reranker_calibration_and_eval_gain(tmp_path, indexes, reranker):
     assert max(by_weight.values()) <= mixing["gold_among_reranked"] <= 1  # no mix beats the gold being re-scored
     entry = read_manifest(out)["calibration"]
     assert entry["retriever_weight"] == weight and 0 <= entry["retriever_accuracy"] <= 1
+    # the index links as it was calibrated: the k and the re-ranker's precision (fp32 on every processor) recorded
+    assert (entry["rerank_k"], entry["rerank_precision"]) == (4, "fp32")
+    assert (linker := Linker.load(out)).rerank_k == 4 and linker.reranker.precision == "fp32"
+    assert Linker.load(out, rerank_k=7).rerank_k == 7 and Linker.load(out, rerank_precision="bf16").reranker.precision in ("bf16", "fp32")
     mixed = Linker.load(out, rerank_k=4)
     assert mixed.retriever_weight == weight
     candidates = mixed.link(["head pain"], k=4)[0].candidates
@@ -463,3 +467,73 @@ def test_lay_development_figures_of_a_reranker(indexes, reranker):
     lines = "\n".join(markdown({"index": "i", "torch_threads": 1, "phrases": dev.pop("phrases"),
                                 "rerankers": {"tiny": {"folder": "f", **dev}}}))
     assert "| 2 |" in lines and "| 4 |" in lines and "calibrate's w" in lines
+
+
+def test_the_shipped_rerankers_recipe_splits_lay_queries_from_the_names_they_meet():
+    from linker.train.rerank_release import split_queries
+
+    ids = ["HP:1", "HP:1", "HP:1", "HP:2", "HP:2", "HP:3"]
+    names = ["Alopecia", "Hair loss", "Hair-loss", "Vomiting", "Throwing up", "Hair loss"]
+    types = ["PT", "SY_EXACT/layperson", "SY_EXACT", "PT", "SY_EXACT/layperson", "PT"]
+    queries, keep = split_queries(ids, names, types, phrases={"throwing up"})
+    # a lay name is a query; its own row and its concept's rows of the same key leave (never matched to itself);
+    # another concept's equal name stays, as does a lay name equal to a test or development phrase (no query)
+    assert queries == [("Hair loss", "HP:1")]
+    assert keep == [True, False, False, True, True, True]
+
+
+def test_the_shipped_rerankers_recipe_keeps_a_current_model_and_retrains_a_stale_one(tmp_path, monkeypatch):
+    import dataclasses
+
+    from linker.train import rerank_release
+    from linker.train.common import CONFIG_FILE
+
+    recipe = rerank_release.RERANK_RECIPES["linker-rerank-en"]
+    table = tmp_path / "dict.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"concept_id": ["C1"], "name": ["Alopecia"]}), table)
+    queries = tmp_path / "queries.tsv"
+    queries.write_text("text\tconcept_ids\torigin\nhair loss\tC1\tx\n", encoding="utf-8")
+    model = tmp_path / f"{recipe.name}.model"
+    model.mkdir()
+    config = dataclasses.asdict(dataclasses.replace(recipe.config, threads=1, mine_index="elsewhere"))
+    (model / CONFIG_FILE).write_text(json.dumps({"config": config, "base_encoder": recipe.start}))
+    (model / rerank_release.INPUTS_FILE).write_text(json.dumps(rerank_release.inputs_digest(table, queries)))
+    trained = []
+    monkeypatch.setattr("linker.train.rerank.train_rerank", lambda *a, **k: trained.append(k["config"]))
+    monkeypatch.setattr("linker.index.build_index", lambda *a, **k: None)
+    # where and on how many threads it ran does not matter; its config, start and inputs do
+    assert rerank_release.trained_reranker(recipe, tmp_path, table, queries, recipe.config) == model and not trained
+    queries.write_text("text\tconcept_ids\torigin\nbaldness\tC1\tx\n", encoding="utf-8")
+    rerank_release.trained_reranker(recipe, tmp_path, table, queries, recipe.config)
+    assert len(trained) == 1 and trained[0].mine_index == str(tmp_path / f"{recipe.name}.mining")
+
+
+def test_the_numpy_reranker_gives_torchs_logits(reranker):
+    # `load_reranker` runs an fp32 BERT cross-encoder without torch: the same logits within float rounding, for
+    # short, long (cut longest first at MAX_LENGTH tokens) and repeated pairs
+    from linker.rerank import MAX_LENGTH, load_reranker
+    from linker.runtime import RuntimeCrossEncoder
+
+    numpy_ = load_reranker(reranker, precision="fp32")
+    torch_ = load_reranker(reranker, precision="fp32", runtime="torch")
+    assert isinstance(numpy_, RuntimeCrossEncoder) and isinstance(torch_, CrossEncoder)
+    assert numpy_.scorer == torch_.scorer  # one identity: a calibration applies to both
+    long = " ".join(["severe persistent pain"] * MAX_LENGTH)
+    mentions = ["hair loss", "head pain", long, "hair loss", "x", long]
+    names = ["Alopecia", "Headache", "Pain", "Alopecia", long, long + " again"]
+    np.testing.assert_allclose(numpy_.score(mentions, names), torch_.score(mentions, names), atol=1e-4)
+    with pytest.raises(ConfigError, match="numpy runtime runs"):
+        load_reranker(reranker, precision="bf16", runtime="numpy")
+
+
+def test_a_shipped_reranker_runs_in_numpy_as_in_torch():
+    from linker.rerank import load_reranker
+
+    numpy_ = load_reranker("linker-rerank-en", precision="fp32")
+    torch_ = load_reranker("linker-rerank-en", precision="fp32", runtime="torch")
+    pairs = (["hair falling out", "threw up", "cant sleep"], ["Alopecia", "Vomiting", "Insomnia"])
+    assert numpy_.scorer == torch_.scorer
+    np.testing.assert_allclose(numpy_.score(*pairs), torch_.score(*pairs), atol=1e-3)

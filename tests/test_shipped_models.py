@@ -9,15 +9,18 @@ from pathlib import Path
 import pytest
 
 from linker.errors import InputFormatError, MissingInputError
-from linker.models import CARD, MANIFEST, SHIPPED, WEIGHTS, read_release, release_folder
+from linker.models import CARD, MANIFEST, RERANKERS, SHIPPED, WEIGHTS, read_release, release_folder
 
 MB = 1_000_000
 
 
-@pytest.mark.parametrize("name", sorted(SHIPPED))
+BASES = {**SHIPPED, **RERANKERS}  # the encoders and the re-rankers (the taggers: tests/test_release_guards.py)
+
+
+@pytest.mark.parametrize("name", sorted(BASES))
 def test_shipped_files_match_their_manifest(name):
     release = read_release(name)  # size and sha256 of every listed file
-    assert release.name == name and release.base == SHIPPED[name]
+    assert release.name == name and release.base == BASES[name]
     manifest = release.manifest
     assert sorted(p.name for p in release.folder.iterdir() if not p.name.startswith(".")) == sorted([MANIFEST, WEIGHTS, CARD])
     from safetensors import safe_open
@@ -39,7 +42,7 @@ def test_shipped_size_budget():
 
     sizes = {folder.name: sum(f.stat().st_size for f in folder.iterdir())
              for folder in MODELS_DIR.iterdir() if (folder / MANIFEST).is_file()}
-    assert set(SHIPPED) <= set(sizes)
+    assert set(BASES) <= set(sizes)
     assert all(size <= 30 * MB for size in sizes.values()), sizes
     assert sum(sizes.values()) <= 150 * MB, sizes
 
@@ -54,7 +57,7 @@ def test_the_installed_package_includes_the_releases(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(root),
                     "-w", str(tmp_path)], check=True, capture_output=True)
     names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
-    for name in SHIPPED:
+    for name in BASES:
         for file in (MANIFEST, WEIGHTS, CARD):
             assert f"linker/models/{name}/{file}" in names
 

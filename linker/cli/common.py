@@ -111,7 +111,7 @@ LENIENT_HELP = "brat: skip (and report) annotations whose offsets or text do not
 
 # Options shared by link, normalize, serve and eval (one definition, one help text).
 RERANK_HELP = "Re-ranker folder (`linker train rerank`) or hub name; default: the index's bound one; 'none' = off."
-RERANK_K_HELP = "Retrieved concepts the re-ranker re-scores per mention."
+RERANK_K_HELP = "Retrieved concepts the re-ranker re-scores per mention (default: as the index was calibrated, else 32)."
 MIN_CONFIDENCE_HELP = "'No link' when the best candidate's calibrated confidence is below this (needs `linker calibrate`)."
 
 
@@ -120,9 +120,7 @@ def rerank_option():
 
 
 def rerank_k_option():
-    from linker.rerank import DEFAULT_RERANK_K
-
-    return typer.Option(DEFAULT_RERANK_K, "--rerank-k", help=RERANK_K_HELP)
+    return typer.Option(None, "--rerank-k", help=RERANK_K_HELP)
 
 
 def min_confidence_option():

@@ -104,7 +104,7 @@ def sap_cli(
 
 @train_app.command("release")
 def release_cli(
-    name: str = typer.Argument(..., help="The shipped model to retrain: linker-en or linker-multi."),
+    name: str = typer.Argument(..., help="The shipped model to retrain: linker-en, linker-multi or linker-rerank-en."),
     data: Path = typer.Option(None, "--data", help="The shared data folder (default: $LINKER_SHARED_DATA, else ../shared/data beside the repository)."),
     work: Path = typer.Option(Path("work/release"), "--work", help="Folder for the training table, the trained model and the development indexes (a rerun resumes from it)."),
     out: Path = typer.Option(None, "--out", "-o", help="Release folder to write (default: the package's own linker/models/NAME, replaced)."),
@@ -114,12 +114,18 @@ def release_cli(
     """Retrain a model that ships with linker, exactly as shipped, and write its release (weights, card, manifest)."""
     _check_train_extra("linker train release")
     from linker.train.release import RECIPES, train_release
+    from linker.train.rerank_release import RERANK_RECIPES
 
-    if name not in RECIPES:
+    if name not in RECIPES and name not in RERANK_RECIPES:
         from linker.errors import UnknownNameError
 
-        raise UnknownNameError("release", name, tuple(RECIPES))
-    manifest = train_release(name, data=data, work=work, out=out, device=device, threads=threads)
+        raise UnknownNameError("release", name, (*RECIPES, *RERANK_RECIPES))
+    if name in RERANK_RECIPES:  # needs no --data: the installed default dictionary and linker/data/lay
+        from linker.train.rerank_release import train_reranker_release
+
+        manifest = train_reranker_release(name, work=work, out=out, device=device, threads=threads)
+    else:
+        manifest = train_release(name, data=data, work=work, out=out, device=device, threads=threads)
     echo_json({"name": manifest["name"], "version": manifest["version"], "files": manifest["files"],
                "dev": manifest.get("dev"), "compact_cost": manifest.get("compact_cost")})
 

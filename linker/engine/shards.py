@@ -52,7 +52,6 @@ from linker.formats.writers import WRITERS, register_writer
 from linker.index.manifest import MANIFEST, read_manifest
 from linker.link import Linker
 from linker.normalize import BATCH, batched
-from linker.rerank import DEFAULT_RERANK_K
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ JOB_MAX_BYTES = 1 << 20  # a job document is a few hundred bytes; a larger one i
 ROW_GROUP = 65_536  # output rows per Parquet row group: batches are gathered to this size
 # `Linker.load`'s options that change results, with their defaults: a job records all of them, so the
 # CLI (which passes every one) and the Python API (which passes what it is given) resume each other's runs.
-LOAD_DEFAULTS = {"rerank": None, "rerank_k": DEFAULT_RERANK_K, "min_confidence": None, "precision": None}
+LOAD_DEFAULTS = {"rerank": None, "rerank_k": None, "min_confidence": None, "precision": None}
 # What an output shard's Parquet metadata says about the input it was written from.
 INPUT_NAME, INPUT_BYTES, INPUT_SHA256 = "linker.input", "linker.input_bytes", "linker.input_sha256"
 

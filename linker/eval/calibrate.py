@@ -116,16 +116,15 @@ def calibrate(
     The map reads the score, the margin over the best rival (`margin_weight`, chosen by out-of-fold Brier score) and
     exactness; `auto_precision` and `no_link_below` are the decisions' thresholds (`linker.confidence`).
 
-    Returns a summary: mentions used, held-in Acc@1, ECE of the raw score and of the fitted map (in sample, and out
-    of fold), the decisions on the held-in set (out of fold); `linker eval` measures them on the test set.
+    Returns a summary: mentions, held-in Acc@1, ECE raw and fitted (in sample, out of fold), the held-in decisions.
     """
     from linker.link import Linker
-    from linker.rerank import DEFAULT_RERANK_K
 
     started = time.perf_counter()
     _check_probabilities(auto_precision=auto_precision, no_link_below=no_link_below)
     check_calibration_output(index_dir, dataset_spec, rerank=rerank)
-    linker_ = Linker.load(index_dir, rerank=rerank, rerank_k=rerank_k or DEFAULT_RERANK_K)
+    # fp32 (the map must not move with a CPU's bf16) at `rerank_k` or the replaced calibration's k: both recorded
+    linker_ = Linker.load(index_dir, rerank=rerank, rerank_k=rerank_k, rerank_precision="fp32")
     linker_.calibration = None  # fit on the scorer's raw scores, whatever an earlier calibration said
     mentions, from_sample, exclude, held_out = _held_in(linker_, dataset_spec, exclude_names, dictionary_names)
     # the best rival past the top one's twins gives its margin (`linker.confidence.margins`)
@@ -140,7 +139,7 @@ def calibrate(
     weight, mixing, retriever_hits = 0.0, None, hits_at(ranked, "retriever_ids")
     if linker_.reranker is not None:
         weight, mixing = _choose_mixing(ranked, gold, hits_at, retriever_hits, composite=composite, expand=expand,
-                                        rerank_k=rerank_k or DEFAULT_RERANK_K, where=(index_dir, dataset_spec))
+                                        rerank_k=linker_.rerank_k, where=(index_dir, dataset_spec))
         ranked = [tuple(mix(r, weight) for r in q) for q in ranked]
     correct = hits_at(ranked)
     scores = top_of(ranked, "top_score")
@@ -152,7 +151,8 @@ def calibrate(
     calibration = fit_isotonic(feature, correct[keep], scorer=linker_.scorer, fitted_on=shown,
                                retriever_weight=weight,  # the retriever's accuracy on the same mentions as `accuracy`:
                                retriever_accuracy=float(retriever_hits[keep].mean()) if mixing and keep.any() else None,
-                               margin_weight=margin_weight, exact_offset=EXACT_OFFSET, auto_from=auto_precision, auto_precision=auto_precision, no_link_below=no_link_below)
+                               margin_weight=margin_weight, exact_offset=EXACT_OFFSET, **_reranker_run(linker_),
+                               auto_from=auto_precision, auto_precision=auto_precision, no_link_below=no_link_below)
     manifest = write_calibration(index_dir, calibration, origin=origin)
     summary = {
         "index": str(index_dir), "dataset": dataset_spec,
@@ -169,6 +169,13 @@ def calibrate(
     log.info("calibrated %s on %d mentions: Acc@1 %.4f, ECE raw %.4f -> %.4f (in-sample)", index_dir,
              summary["with_candidate"], summary["accuracy_at_1"], summary["ece_raw"], summary["ece_fitted_in_sample"])
     return summary
+
+
+def _reranker_run(linker_) -> dict:
+    """How the re-ranker ran, for the calibration to record (nothing without one)."""
+    if linker_.reranker is None:
+        return {}
+    return {"rerank_k": linker_.rerank_k, "rerank_precision": linker_.reranker.precision}
 
 
 def _check_probabilities(**values: float) -> None:

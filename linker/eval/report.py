@@ -314,15 +314,13 @@ def run_evaluation(
     filter and language, then the optional sections (re-ranker gain, calibration, "no link"); record the
     configuration and the seconds of each stage; write the report files under `report_dir` when given."""
     from linker.link import Linker  # eval sits above link; imported here to keep `datasets` light
-    from linker.rerank import DEFAULT_RERANK_K
-
     inputs = evaluation_inputs(index_dir, data, scoring, linking)
     if report_dir is not None:
         check_report_paths(report_dir, name, inputs=inputs, overwrite=overwrite)
     filter_names = resolve_filters(scoring.filters, have_train=bool(data.train))
     clock = _Stopwatch()
     with clock("load_index"):
-        linker_ = Linker.load(index_dir, rerank=linking.rerank, rerank_k=linking.rerank_k or DEFAULT_RERANK_K,
+        linker_ = Linker.load(index_dir, rerank=linking.rerank, rerank_k=linking.rerank_k,
                               precision=linking.precision)
     if scoring.nil_fraction > 0 and linker_.calibration is None:  # before the test set is linked
         raise ConfigError(f"--nil-fraction needs calibrated confidences; run `linker calibrate --index {index_dir}` "

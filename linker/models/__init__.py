@@ -38,16 +38,19 @@ MAX_MANIFEST_BYTES = 1 << 20
 SHIPPED = {"linker-en": "minilm", "linker-multi": "e5-small"}
 # name -> base alias of the shipped cross-encoder re-rankers (kind ``reranker``; `linker.rerank` loads them by name,
 # `linker index build --reranker NAME` binds them): their tensors are the sequence-classification model's (``bert.*``
-# and ``classifier.*``) that training changed. None ships yet: none has beaten the dense linker-en retriever by
-# enough on the lay development slice (eval/rerank/lay_dev.md: +3.0 Acc@1 at best, for 4 to 32 pairs a mention).
-RERANKERS: dict[str, str] = {}
+# and ``classifier.*``) that training changed. `linker.train.rerank_release` retrains them.
+RERANKERS: dict[str, str] = {"linker-rerank-en": "minilm"}
 
 
 def shipped_reranker(name_or_path: str | Path) -> str | None:
-    """The shipped re-ranker `name_or_path` names (`RERANKERS`), or None: a path that exists is the user's folder,
-    whatever its name. One rule for loading (`linker.rerank.CrossEncoder.load`) and binding (`bind_reranker`)."""
-    name = str(name_or_path)
-    return name if name in RERANKERS and not Path(name_or_path).exists() else None
+    """The re-ranker release `name_or_path` names: a shipped one's name (`RERANKERS`), or a release folder (a
+    manifest, no ``config.json``: `linker train release linker-rerank-en --out FOLDER`); None for anything else (a
+    path that exists is the user's folder, whatever its name). One rule for loading (`linker.rerank`) and binding
+    (`bind_reranker`)."""
+    name, path = str(name_or_path), Path(name_or_path)
+    if name in RERANKERS and not path.exists():
+        return name
+    return name if (path / MANIFEST).is_file() and not (path / "config.json").exists() else None
 # A tagger's fields that decide what it finds (`linker.extract`). `decoding_sha256` covers them and the weights they
 # were chosen for: an edited threshold (NaN silently finds nothing) is refused as an edited weights file is.
 DECODING_FIELDS = ("labels", "max_length", "stride", "frozen_layers", "threshold", "extend", "split", "lexicon")

@@ -298,7 +298,7 @@ def train_release(name: str, *, data: str | Path | None = None, work: str | Path
     from linker.models import overlay, read_release
     from linker.train.common import METRICS_FILE
 
-    if name not in RECIPES:
+    if name not in RECIPES:  # the re-ranker's recipe: linker.train.rerank_release
         raise ConfigError(f"unknown release {name!r}; choose {', '.join(RECIPES)}")
     recipe = RECIPES[name]
     if device or threads:
