@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from linker.batching import distinct_ids
 from linker.errors import ConfigError, LinkerError, MissingInputError
 from linker.extras import require
 from linker.precision import autocast, check_precision, resolve_precision
@@ -154,8 +155,9 @@ class CrossEncoder:
 
         if len(mentions) != len(names):
             raise ValueError("mentions and names must have the same length")
-        where = {pair: i for i, pair in enumerate(dict.fromkeys(zip(mentions, names)))}
-        distinct = list(where)
+        pairs = list(zip(mentions, names))
+        inverse, firsts, _copies = distinct_ids(pairs)
+        distinct = [pairs[i] for i in firsts]
         scores = np.empty(len(distinct), dtype=np.float32)
         order = sorted(range(len(distinct)), key=lambda i: len(distinct[i][0]) + len(distinct[i][1]))
         with torch.inference_mode(), autocast(self.precision, self.device):
@@ -163,7 +165,7 @@ class CrossEncoder:
                 rows = order[start : start + batch_size]
                 scores[rows] = self.logits([distinct[i][0] for i in rows],
                                            [distinct[i][1] for i in rows]).float().cpu().numpy()
-        return scores[np.fromiter((where[pair] for pair in zip(mentions, names)), dtype=np.int64, count=len(mentions))]
+        return scores[inverse]
 
     def logits(self, mentions: Sequence[str], names: Sequence[str]):
         """(batch,) logits in the order of the pairs, with gradients when the caller has them on

@@ -126,10 +126,9 @@ def plain_bert(folder: str | Path, pooling: str | None = None) -> tuple[dict | N
     if tuple(kinds) not in (PLAIN_MODULES, PLAIN_MODULES[:2]) or modules[0].get("path", "") != "":
         return None, f"modules {kinds}"
     config = _read_json(folder, "config.json")
-    if not isinstance(config, dict) or config.get("model_type") != "bert":
-        return None, f"model_type {config.get('model_type') if isinstance(config, dict) else None!r}"
-    if config.get("hidden_act", "gelu") != "gelu" or config.get("position_embedding_type", "absolute") != "absolute":
-        return None, f"hidden_act {config.get('hidden_act')!r}, positions {config.get('position_embedding_type')!r}"
+    why = _not_plain_bert(config)
+    if why:
+        return None, why
     pooled = _read_json(folder, f"{modules[1].get('path', '')}/config.json") or {}
     modes = sorted(k.removeprefix("pooling_mode_") for k, v in pooled.items() if k.startswith("pooling_mode_") and v)
     mode = pooling or {"cls_token": "cls", "mean_tokens": "mean"}.get(modes[0] if len(modes) == 1 else "")
@@ -397,13 +396,22 @@ def plain_cross_encoder(folder: str | Path) -> tuple[dict | None, str]:
         return None, f"config.json ({type(exc).__name__}: {exc})"
 
 
-def _not_plain_classifier(config: object) -> str:
+def _not_plain_bert(config: object) -> str:
+    """Why a ``config.json`` is not a BERT this runtime reproduces (model_type bert, absolute positions, exact GELU);
+    "" when it is."""
     if not isinstance(config, dict) or config.get("model_type") != "bert":
         return f"model_type {config.get('model_type') if isinstance(config, dict) else None!r}"
-    if config.get("architectures") != ["BertForSequenceClassification"] or len(config.get("id2label") or {}) != 1:
-        return f"architectures {config.get('architectures')!r} with labels {config.get('id2label')!r}"
     if config.get("hidden_act", "gelu") != "gelu" or config.get("position_embedding_type", "absolute") != "absolute":
         return f"hidden_act {config.get('hidden_act')!r}, positions {config.get('position_embedding_type')!r}"
+    return ""
+
+
+def _not_plain_classifier(config: object) -> str:
+    """`_not_plain_bert`, and a one-output sequence-classification head."""
+    if why := _not_plain_bert(config):
+        return why
+    if config.get("architectures") != ["BertForSequenceClassification"] or len(config.get("id2label") or {}) != 1:
+        return f"architectures {config.get('architectures')!r} with labels {config.get('id2label')!r}"
     return ""
 
 
@@ -448,8 +456,9 @@ class RuntimeCrossEncoder:
         """(n,) float32 logits of the pairs (mentions[i], names[i]), as `linker.rerank.CrossEncoder.score`."""
         if len(mentions) != len(names):
             raise ValueError("mentions and names must have the same length")
-        where = {pair: i for i, pair in enumerate(dict.fromkeys(zip(mentions, names)))}
-        distinct = list(where)
+        pairs = list(zip(mentions, names))
+        inverse, firsts, _copies = distinct_ids(pairs)
+        distinct = [pairs[i] for i in firsts]
         scores = np.empty(len(distinct), dtype=np.float32)
         encodings = self.tokenizer.encode_batch(distinct, add_special_tokens=True)
         order = sorted(range(len(distinct)), key=lambda i: len(encodings[i].ids))
@@ -463,8 +472,7 @@ class RuntimeCrossEncoder:
                     ids[j, :n], types[j, :n], mask[j, :n] = encodings[i].ids, encodings[i].type_ids, 1
                 pooled = np.tanh(self.model(ids, mask, types) @ self.pooler[0] + self.pooler[1])
                 scores[rows] = (pooled @ self.classifier[0] + self.classifier[1])[:, 0]
-        pick = np.fromiter((where[pair] for pair in zip(mentions, names)), dtype=np.int64, count=len(mentions))
-        return scores[pick]
+        return scores[inverse]
 
     def __repr__(self) -> str:
         return f"RuntimeCrossEncoder({self.info.name!r}, numpy fp32)"
@@ -485,19 +493,13 @@ def load_runtime_cross_encoder(folder: str | Path, info, *, max_length: int, bas
     else:
         base = Path(base)
         config = _read_json(base, "config.json")
-        if not isinstance(config, dict) or config.get("model_type") != "bert" or not (base / TOKENIZER).is_file():
-            log.debug("re-ranker %s: its base %s is not a BERT folder the numpy runtime runs", release, base)
+        why = _not_plain_bert(config) or ("" if (base / TOKENIZER).is_file() else f"no {TOKENIZER}")
+        if why:
+            log.debug("re-ranker %s: its base %s is not run by the numpy runtime (%s)", release, base, why)
             return None
         shape = BertShape.from_config(config)
         tensors = {k if k.startswith("bert.") else f"bert.{k}": v for k, v in read_safetensors(base / WEIGHTS).items()}
-        from linker.models import WEIGHTS as RELEASE_WEIGHTS
-
-        trained = read_safetensors(Path(release) / RELEASE_WEIGHTS)
-        for key, value in trained.items():
-            if key in tensors and tensors[key].shape != value.shape:
-                raise InputFormatError(Path(release) / RELEASE_WEIGHTS, f"tensor {key} {tensors[key].shape} of the base",
-                                       f"{value.shape} (a release for another base?)")
-        tensors.update({k: v.astype(np.float32) for k, v in trained.items()})
+        tensors.update(release_tensors(release, tensors, new=("classifier.",)))  # the head is the release's own
         tokenizer = base / TOKENIZER
     return RuntimeCrossEncoder(info, tensors, shape, tokenizer, max_length=max_length, threads=threads)
 
@@ -556,16 +558,19 @@ def load_runtime(spec, *, torch_loader: Callable[[], object] | None = None,
     return RuntimeEncoder(spec, folder, settings, tensors, torch_loader=torch_loader, threads=threads)
 
 
-def release_tensors(release_folder: str | Path, base: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def release_tensors(release_folder: str | Path, base: dict[str, np.ndarray], *, new: tuple[str, ...] = ()
+                    ) -> dict[str, np.ndarray]:
     """A shipped release's trained tensors (fp16 on disk) as float32, each checked against the base's name and
-    shape as `linker.models.overlay` checks them. The release's files were checked against its manifest's
-    sha256 when its spec was resolved (`linker.models.read_release`)."""
+    shape as `linker.models.overlay` checks them; names starting with a `new` prefix (a re-ranker's head) need no
+    twin in the base. The release's files were checked against its manifest's sha256 when its spec was resolved
+    (`linker.models.read_release`)."""
     from linker.models import WEIGHTS as RELEASE_WEIGHTS
 
     path = Path(release_folder) / RELEASE_WEIGHTS
     out = {}
     for key, value in read_safetensors(path).items():
-        if key not in base or base[key].shape != value.shape:
+        fresh = key.startswith(new) and key not in base  # a head the base has no twin of
+        if not fresh and (key not in base or base[key].shape != value.shape):
             found = base[key].shape if key in base else "no such tensor"
             raise InputFormatError(path, f"tensor {key} {value.shape} of the base", f"{found} (a release for another base?)")
         out[key] = value.astype(np.float32)

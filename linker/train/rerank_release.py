@@ -27,7 +27,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from linker.errors import ConfigError
@@ -97,9 +97,9 @@ def split_queries(ids: list[str], names: list[str], types: list[str], phrases: s
     from linker.sources.default import name_key
 
     keys = [name_key(n) for n in names]
-    queries = [(n, c) for n, c, k, t in zip(names, ids, keys, types) if t.endswith(LAY_SUFFIX) and k not in phrases]
-    query_keys = {(c, name_key(n)) for n, c in queries}
-    return queries, [(c, k) not in query_keys for c, k in zip(ids, keys)]
+    is_query = [t.endswith(LAY_SUFFIX) and k not in phrases for t, k in zip(types, keys)]
+    query_keys = {(c, k) for c, k, q in zip(ids, keys, is_query) if q}
+    return [(n, c) for n, c, q in zip(names, ids, is_query) if q], [(c, k) not in query_keys for c, k in zip(ids, keys)]
 
 
 def recipe_inputs(recipe: RerankRecipe, work: Path) -> tuple[Path, Path, dict]:
@@ -157,8 +157,6 @@ def trained_reranker(recipe: RerankRecipe, work: Path, dict_path: Path, queries:
     from linker.index.dense import DenseConfig
 
     build_index(dict_path, kind="dense", out=mining, config=DenseConfig(encoder=recipe.start), overwrite=True)
-    from dataclasses import replace
-
     train_rerank(dict_path, encoder=recipe.start, out=out, train_specs=(f"lay:{queries}",),
                  config=replace(config, mine_index=str(mining)), show_progress=True, overwrite=True)
     (out / INPUTS_FILE).write_text(json.dumps(digest, indent=2) + "\n", encoding="utf-8")
@@ -211,8 +209,6 @@ def dev_metrics(release: Path, work: Path, rerank_k: int) -> dict:
 def train_reranker_release(name: str, *, work: str | Path = "work/release", out: str | Path | None = None,
                            device: str | None = None, threads: int | None = None) -> dict:
     """Train the re-ranker release `name` and write it over ``linker/models/<name>/`` (or `out`)."""
-    from dataclasses import replace
-
     from linker.fileio import Input, check_output
     from linker.models import MANIFEST, check_release_out
     from linker.rerank import CrossEncoder, init_cross_encoder
@@ -229,10 +225,11 @@ def train_reranker_release(name: str, *, work: str | Path = "work/release", out:
     trained = trained_reranker(recipe, work, dict_path, queries_path, config)
     base = init_cross_encoder(recipe.base, precision="fp32")
     full = CrossEncoder.load(trained, precision="fp32")
+    from linker.train.common import CONFIG_FILE, METRICS_FILE
     from linker.train.release import changed_tensors
 
     tensors = changed_tensors(base.model, full.model)
-    metrics = json.loads((trained / "train_metrics.json").read_text())
+    metrics = json.loads((trained / METRICS_FILE).read_text())
     info = {
         "summary": recipe.summary, "languages": ["en"], "choices": recipe.choices,
         "command": f"linker train release {name}" + (f" --device {device}" if device else ""),
@@ -246,13 +243,14 @@ def train_reranker_release(name: str, *, work: str | Path = "work/release", out:
             "data": metrics["extra"].get("data"), "steps": metrics["extra"]["steps"],
             "seconds": metrics["extra"]["train_seconds"], "hardware": metrics["extra"]["hardware"],
             "precision": metrics["extra"]["precision"],
-            "trained_at": json.loads((trained / "train_config.json").read_text()).get("started_at"),
+            "trained_at": json.loads((trained / CONFIG_FILE).read_text()).get("started_at"),
             "final_epoch_loss": metrics["epochs"][-1]["mean_loss"],
         },
     }
-    write_release(out, name=name, version=recipe.version, kind="reranker", base=recipe.base,
-                  base_revision=base.info.sha256.removeprefix("base:"), tensors=tensors, card="(written below)\n",
-                  info=info)
+    # written once without its card, so that it loads as a user loads it for the fp16 check and the dev figures
+    manifest = write_release(out, name=name, version=recipe.version, kind="reranker", base=recipe.base,
+                             base_revision=base.info.sha256.removeprefix("base:"), tensors=tensors,
+                             card="(written below)\n", info=info)
     shipped = CrossEncoder.from_release(str(out), precision="fp32")
     import pyarrow.parquet as pq
 
@@ -266,9 +264,6 @@ def train_reranker_release(name: str, *, work: str | Path = "work/release", out:
     info["sizes"] = {"weights_bytes": (out / WEIGHTS).stat().st_size,
                      "fp32_trained_tensors_bytes": sum(t.numel() * 4 for t in tensors.values()),
                      "whole_fp32_model_bytes": sum(t.numel() * 4 for t in full.model.state_dict().values())}
-    manifest = write_release(out, name=name, version=recipe.version, kind="reranker", base=recipe.base,
-                             base_revision=base.info.sha256.removeprefix("base:"), tensors=tensors,
-                             card="(written below)\n", info=info)
     return write_release(out, name=name, version=recipe.version, kind="reranker", base=recipe.base,
                          base_revision=manifest["base_revision"], tensors=tensors,
                          card=reranker_card(name, info, manifest), info=info)
