@@ -178,9 +178,9 @@ class Linker:
     it does not boost. The preferred name shown is the concept's preferred name in the
     mention's language when given, else English, else any language's.
 
-    With a `reranker` (`linker.rerank.CrossEncoder`), the retriever's top `rerank_k` concepts
-    are re-scored (mixed with the retriever's score as the calibration says, `retriever_weight`)
-    and re-ordered before the cut to k. With a calibration in the index folder
+    With a `reranker` (`linker.rerank.CrossEncoder`), the retriever's top `rerank_k` concepts (k when larger, and
+    `MARGIN_FETCH` when the calibration reads the margin: the best rival must be scored alike) are re-scored (mixed
+    with the retriever's score as the calibration says, `retriever_weight`) and re-ordered before the cut to k. With a calibration in the index folder
     that matches the scorer, every candidate carries a `confidence`; with `min_confidence`, a
     mention whose best candidate is below it gets no candidates ("no link", `LinkResult.nil`). `min_score` does
     the same on the best candidate's score itself, for an index without calibration: the scale is the index's

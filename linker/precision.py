@@ -24,8 +24,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from pathlib import Path
 
@@ -145,12 +146,31 @@ def available_cpus() -> int:
 def thread_budget(wanted: int) -> int:
     """`wanted` threads, capped by this process's share of the machine: OMP_NUM_THREADS when set (Ray
     sets it to an actor's CPU reservation, 1 for a normaliser worker, and a library that starts its
-    own threads must keep to it too) and the CPUs it may use."""
+    own threads must keep to it too), the CPUs it may use, and the calling thread's `cores_share`."""
     cap = available_cpus()
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) > 0:
         cap = min(cap, int(omp))
+    share = getattr(_share, "threads", None)
+    if share:
+        cap = min(cap, share)
     return max(1, min(wanted, cap))
+
+
+_share = threading.local()
+
+
+@contextmanager
+def cores_share(threads: int):
+    """Model calls made on this thread meanwhile start at most `threads` threads of their own (`thread_budget`):
+    the service's inference pool gives each step its share of the cores, all of them while its other queues are
+    idle (`linker.service.batcher.InferencePool`)."""
+    before = getattr(_share, "threads", None)
+    _share.threads = max(1, threads)
+    try:
+        yield
+    finally:
+        _share.threads = before
 
 
 @lru_cache(maxsize=1)

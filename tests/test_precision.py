@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,22 @@ def test_thread_budget_keeps_to_omp_num_threads_and_the_cpus(monkeypatch):
     for ignored in ("", "0", "two"):
         monkeypatch.setenv("OMP_NUM_THREADS", ignored)
         assert prec.thread_budget(2) == 2
+
+
+def test_a_threads_cores_share_caps_its_thread_budget_and_ends_with_its_block(monkeypatch):
+    monkeypatch.setattr(prec, "available_cpus", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with prec.cores_share(2):
+        assert prec.thread_budget(8) == 2
+        with prec.cores_share(4):
+            assert prec.thread_budget(8) == 4
+        assert prec.thread_budget(8) == 2
+        other = []
+        worker = threading.Thread(target=lambda: other.append(prec.thread_budget(8)))
+        worker.start()
+        worker.join()
+        assert other == [8]  # the share is the calling thread's only
+    assert prec.thread_budget(8) == 8
 
 
 def test_token_batches_respect_the_budget_and_the_count():

@@ -529,6 +529,32 @@ def test_the_numpy_reranker_gives_torchs_logits(reranker):
         load_reranker(reranker, precision="bf16", runtime="numpy")
 
 
+def test_the_numpy_reranker_runs_its_batches_on_the_threads_it_may_use(reranker, monkeypatch):
+    # the same logits (within float rounding: batches are cut differently) whether its batches run on one thread
+    # or on four, and four run at once when the caller's share allows them
+    import linker.runtime as runtime
+    from linker.precision import cores_share
+    from linker.rerank import load_reranker
+
+    numpy_ = load_reranker(reranker, precision="fp32")
+    mentions = [f"{word} pain {i}" for i in range(9) for word in ("head", "severe back", "x")]
+    names = ["Headache", "Back pain", "Pain in the lower back and the legs"] * 9
+    seen = []
+    in_threads = runtime._in_threads
+    monkeypatch.setattr(runtime, "_in_threads", lambda run, items, workers: (seen.append((len(items), workers)),
+                                                                                 in_threads(run, items, workers)))
+    monkeypatch.setattr(runtime, "available_cpus", lambda: 4)
+    monkeypatch.setattr("linker.precision.available_cpus", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with cores_share(1):
+        alone = numpy_.score(mentions, names)
+    shared = numpy_.score(mentions, names)
+    assert seen[0][1] == 1 and seen[1][1] == 4 and seen[1][0] >= 4  # enough batches for every thread
+    np.testing.assert_allclose(shared, alone, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ZeroDivisionError):  # a worker's error reaches the caller
+        runtime._in_threads(lambda item: 1 / item, [1, 0, 2], 2)
+
+
 def test_a_shipped_reranker_runs_in_numpy_as_in_torch():
     from linker.rerank import load_reranker
 

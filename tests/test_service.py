@@ -744,6 +744,44 @@ def test_the_inference_pool_runs_at_most_its_threads_and_each_queue_on_one_threa
     assert pool.math_threads == max(1, linker.precision.available_cpus() // 2)
 
 
+def test_a_step_gets_the_cores_over_the_queues_with_work(monkeypatch):
+    # the threads a step starts of its own (the re-ranker's batches): every core while the other queues are idle,
+    # half of them while a second queue waits
+    from linker.precision import thread_budget
+    from linker.service import InferencePool
+
+    monkeypatch.setattr("linker.service.batcher.available_cpus", lambda: 4)
+    monkeypatch.setattr("linker.precision.available_cpus", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    first_running, second_queued, done = threading.Event(), threading.Event(), threading.Event()
+
+    class Source:
+        def __init__(self, steps):
+            self.steps, self.shares = steps, []
+
+        def has_work(self):
+            return len(self.shares) < self.steps
+
+        def step(self):
+            self.shares.append(thread_budget(99))
+            if self is first and len(self.shares) == 1:
+                first_running.set()
+                assert second_queued.wait(10)
+            if not first.has_work() and not second.has_work():
+                done.set()
+
+    pool = InferencePool(1)
+    first, second = Source(2), Source(1)
+    for source in (first, second):
+        pool.attach(source)
+    pool.wake(first)
+    assert first_running.wait(10)
+    pool.wake(second)  # lined up while the first one's step runs
+    second_queued.set()
+    assert done.wait(10)
+    assert (first.shares, second.shares) == ([4, 4], [2])
+
+
 def test_annotate_links_its_events_in_the_calls_of_link_requests(indexes):
     app = _annotating_app(indexes)
     batcher = app.state.indexes["meddra"].batcher

@@ -111,7 +111,8 @@ LENIENT_HELP = "brat: skip (and report) annotations whose offsets or text do not
 
 # Options shared by link, normalize, serve and eval (one definition, one help text).
 RERANK_HELP = "Re-ranker folder (`linker train rerank`) or hub name; default: the index's bound one; 'none' = off."
-RERANK_K_HELP = "Retrieved concepts the re-ranker re-scores per mention (default: as the index was calibrated, else 32)."
+RERANK_K_HELP = ("Retrieved concepts the re-ranker re-scores per mention, at least: k when larger, and 5 with a "
+                 "calibration that reads the margin (default: as the index was calibrated, else 32).")
 MIN_CONFIDENCE_HELP = "'No link' when the best candidate's calibrated confidence is below this (needs `linker calibrate`)."
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from linker.errors import ConfigError
 from linker.link import Linker
-from linker.precision import available_cpus
+from linker.precision import available_cpus, cores_share
 from linker.service.guards import BusyError
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ class InferencePool:
     Before, each index and the tagger had a thread of its own and each call used every core, so a tagger's 2 torch
     threads, an index's encoder and search time-sliced 2 cores. A queue runs on one thread at a time (a `Linker`
     is not thread-safe) and one step at a time (a call, or a slice of tagging), then goes to the back of the line,
-    so busy queues share the pool by turns.
+    so busy queues share the pool by turns. The threads a step starts of its own (the re-ranker's batches,
+    tf-idf's search threads) are the cores over the queues with work then (`linker.precision.cores_share`).
     """
 
     def __init__(self, threads: int | None = None, name: str = "linker-inference") -> None:
@@ -105,8 +106,12 @@ class InferencePool:
                 while not self._ready:
                     self._cond.wait()
                 source = self._ready.popleft()
+                # The step's own threads (the re-ranker's batches, tf-idf's search): the cores over the queues
+                # with work, so an index's call gets both of 2 cores while the tagger is idle, and one when not.
+                share = max(1, available_cpus() // max(1, len(self._scheduled)))
             try:
-                source.step()
+                with cores_share(share):
+                    source.step()
             except Exception:  # noqa: BLE001 - a step hands its errors to its requests; this is a bug
                 log.exception("%s: a step of %s failed", self.name, type(source).__name__)
             with self._cond:
