@@ -11,12 +11,16 @@ on held-in mentions, then `linker eval` scores its decisions on other held-in me
   the split of `linker/models/linker-ae`'s manifest), tf-idf; calibrated on the training labels' reaction strings
   with their PTs, scored on the development labels' (the gold mentions, as "gold mentions linked" in
   eval/extract/report.md).
+
+Each index is also scored with the shipped re-ranker as `make demo` binds it to the default index (`RERANKER` over
+the top `RERANK_K`), calibrated alike on a copy of the index folder (a folder holds one calibration).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +29,7 @@ from bench import data
 from bench.report import REPO, Report, table
 
 DICTIONARY_NAMES = "1000"  # as the Makefile's default calibration
+RERANKER, RERANK_K = "linker-rerank-en", "4"  # as the Makefile binds and calibrates the default index's
 
 
 def linker_cli(*args: str) -> str:
@@ -50,20 +55,29 @@ def write_tsv(path: Path, rows: list[tuple[str, str]]) -> Path:
     return path
 
 
-def calibrate_and_score(index: Path, heldin: str, scored: str) -> dict:
+def calibrate_and_score(index: Path, heldin: str, scored: str, rerank: str | None = None) -> dict:
+    """`index` calibrated on `heldin` and scored on `scored`; with `rerank`, a copy of it beside it, re-ranked."""
+    options = []
+    if rerank is not None:
+        copy = index.with_name(f"{index.name}-{rerank}")
+        if not copy.is_dir():
+            shutil.copytree(index, copy)
+        index, options = copy, ["--rerank", rerank, "--rerank-k", RERANK_K]
     calibration = json.loads(linker_cli("calibrate", "--index", str(index), "--dataset", heldin,
-                                        "--dictionary-names", DICTIONARY_NAMES))
+                                        "--dictionary-names", DICTIONARY_NAMES, *options))
     from linker.eval.report import evaluate
 
-    report = evaluate(index, scored, ks=(1,), progress=False)
+    report = evaluate(index, scored, ks=(1,), progress=False, rerank=rerank)
     cal = report.calibration
     return {"calibrated_on": heldin, "scored_on": scored, "mentions": cal["mentions"],
             "accuracy_at_1": cal["accuracy_at_1"], "ece_calibrated": cal["ece_calibrated"],
             "decisions": cal["decisions"], "margin_weight": calibration["margin_weight"],
+            "retriever_weight": calibration.get("mixing", {}).get("retriever_weight"),
+            "reranker_helps": calibration.get("mixing", {}).get("reranker_helps"),
             "decisions_held_in_out_of_fold": calibration["decisions_out_of_fold"]}
 
 
-def ncbi(scratch: Path) -> dict:
+def ncbi(scratch: Path, rerank: str | None = None) -> dict:
     ncbi_dir = data.root() / "ncbi_disease"
     table_path = scratch / "medic.parquet"
     if not table_path.is_file():
@@ -73,10 +87,10 @@ def ncbi(scratch: Path) -> dict:
         linker_cli("index", "build", "--dict", str(table_path), "--kind", "dense", "--encoder", "linker-en",
                    "--precision", "fp32", "--out", str(index), "--overwrite")
     return calibrate_and_score(index, f"pubtator:{ncbi_dir / 'NCBItrainset_corpus.txt'}",
-                               f"pubtator:{ncbi_dir / 'NCBIdevelopset_corpus.txt'}")
+                               f"pubtator:{ncbi_dir / 'NCBIdevelopset_corpus.txt'}", rerank)
 
 
-def tac(scratch: Path) -> dict:
+def tac(scratch: Path, rerank: str | None = None) -> dict:
     from bench.extract import closed_world_meddra
 
     folder = data.root() / "tac2017" / "train_xml"
@@ -91,7 +105,7 @@ def tac(scratch: Path) -> dict:
         linker_cli("index", "build", "--dict", str(table_path), "--kind", "tfidf", "--out", str(index), "--overwrite")
     heldin = write_tsv(scratch / "tac_train_reactions.tsv", reaction_rows(train))
     scored = write_tsv(scratch / "tac_dev_reactions.tsv", reaction_rows(dev))
-    return calibrate_and_score(index, f"tsv:{heldin}", f"tsv:{scored}")
+    return calibrate_and_score(index, f"tsv:{heldin}", f"tsv:{scored}", rerank)
 
 
 def pct(x) -> str:
@@ -114,6 +128,13 @@ def markdown(results: dict) -> list[str]:
                 "no link share", "no link precision", "ECE", "margin weight"], rows, "lrrrrrrrrrr"),
         "", *[f"- **{name}**: calibrated on `{r['calibrated_on']}`, scored on `{r['scored_on']}`."
               for name, r in results.items()],
+        "", f"Rows with `{RERANKER}`: the shipped re-ranker re-scores the retriever's top {RERANK_K} concepts (5 with the "
+        "margin) as `make demo` binds it to the default index; `linker calibrate --rerank` chose the retriever's "
+        "weight in the mixed score on the held-in set (" + "; ".join(
+            f"{name.split(' (')[0]}: {r['retriever_weight']:.1f}"
+            + ("" if r.get("reranker_helps") else ", where no weight beat the retriever's own order, so the largest "
+               "tried keeps it and the re-ranker only breaks its ties")
+            for name, r in results.items() if r.get("retriever_weight") is not None and RERANKER in name) + ").",
         "", "The TAC files under <scratch> are written by this script from the labels (`reaction_rows`: PT id, "
         "reaction string).",
     ]
@@ -126,8 +147,9 @@ def main() -> None:
     args = parser.parse_args()
     args.scratch.mkdir(parents=True, exist_ok=True)
     report = Report("report", out=args.out, title="Decisions on held-in benchmark data: auto, review, no link")
-    results = {"NCBI-disease dev (MEDIC, dense linker-en)": ncbi(args.scratch),
-               "TAC 2017 dev split, gold mentions (closed-world MedDRA, tf-idf)": tac(args.scratch)}
+    ncbi_name, tac_name = "NCBI-disease dev (MEDIC, dense linker-en", "TAC 2017 dev split, gold mentions (closed-world MedDRA, tf-idf"
+    results = {f"{ncbi_name})": ncbi(args.scratch), f"{ncbi_name} + {RERANKER})": ncbi(args.scratch, RERANKER),
+               f"{tac_name})": tac(args.scratch), f"{tac_name} + {RERANKER})": tac(args.scratch, RERANKER)}
     report.write(results, markdown(results), scratch=args.scratch)
 
 
