@@ -1,7 +1,8 @@
 """Load test of `linker serve` beside the library it serves, and of `linker normalize`: eval/service/NAME.{md,json}.
 
     python -m bench.service_load --index indexes/default [--seconds 10] [--sizes 1,10] [--clients 8] [--rounds 3]
-        [--baseline DIR] [--baseline-index DIR] [--library-batch 500] [--spans 10000] [--out eval/service/service_load]
+        [--baseline DIR] [--baseline-index DIR] [--library-batch 500] [--spans 10000] [--annotate 0]
+        [--out eval/service/service_load]
 
 1. Starts `linker serve` of this checkout on 127.0.0.1 (a free port, loopback only) and, with `--baseline DIR`, the
    same command run from the source tree DIR (`git archive COMMIT | tar -x -C DIR`): before beside after, on one
@@ -18,6 +19,8 @@
    order, a plural s; seed 0) to a JSONL file and times `linker normalize` on it end to end (index loading
    included), with the process's peak RSS and how many perturbed names came back with their own concept at rank 1
    (a sanity check, not an evaluation). `--spans 0` skips it.
+5. `--annotate N`: after the /link rounds, every server in turns answers POST /annotate, one of the first N PHEE
+   development sentences a request, from `--clients` clients and then from one, `--rounds` rounds.
 
 Everything stops by itself. Timings depend on the machine's load: compare rows of one run.
 """
@@ -45,6 +48,7 @@ import psutil
 import pyarrow.parquet as pq
 from threadpoolctl import threadpool_limits
 
+from bench import data
 from bench.report import REPO as ROOT
 from bench.report import Report
 
@@ -190,7 +194,11 @@ def stop_server(server: Server) -> None:
         server.proc.wait()
 
 
-async def drive(base: str, texts: list[str], clients: int, seconds: float, per_request: int) -> tuple[list[float], int]:
+async def drive(base: str, texts: list[str], clients: int, seconds: float, per_request: int,
+                route: str = "/link") -> tuple[list[float], int]:
+    """Closed-loop clients for `seconds`: (each request's latency, failed requests). /link sends `per_request`
+    mentions a request at k = 5, /annotate `per_request` documents; a request fails unless it gets 200 and a
+    result for each."""
     latencies: list[float] = []
     failures = 0
     deadline = time.monotonic() + seconds
@@ -200,11 +208,12 @@ async def drive(base: str, texts: list[str], clients: int, seconds: float, per_r
         i = worker
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             while time.monotonic() < deadline:
-                mentions = [{"text": texts[(i + j) % len(texts)], "id": i + j} for j in range(per_request)]
+                items = [{"text": texts[(i + j) % len(texts)], "id": i + j} for j in range(per_request)]
+                body = {"mentions": items, "k": 5} if route == "/link" else {"texts": items}
                 i += clients * per_request
                 started = time.perf_counter()
                 try:
-                    response = await http.post("/link", json={"mentions": mentions, "k": 5})
+                    response = await http.post(route, json=body)
                     ok = response.status_code == 200 and len(response.json()["results"]) == per_request
                 except httpx.HTTPError:
                     ok = False
@@ -215,11 +224,12 @@ async def drive(base: str, texts: list[str], clients: int, seconds: float, per_r
     return latencies, failures
 
 
-def service_run(server: Server, texts: list[str], clients: int, seconds: float, size: int) -> dict:
-    """`clients` closed-loop clients of `size` mentions a request for `seconds`."""
+def service_run(server: Server, texts: list[str], clients: int, seconds: float, size: int,
+                route: str = "/link") -> dict:
+    """`clients` closed-loop clients of `size` mentions (documents, for /annotate) a request for `seconds`."""
     load = load1()
     wall = time.perf_counter()
-    latencies, failures = asyncio.run(drive(server.base, texts, clients, seconds, size))
+    latencies, failures = asyncio.run(drive(server.base, texts, clients, seconds, size, route))
     wall = time.perf_counter() - wall
     return {
         "server": server.label, "mentions_per_request": size, "clients": clients, "load": load,
@@ -308,6 +318,46 @@ def run_rounds(servers: list[Server], library: Library, texts: list[str], args: 
     return {"library_batched": library_runs, "library_one_mention": library_one, "sequential": sequential}
 
 
+def annotate_texts(n: int) -> list[str]:
+    """The first `n` sentences of PHEE's development split: case-report sentences, as /annotate's users send."""
+    from linker.extract.data import read_phee
+
+    if (reason := data.skip_reason("phee")) is not None:
+        raise SystemExit(f"--annotate: {reason}")
+    return [d.text for d in read_phee(data.get("phee").path("dev"))][:n]
+
+
+def annotate_rounds(servers: list[Server], docs: list[str], args: argparse.Namespace) -> list[dict]:
+    """POST /annotate, one document a request: `args.clients` closed-loop clients, then one client, every server in
+    turns (who goes first alternates), `args.rounds` rounds, after a warm-up that loads each server's tagger."""
+    for server in servers:
+        service_run(server, docs, 1, WARM_UP_SECONDS, 1, "/annotate")
+    runs = []
+    for number in range(args.rounds):
+        order = servers[number % len(servers):] + servers[: number % len(servers)]
+        for clients in (args.clients, 1):
+            for server in order:
+                runs.append({"round": number, **service_run(server, docs, clients, args.seconds, 1, "/annotate")})
+        print(f"round {number} /annotate: " + ", ".join(f"{r['server']} {r['clients']} clients "
+                                                        f"{r['mentions_per_second']}" for r in runs[-2 * len(order):])
+              + " documents/s", file=sys.stderr)
+    return runs
+
+
+def annotate_summary(servers: list[Server], runs: list[dict], clients: int) -> list[dict]:
+    rows = []
+    for server in servers:
+        for c in (clients, 1):
+            mine = [r for r in runs if r["server"] == server.label and r["clients"] == c]
+            rows.append({"server": server.label, "clients": c,
+                         "documents_per_second": statistics.median(r["mentions_per_second"] for r in mine),
+                         "p50_ms": statistics.median(r["latency_ms"]["p50"] for r in mine),
+                         "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in mine),
+                         "failed_requests": sum(r["failed_requests"] for r in mine),
+                         "load": [min(r["load"] for r in mine), max(r["load"] for r in mine)]})
+    return rows
+
+
 def summarise(servers: list[Server], rounds: dict, sizes: list[int]) -> list[dict]:
     """Per server and size: medians over rounds, and the median of each round's service / library ratio."""
     rows = []
@@ -348,6 +398,8 @@ def service_phase(index: Path, texts: list[str], args: argparse.Namespace) -> di
         library = Library(index, texts)
         library.batched(min(args.library_batch, 50))  # its first call loads lazy parts too
         rounds = run_rounds(servers, library, texts, args)
+        if args.annotate:
+            rounds["annotate"] = annotate_rounds(servers, annotate_texts(args.annotate), args)
     finally:
         for server in servers:
             stop_server(server)
@@ -361,6 +413,7 @@ def service_phase(index: Path, texts: list[str], args: argparse.Namespace) -> di
                               "runs": s.runs} for s in servers},
         **rounds,
         "summary": summarise(servers, rounds, args.sizes),
+        **({"annotate_summary": annotate_summary(servers, rounds["annotate"], args.clients)} if args.annotate else {}),
     }
 
 
@@ -429,6 +482,7 @@ def service_lines(s: dict) -> list[str]:
         *[f"| {r['server']} | {r['p50_ms']} | {r['p99_ms']} | {r['failed_requests']} | {r['library_p50_ms']} | "
           f"{load(r)} |" for r in seq],
         "",
+        *annotate_lines(s),
         "Server RSS (MiB), sampled every second over all runs: idle after start-up, then at 1/4, 1/2 and the end:",
         "",
         "| server | start | 1/4 | 1/2 | end | max | start-up s |",
@@ -439,6 +493,21 @@ def service_lines(s: dict) -> list[str]:
         "",
     ]
     return lines
+
+
+def annotate_lines(s: dict) -> list[str]:
+    if "annotate_summary" not in s:
+        return []
+    return [
+        f"/annotate, one PHEE development sentence a request (tagged, its adverse events linked and decided), "
+        f"{s['clients']} closed-loop clients and then one; medians of {s['rounds']} rounds of {s['seconds_per_run']} s:",
+        "",
+        "| server | clients | documents/s | p50 ms | p99 ms | failed | load |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        *[f"| {r['server']} | {r['clients']} | {r['documents_per_second']} | {r['p50_ms']} | {r['p99_ms']} | "
+          f"{r['failed_requests']} | {r['load'][0]}-{r['load'][1]} |" for r in s["annotate_summary"]],
+        "",
+    ]
 
 
 def write_report(report: Report, result: dict, baseline: Path | None = None) -> None:
@@ -472,6 +541,8 @@ def main() -> None:
     parser.add_argument("--library-batch", type=int, default=500, help="mentions in the library's batched call")
     parser.add_argument("--note", default="", help="a line for the report: what the trees are, e.g. their commits")
     parser.add_argument("--spans", type=int, default=10_000, help="batch spans; 0 skips the batch phase")
+    parser.add_argument("--annotate", type=int, default=0,
+                        help="PHEE development sentences sent to /annotate, one a request; 0 (default) skips it")
     parser.add_argument("--out", type=Path, default=Path("eval/service/service_load"), help="the report's path stem")
     args = parser.parse_args()
     args.sizes = [int(x) for x in args.sizes.split(",")]
