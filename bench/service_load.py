@@ -351,11 +351,17 @@ def annotate_summary(servers: list[Server], runs: list[dict], clients: int) -> l
             mine = [r for r in runs if r["server"] == server.label and r["clients"] == c]
             rows.append({"server": server.label, "clients": c,
                          "documents_per_second": statistics.median(r["mentions_per_second"] for r in mine),
-                         "p50_ms": statistics.median(r["latency_ms"]["p50"] for r in mine),
-                         "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in mine),
-                         "failed_requests": sum(r["failed_requests"] for r in mine),
-                         "load": [min(r["load"] for r in mine), max(r["load"] for r in mine)]})
+                         **over_rounds(mine)})
     return rows
+
+
+def over_rounds(runs: list[dict]) -> dict:
+    """What every summary row states of its runs (one per round): the median p50 and p99, the failed requests,
+    and the load averages they ran at."""
+    return {"p50_ms": statistics.median(r["latency_ms"]["p50"] for r in runs),
+            "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in runs),
+            "failed_requests": sum(r["failed_requests"] for r in runs),
+            "load": [min(r["load"] for r in runs), max(r["load"] for r in runs)]}
 
 
 def summarise(servers: list[Server], rounds: dict, sizes: list[int]) -> list[dict]:
@@ -369,20 +375,13 @@ def summarise(servers: list[Server], rounds: dict, sizes: list[int]) -> list[dic
             rows.append({
                 "server": server.label, "mentions_per_request": size,
                 "mentions_per_second": statistics.median(r["mentions_per_second"] for r in runs),
-                "p50_ms": statistics.median(r["latency_ms"]["p50"] for r in runs),
-                "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in runs),
-                "failed_requests": sum(r["failed_requests"] for r in runs),
+                **over_rounds(runs),
                 "library_mentions_per_second": statistics.median(library.values()),
                 "of_library": round(statistics.median(ratios), 3),
-                "load": [min(r["load"] for r in runs), max(r["load"] for r in runs)],
             })
         seq = [r for r in rounds["sequential"] if r["server"] == server.label]
-        rows.append({"server": server.label, "mentions_per_request": 1, "clients": 1,
-                     "p50_ms": statistics.median(r["latency_ms"]["p50"] for r in seq),
-                     "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in seq),
-                     "failed_requests": sum(r["failed_requests"] for r in seq),
-                     "library_p50_ms": statistics.median(r["p50_ms"] for r in rounds["library_one_mention"]),
-                     "load": [min(r["load"] for r in seq), max(r["load"] for r in seq)]})
+        rows.append({"server": server.label, "mentions_per_request": 1, "clients": 1, **over_rounds(seq),
+                     "library_p50_ms": statistics.median(r["p50_ms"] for r in rounds["library_one_mention"])})
     return rows
 
 

@@ -180,13 +180,13 @@ class Linker:
 
     With a `reranker` (`linker.rerank.CrossEncoder`), the retriever's top `rerank_k` concepts (k when larger, and
     `MARGIN_FETCH` when the calibration reads the margin: the best rival must be scored alike) are re-scored (mixed
-    with the retriever's score as the calibration says, `retriever_weight`) and re-ordered before the cut to k. With a calibration in the index folder
-    that matches the scorer, every candidate carries a `confidence`; with `min_confidence`, a
-    mention whose best candidate is below it gets no candidates ("no link", `LinkResult.nil`). `min_score` does
-    the same on the best candidate's score itself, for an index without calibration: the scale is the index's
-    (the cosine of tf-idf or dense vectors, 1.0 an exact name; with a re-ranker, the mixed score), so choose it on
-    development data of that index (on the TAC 2017 development split's tf-idf MedDRA index, 0.7:
-    eval/extract/report.md; scispaCy's tf-idf linker withholds below 0.7 too).
+    with the retriever's score as the calibration says, `retriever_weight`) and re-ordered before the cut to k.
+    With a calibration in the index folder that matches the scorer, every candidate carries a `confidence`; with
+    `min_confidence`, a mention whose best candidate is below it gets no candidates ("no link",
+    `LinkResult.nil`). `min_score` does the same on the best candidate's score itself, for an index without
+    calibration: the scale is the index's (the cosine of tf-idf or dense vectors, 1.0 an exact name; with a
+    re-ranker, the mixed score), so choose it on development data of that index (on the TAC 2017 development
+    split's tf-idf MedDRA index, 0.7: eval/extract/report.md; scispaCy's tf-idf linker withholds below 0.7 too).
     """
 
     def __init__(self, index: LoadedIndex, *, reranker: CrossEncoder | None = None,
