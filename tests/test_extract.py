@@ -313,6 +313,26 @@ def test_extractor_takes_the_lexicon_only_where_its_release_says(tokenizer):
     assert [s.text for s in extractor.extract([text], lexicon=lexicon)[0]] == ["rash"]
 
 
+def test_a_term_of_two_names_is_two_events_in_every_style_but_phrases(tokenizer, monkeypatch):
+    # one code per event for drug labels too: TAC's table cells and slashes ("Nausea/vomiting") as decoded by the
+    # terms head are split where the dictionary names them; `phrases` keeps PHEE's whole phrase
+    import linker.extract.extractor as extractor_module
+    from linker.extract.model import ExtractedSpan
+    from linker.extract.lexicon import Lexicon
+
+    text = "Nausea/vomiting were reported."
+    decoded = [ExtractedSpan(0, 15, text[:15], AE, "positive", 0.9), ExtractedSpan(0, 15, text[:15], AR, "positive", 0.9)]
+    monkeypatch.setattr(extractor_module, "decode", lambda *args, **kwargs: list(decoded))
+    extractor = _stub_extractor(tokenizer, ["nausea"], 32, 16)
+    lexicon = Lexicon(["nausea", "vomiting"])
+    for style in ("terms", "auto"):
+        spans = extractor.extract([text], style=style, lexicon=lexicon)[0]
+        assert [(s.text, s.label, s.group) for s in spans] == [("Nausea", AE, (0, 15)), ("vomiting", AE, (0, 15))]
+        assert [s.text for s in extractor.extract([text], style=style)[0]] == ["Nausea/vomiting"]  # no dictionary
+    assert [(s.text, s.group) for s in extractor.extract([text], style="phrases", lexicon=lexicon)[0]] == [
+        ("Nausea/vomiting", None)]
+
+
 def test_a_release_lexicon_field_is_checked_and_older_digests_hold(tmp_path):
     from linker.errors import InputFormatError
     from linker.extract.extractor import tagger_config

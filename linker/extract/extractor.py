@@ -125,9 +125,9 @@ class Extractor:
         """The spans of each text (offsets into it), sorted by position. `style` (`STYLES`) picks the head whose
         spans are returned as AdverseEvent (`select_style`); `assertion` (`ASSERTIONS`) who marks a span
         negated or hypothetical; `lexicon`: the names of the dictionary the spans will be coded with, taken as
-        evidence where the release says how (`TaggerConfig.lexicon`; `linker.extract.lexicon`), and, with style
-        auto, to split a phrase or term holding several names into one span per name (`split_phrases`); `langs`: each
-        text's language for the assertion rules (None: English; a language without cue lists keeps the tagger's
+        evidence where the release says how (`TaggerConfig.lexicon`; `linker.extract.lexicon`), and, in every style
+        but phrases, to split a phrase or term holding several names into one span per name (`split_phrases`); `langs`:
+        each text's language for the assertion rules (None: English; a language without cue lists keeps the tagger's
         statuses, `linker.extract.assertion.cues_for`)."""
         if style not in STYLES:
             raise ConfigError(f"style: expected one of {', '.join(STYLES)}, found {style!r}")
@@ -146,7 +146,7 @@ class Extractor:
                 if self.config.lexicon:
                     spans = lexicon_spans(text, offsets, probs, marks, self.config.labels, spans, found,
                                           dict(self.config.lexicon))
-                if style == "auto":  # one code per event; `phrases` keeps PHEE's whole phrases
+                if style != "phrases":  # one code per event; `phrases` keeps PHEE's whole phrases
                     spans = split_phrases(text, spans, found)
             spans = without_treated(select_style(spans, style))
             if assertion == "rules":
