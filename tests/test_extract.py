@@ -317,8 +317,8 @@ def test_a_term_of_two_names_is_two_events_in_every_style_but_phrases(tokenizer,
     # one code per event for drug labels too: TAC's table cells and slashes ("Nausea/vomiting") as decoded by the
     # terms head are split where the dictionary names them; `phrases` keeps PHEE's whole phrase
     import linker.extract.extractor as extractor_module
-    from linker.extract.model import ExtractedSpan
     from linker.extract.lexicon import Lexicon
+    from linker.extract.model import ExtractedSpan
 
     text = "Nausea/vomiting were reported."
     decoded = [ExtractedSpan(0, 15, text[:15], AE, "positive", 0.9), ExtractedSpan(0, 15, text[:15], AR, "positive", 0.9)]
