@@ -295,13 +295,18 @@ class Library:
                 "p50_ms": round(1000 * statistics.median(best), 1), "p99_ms": round(1000 * percentile(best, 0.99), 1)}
 
 
+def in_turns(servers: list[Server], number: int) -> list[Server]:
+    """The servers in round `number`'s order: who goes first takes turns."""
+    return servers[number % len(servers):] + servers[: number % len(servers)]
+
+
 def run_rounds(servers: list[Server], library: Library, texts: list[str], args: argparse.Namespace) -> dict:
     """Library and servers measured in turns, `args.rounds` times (see the module docstring). The library's rate of
     a round is the mean of its batched calls just before and just after the servers' runs, which halves the error
     of a load that drifts."""
     library_runs, sequential, library_one = [], [], []
     for number in range(args.rounds):
-        order = servers[number % len(servers):] + servers[: number % len(servers)]  # who goes first takes turns
+        order = in_turns(servers, number)
         for size in args.sizes:
             first = library.batched(args.library_batch)
             for server in order:
@@ -334,7 +339,7 @@ def annotate_rounds(servers: list[Server], docs: list[str], args: argparse.Names
         service_run(server, docs, 1, WARM_UP_SECONDS, 1, "/annotate")
     runs = []
     for number in range(args.rounds):
-        order = servers[number % len(servers):] + servers[: number % len(servers)]
+        order = in_turns(servers, number)
         for clients in (args.clients, 1):
             for server in order:
                 runs.append({"round": number, **service_run(server, docs, clients, args.seconds, 1, "/annotate")})
