@@ -453,3 +453,32 @@ def test_a_damaged_training_state_starts_over(tmp_path, caplog):
     caplog.set_level("WARNING", logger="linker")
     result = train.train_extractor(phee, phee, tac, out, train.ExtractorTrainConfig(epochs=1, threads=1))
     assert "damaged" in caplog.text and result["chosen_epoch"] == 1 and not (out / train.STATE).exists()
+
+
+def test_drug_and_indication_heads_get_their_own_decoding_on_dev():
+    """A confident phrase head wants a high threshold; the Indication head, less sure of itself, must not inherit it
+    (it once lost half its recall so)."""
+    from linker.extract.data import INDICATION, Doc
+    from linker.extract.model import B, O
+    from linker.extract.train import evaluate_dev
+
+    text = "Aspirin for fever caused rash and itch today"
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    in_span = {AE: {4: 0.99, 6: 0.75}, DRUG: {0: 0.99}, INDICATION: {2: 0.65}, AR: {4: 0.99}}  # 'itch': a wrong AE
+    probs = np.zeros((len(words), len(LABELS), 3), np.float32)
+    probs[:, :, O] = 1.0
+    for label, tokens in in_span.items():
+        for token, p in tokens.items():
+            probs[token, LABELS.index(label)] = (1 - p, p, 0.0)
+    assert probs[:, :, B].max() == np.float32(0.99)
+    marks = np.tile(np.array([1.0, 0.0, 0.0], np.float32), (len(words), 1))
+    fake = SimpleNamespace(config=SimpleNamespace(labels=LABELS),
+                           probabilities_many=lambda texts: [(words, probs, marks) for _ in texts])
+    rash, fever, aspirin = words[4], words[2], words[0]
+    phee = [Doc("s1", text, spans=[(*rash, AE, "positive"), (*fever, INDICATION, "positive"),
+                                   (*aspirin, DRUG, "positive")], groups=[((rash,), AE, "positive")], source="phee")]
+    tac = [Doc("t1", text, spans=[(*rash, AR, "positive")], groups=[((rash,), AR, "positive")], source="tac")]
+    scores = evaluate_dev(fake, phee, tac)
+    assert scores["thresholds"][AE] > 0.75 and scores["phee_dev"]["EM_F1"] == 100.0
+    assert scores["thresholds"][INDICATION] <= 0.6 and scores["heads_dev"][INDICATION]["f1"] == 100.0
+    assert scores["heads_dev"][DRUG]["f1"] == 100.0

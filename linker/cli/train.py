@@ -196,6 +196,7 @@ def extractor_cli(
     max_seconds: float = typer.Option(None, "--max-seconds", help="Time budget: stop training once past it, then choose and save."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     threads: int = typer.Option(None, "--threads", help="torch CPU threads."),
+    device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a release folder."),
     tune_only: bool = typer.Option(False, "--tune-only", help="Do not train: choose the decoding of the release in --out again on the dev data and rewrite it."),
 ) -> None:
@@ -207,6 +208,7 @@ def extractor_cli(
     from linker.errors import ConfigError
     from linker.extract.extractor import KIND
     from linker.extract.train import TAGGER_NAMES, ExtractorTrainConfig, train_extractor
+    from linker.train.common import pick_device
     from linker.fileio import Input, check_output
     from linker.models import check_release_out
 
@@ -242,13 +244,13 @@ def extractor_cli(
     config = ExtractorTrainConfig(epochs=epochs, lr=lr, head_lr=10 * lr, batch_size=batch_size, max_length=max_length,
                                   stride=stride, frozen_layers=frozen_layers, phee_limit=phee_limit,
                                   tac_negative_share=tac_negative_share, max_seconds=max_seconds, seed=seed,
-                                  threads=threads, base=base, name=TAGGER_NAMES[base])
+                                  threads=threads, device=pick_device(device), base=base, name=TAGGER_NAMES[base])
     given = [("--phee-train", phee_train), ("--phee-dev", phee_dev), ("--tac", tac), ("--out", out),
              ("--base", base if base != "minilm" else None), ("--epochs", epochs),
              ("--lr", lr), ("--batch-size", batch_size), ("--max-length", max_length), ("--stride", stride),
              ("--frozen-layers", frozen_layers), ("--phee-limit", phee_limit),
              ("--tac-negative-share", tac_negative_share), ("--max-seconds", max_seconds), ("--seed", seed),
-             ("--threads", threads)]
+             ("--threads", threads), ("--device", device if device != "auto" else None)]
     command = "linker train extractor " + " ".join(f"{o} {shlex.quote(str(v))}" for o, v in given if v is not None)
     echo_json(train_extractor(phee_train, phee_dev, tac, out, config, command=command,
                               report=lambda message: typer.echo(message, err=True)))

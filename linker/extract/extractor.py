@@ -24,6 +24,7 @@ from linker.extract.model import (
     bottom,
     build_head,
     decode,
+    device_of,
     lexicon_spans,
     overlap_test,
     split_logits,
@@ -89,6 +90,7 @@ class Extractor:
         status = [np.zeros((len(ids), 3), np.float32) for ids, _ in tokenized]
         counts = [np.zeros(len(ids), np.float32) for ids, _ in tokenized]
         jobs.sort(key=lambda job: job[2] - job[1])  # similar lengths together: less padding
+        device = device_of(self.bert)
         with self._lock, torch.inference_mode():
             self.bert.eval()
             for first in range(0, len(jobs), BATCH):
@@ -100,9 +102,10 @@ class Extractor:
                     ids[row, 0], ids[row, 1 + b - a] = cls, sep
                     ids[row, 1: 1 + b - a] = torch.from_numpy(tokenized[t][0][a:b].astype(np.int64))
                     mask[row, : 2 + b - a] = 1
+                ids, mask = ids.to(device), mask.to(device)
                 hidden = bottom(self.bert, ids, mask, cfg.frozen_layers)
                 tags, marks = split_logits(top(self.bert, self.head, hidden, mask, cfg.frozen_layers), n_labels)
-                tags, marks = tags.softmax(-1).float().numpy(), marks.softmax(-1).float().numpy()
+                tags, marks = tags.softmax(-1).float().cpu().numpy(), marks.softmax(-1).float().cpu().numpy()
                 for row, (t, a, b) in enumerate(batch):
                     sums[t][a:b] += tags[row, 1: 1 + b - a]
                     status[t][a:b] += marks[row, 1: 1 + b - a]

@@ -98,6 +98,12 @@ def additive_mask(mask, dtype):
     return (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
 
 
+def device_of(module):
+    """Where a module's tensors are: a tagger in training may be on a GPU (a module without any: the CPU)."""
+    param = next(module.parameters(), None)
+    return param.device if param is not None else "cpu"
+
+
 def bottom(bert, ids, mask, frozen_layers: int):
     """Embeddings and the frozen layers (no gradients)."""
     import torch
