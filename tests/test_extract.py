@@ -482,3 +482,15 @@ def test_drug_and_indication_heads_get_their_own_decoding_on_dev():
     assert scores["thresholds"][AE] > 0.75 and scores["phee_dev"]["EM_F1"] == 100.0
     assert scores["thresholds"][INDICATION] <= 0.6 and scores["heads_dev"][INDICATION]["f1"] == 100.0
     assert scores["heads_dev"][DRUG]["f1"] == 100.0
+
+
+def test_train_extractor_on_a_gpu_that_is_not_there_is_one_line(tmp_path, capsys):
+    from conftest import assert_one_line_error, cli
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    phee, tac = _tiny_training_data(tmp_path)
+    code, err = cli(["train", "extractor", "--phee-train", phee, "--phee-dev", phee, "--tac", tac,
+                     "--out", tmp_path / "release", "--device", "cuda"], capsys)
+    assert_one_line_error(code, err, "no CUDA GPU is visible")
+    assert not (tmp_path / "release").exists()
