@@ -155,10 +155,9 @@ def evaluate_dev(extractor: Extractor, phee_dev: list[Doc], tac_dev: list[Doc], 
     """Dev scores of every decoding (threshold, extend, split): PHEE Effect EM/Token F1 of the phrase heads
     (AdverseEvent, TherapeuticEffect), TAC AdverseReaction exact/relaxed F1 of the term head; the best decoding of
     each, by the mean of PHEE EM_F1 and Token_F1 and by TAC exact F1, and the epoch's choice score (the mean of PHEE
-    EM_F1 and TAC exact F1 at those decodings). The Drug and
-    Indication heads get their own decoding, by the exact F1 of their spans on PHEE dev (``heads_dev``): sharing the
-    phrase heads' threshold cost the Indication head half its recall once training ran long enough to make the
-    phrase heads confident (PHEE dev, 12 epochs: threshold 0.98).
+    EM_F1 and TAC exact F1 at those decodings). The Drug and Indication heads get their own decoding, by the exact
+    F1 of their spans on PHEE dev (``heads_dev``): sharing the phrase heads' threshold cost the Indication head half
+    its recall once training ran long enough to make the phrase heads confident (PHEE dev, 12 epochs: 0.98).
 
     With `lexicon` (the TAC training split's names, `tac_names`), the term head's lexicon cut is chosen too, by TAC
     exact F1 at its best decoding, against none at all; ``lexicon_dev`` holds every cut's scores and the plain
@@ -170,11 +169,12 @@ def evaluate_dev(extractor: Extractor, phee_dev: list[Doc], tac_dev: list[Doc], 
     heads = tuple(label for label in (DRUG, INDICATION) if label in labels)  # chosen on their own PHEE dev spans
     heads_gold = {label: [[((s, e),) for s, e, span_label, _ in d.spans if span_label == label] for d in phee_dev]
                   for label in heads}
+    phee_labels = tuple(dict.fromkeys((AE, DRUG, BENEFIT, *heads)))  # `decode` reads each head on its own
     phee_at, tac_at, heads_at = {}, {}, {label: {} for label in heads}
     for rule in ((c, e, sp) for c in thresholds for e in extends for sp in splits):
         cut, extend, split = rule
-        phee_pred = [decode(d.text, *p, (AE, DRUG, BENEFIT), cut, extend=extend, split=split) if p[0] else []
-                     for d, p in zip(phee_dev, _columns(phee_probs, labels, (AE, DRUG, BENEFIT)))]
+        phee_pred = [decode(d.text, *p, phee_labels, cut, extend=extend, split=split) if p[0] else []
+                     for d, p in zip(phee_dev, _columns(phee_probs, labels, phee_labels))]
         tac_pred = [decode(d.text, *p, (AR,), cut, extend=extend, split=split) if p[0] else []
                     for d, p in zip(tac_dev, _columns(tac_probs, labels, (AR,)))]
         phee_at[rule] = phee_scores(phee_gold, [[s.text for s in spans if s.label in (AE, BENEFIT)]
@@ -182,9 +182,7 @@ def evaluate_dev(extractor: Extractor, phee_dev: list[Doc], tac_dev: list[Doc], 
         tac_at[rule] = mention_scores(tac_gold, [[(s.start, s.end) for s in spans] for spans in tac_pred])
         for label in heads:
             heads_at[label][rule] = mention_scores(heads_gold[label], [[(s.start, s.end) for s in spans
-                                                                        if s.label == label] for spans in phee_pred]
-                                                   if label == DRUG else _spans_of(phee_dev, phee_probs, labels, label,
-                                                                                   rule))
+                                                                        if s.label == label] for spans in phee_pred])
     # The phrase heads' decoding by the mean of exact match and token overlap, the two measures PHEE reports: by exact
     # match alone a release trained 12 epochs chose 0.98, for 0.3 point of EM_F1 over 0.9, and lost a point of
     # Token_F1 and the short negated mentions ("No rash since starting lamotrigine" gave no span).
@@ -202,14 +200,6 @@ def evaluate_dev(extractor: Extractor, phee_dev: list[Doc], tac_dev: list[Doc], 
         out.update(_lexicon_choice(tac_dev, tac_probs, tac_gold, labels, tac_rule, tac_at[tac_rule], lexicon))
     out["choice"] = round((phee_at[phee_rule]["EM_F1"] + out["tac_dev"]["exact"]["f1"]) / 2, 2)
     return out
-
-
-def _spans_of(docs: list[Doc], probabilities, labels: tuple[str, ...], label: str, rule: tuple
-              ) -> list[list[tuple[int, int]]]:
-    """The (start, end) spans one head finds in each document at one decoding rule."""
-    cut, extend, split = rule
-    return [[(s.start, s.end) for s in decode(d.text, *p, (label,), cut, extend=extend, split=split)] if p[0] else []
-            for d, p in zip(docs, _columns(probabilities, labels, (label,)))]
 
 
 def _lexicon_choice(tac_dev: list[Doc], tac_probs, tac_gold, labels: tuple[str, ...], rule: tuple, without: dict,
@@ -497,12 +487,13 @@ def _cache_frozen(bert, windows: list[_Window], pad: int, frozen_layers: int) ->
     import torch
 
     bert.eval()
+    device = device_of(bert)
     for first in range(0, len(windows), 64):
         group = sorted(windows[first:first + 64], key=lambda w: len(w.ids))
         for sub in range(0, len(group), 32):
             part = group[sub:sub + 32]
             ids, mask, _, _ = _pad(part, pad)
-            hidden = bottom(bert, ids.to(device_of(bert)), mask.to(device_of(bert)), frozen_layers)
+            hidden = bottom(bert, ids.to(device), mask.to(device), frozen_layers)
             for row, w in enumerate(part):
                 w.hidden = hidden[row, : len(w.ids)].to(torch.float16)
 
