@@ -131,8 +131,13 @@ class EventExtractor:
                  else [[] for _ in docs])
         for doc, spans in zip(docs, found, strict=True):
             ents = []
+            contiguous = [(s.start, s.end) for s in spans if s.pieces is None]
             for span in spans:
-                ent = doc.char_span(span.start, span.end, label=span.label, alignment_mode="expand")
+                # An entity is contiguous: a discontinuous event ("ciliary and conjunctival hyperemia": "ciliary ...
+                # hyperemia") is set on its piece that no other span covers ("ciliary"), the word it was tagged by.
+                start, end = (span.start, span.end) if span.pieces is None else next(
+                    ((a, b) for a, b in span.pieces if not any(s < b and a < e for s, e in contiguous)), span.pieces[0])
+                ent = doc.char_span(start, end, label=span.label, alignment_mode="expand")
                 if ent is not None:
                     ent._.ae_status, ent._.ae_confidence = span.status, round(span.confidence, 4)
                     ents.append(ent)

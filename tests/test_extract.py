@@ -141,6 +141,10 @@ def test_tac_discontinuous_mentions_are_their_pieces(tmp_path, tokenizer):
     scores = mention_scores([[g[0] for g in s1.groups]], [[(20, 24), (29, 47)]])
     assert scores["exact"]["recall"] == round(100 / 3, 2) and scores["relaxed"]["recall"] == round(200 / 3, 2)
     assert scores["relaxed"]["precision"] == 100.0
+    # a prediction of the same pieces matches it exactly; of other pieces, not
+    scores = mention_scores([[g[0] for g in s1.groups]], [[(20, 24), ((29, 33), (41, 47)), ((29, 33), (44, 47))]])
+    assert scores["exact"]["recall"] == round(200 / 3, 2) and scores["exact"]["precision"] == round(200 / 3, 2)
+    assert scores["relaxed"]["precision"] == 100.0
 
 
 def test_tac_split_is_seeded_and_disjoint(tmp_path):
@@ -333,6 +337,23 @@ def test_a_term_of_two_names_is_two_events_in_every_style_but_phrases(tokenizer,
         ("Nausea/vomiting", None)]
 
 
+def test_extract_writes_shared_words_once_each_with_a_dictionary_and_not_in_phrases(tokenizer, monkeypatch):
+    import linker.extract.extractor as extractor_module
+    from linker.extract.lexicon import Lexicon
+
+    text = "Ciliary and conjunctival hyperemia occurred."
+    decoded = _events(text, "Ciliary", "conjunctival hyperemia", label=AR)
+    monkeypatch.setattr(extractor_module, "decode", lambda *args, **kwargs: list(decoded))
+    extractor = _stub_extractor(tokenizer, ["ciliary"], 32, 16)
+    for style in ("terms", "auto"):
+        spans = extractor.extract([text], style=style, lexicon=Lexicon(["rash"]))[0]
+        assert [(s.text, s.label, s.pieces) for s in spans] == [
+            ("Ciliary hyperemia", AE, ((0, 7), (25, 34))), ("conjunctival hyperemia", AE, None)]
+        assert [s.pieces for s in extractor.extract([text], style=style)[0]] == [None, None]  # no dictionary
+    decoded = _events(text, "Ciliary", "conjunctival hyperemia")
+    assert [s.pieces for s in extractor.extract([text], style="phrases", lexicon=Lexicon(["rash"]))[0]] == [None, None]
+
+
 def test_a_release_lexicon_field_is_checked_and_older_digests_hold(tmp_path):
     from linker.errors import InputFormatError
     from linker.extract.extractor import tagger_config
@@ -391,6 +412,56 @@ def test_a_phrase_of_several_dictionary_names_is_one_span_per_name():
     cells = ExtractedSpan(0, 5, text, AR, "positive", 0.9)
     assert [(s.text, s.label, s.group) for s in split_phrases(text, [cells], Lexicon(["発汗", "幻覚"]).find(text))] == [
         ("発汗", AR, (0, 5)), ("幻覚", AR, (0, 5))]
+
+
+def _events(text, *words, label=AE):
+    from linker.extract.model import ExtractedSpan
+
+    return [ExtractedSpan(text.index(w), text.index(w) + len(w), w, label, "positive", 0.9) for w in words]
+
+
+@pytest.mark.parametrize("text, tagged, expected", [
+    # a lone modifier before the coordinator shares the next event's head
+    ("Ciliary and conjunctival hyperemia occurred.", ("Ciliary", "conjunctival hyperemia"),
+     [("Ciliary hyperemia", ((0, 7), (25, 34))), ("conjunctival hyperemia", None)]),
+    ("subarachnoid, and subdural bleeds", ("subarachnoid", "subdural bleeds"),
+     [("subarachnoid bleeds", ((0, 12), (27, 33))), ("subdural bleeds", None)]),
+    ("New-onset or worsening renal impairment", ("New-onset", "worsening renal impairment"),
+     [("New-onset renal impairment", ((0, 9), (23, 39))), ("worsening renal impairment", None)]),
+    # a lone word after it shares the event before's first words
+    ("suicidal thoughts or behavior", ("suicidal thoughts", "behavior"),
+     [("suicidal thoughts", None), ("suicidal behavior", ((0, 8), (21, 29)))]),
+    ("swelling of the throat and tongue", ("swelling of the throat", "tongue"),
+     [("swelling of the throat", None), ("swelling of the tongue", ((0, 15), (27, 33)))]),
+    # a dictionary name, in the singular or the plural, is an event of its own
+    ("rash and abdominal pain", ("rash", "abdominal pain"), [("rash", None), ("abdominal pain", None)]),
+    ("arthralgias and muscle pain", ("arthralgias", "muscle pain"), [("arthralgias", None), ("muscle pain", None)]),
+    ("abdominal pain and vomiting", ("abdominal pain", "vomiting"), [("abdominal pain", None), ("vomiting", None)]),
+    # a comma alone lists events; so does anything but a coordinator between them
+    ("night sweats, lipohypertrophy", ("night sweats", "lipohypertrophy"),
+     [("night sweats", None), ("lipohypertrophy", None)]),
+    ("ciliary with conjunctival hyperemia", ("ciliary", "conjunctival hyperemia"),
+     [("ciliary", None), ("conjunctival hyperemia", None)]),
+])
+def test_events_that_share_words_across_and_or_are_written_once_each(text, tagged, expected):
+    from linker.extract.lexicon import Lexicon, elliptic_events
+
+    lexicon = Lexicon(["rash", "abdominal pain", "arthralgia", "vomiting"])
+    spans = elliptic_events(text, _events(text, *tagged), lexicon)
+    assert [(s.text, s.pieces) for s in spans] == expected
+    for span in spans:
+        pieces = span.pieces or ((span.start, span.end),)
+        assert (span.start, span.end) == (pieces[0][0], pieces[-1][1])
+        assert span.text == " ".join(text[a:b] for a, b in pieces)
+        assert span.to_dict().get("pieces") == (None if span.pieces is None else [list(p) for p in span.pieces])
+
+
+def test_only_events_of_the_label_share_words():
+    from linker.extract.lexicon import Lexicon, elliptic_events
+
+    text = "ciliary and conjunctival hyperemia"
+    spans = _events(text, "ciliary", label=DRUG) + _events(text, "conjunctival hyperemia")
+    assert [s.pieces for s in elliptic_events(text, spans, Lexicon([]))] == [None, None]
 
 
 def _tiny_training_data(tmp_path):
@@ -494,3 +565,26 @@ def test_train_extractor_on_a_gpu_that_is_not_there_is_one_line(tmp_path, capsys
                      "--out", tmp_path / "release", "--device", "cuda"], capsys)
     assert_one_line_error(code, err, "no CUDA GPU is visible")
     assert not (tmp_path / "release").exists()
+
+
+def test_a_discontinuous_event_is_written_as_its_pieces_in_ade_xml_brat_and_jsonl(tmp_path):
+    from linker.extract.io import InputDoc, write_output
+    from linker.extract.lexicon import Lexicon, elliptic_events
+    from linker.formats.ade_xml import read_ade_xml
+    from linker.formats.brat import brat_sources, read_source
+
+    text = "Ciliary and conjunctival hyperemia occurred."
+    spans = elliptic_events(text, _events(text, "Ciliary", "conjunctival hyperemia"), Lexicon([]))
+    doc = InputDoc("label", "txt", [("", text)], spans=[spans])
+    write_output([doc], tmp_path / "xml", "ade-xml")
+    label = read_ade_xml(tmp_path / "xml" / "label.xml")  # the project's reader checks str= against the pieces
+    mentions = label.root.find("Mentions").findall("Mention")
+    assert [(m.get("start"), m.get("len"), m.get("str")) for m in mentions] == [
+        ("0,25", "7,9", "Ciliary hyperemia"), ("12", "22", "conjunctival hyperemia")]
+    write_output([doc], tmp_path / "brat", "brat")
+    (source,) = list(brat_sources(tmp_path / "brat"))
+    assert [(e.type, e.spans, e.text) for e in read_source(source).entities] == [
+        ("AdverseEvent", ((0, 7), (25, 34)), "Ciliary hyperemia"), ("AdverseEvent", ((12, 34),), "conjunctival hyperemia")]
+    write_output([doc], tmp_path / "spans.jsonl", "jsonl")
+    first = json.loads((tmp_path / "spans.jsonl").read_text().splitlines()[0])
+    assert first["pieces"] == [[0, 7], [25, 34]] and first["text"] == "Ciliary hyperemia"

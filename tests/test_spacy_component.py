@@ -96,6 +96,26 @@ def test_linker_ae_sets_ents_and_the_linker_follows_it(index):
         nlp.add_pipe("linker_ae", name="bad", config={"style": "sentences"})
 
 
+def test_a_discontinuous_event_is_set_on_its_own_piece(monkeypatch):
+    """An entity is contiguous: "Ciliary ... hyperemia" is set on "Ciliary", the piece no other span covers, and
+    "conjunctival hyperemia" keeps its own entity."""
+    pytest.importorskip("torch")
+    import linker.extract
+    from linker.extract.lexicon import Lexicon, elliptic_events
+    from linker.extract.model import ExtractedSpan
+
+    text = "Ciliary and conjunctival hyperemia occurred."
+    tagged = [ExtractedSpan(0, 7, "Ciliary", "AdverseEvent", "positive", 0.9),
+              ExtractedSpan(12, 34, "conjunctival hyperemia", "AdverseEvent", "positive", 0.8)]
+    nlp = spacy.blank("en")
+    nlp.add_pipe("linker_ae")
+    monkeypatch.setattr(linker.extract, "annotate_documents",
+                        lambda texts, **_: [elliptic_events(t, tagged, Lexicon([])) for t in texts])
+    doc = nlp(text)
+    assert [(e.text, e.label_, e._.ae_confidence) for e in doc.ents] == [
+        ("Ciliary", "AdverseEvent", 0.9), ("conjunctival hyperemia", "AdverseEvent", 0.8)]
+
+
 def test_each_linked_entity_carries_the_links_decision(index, tmp_path):
     import shutil
 

@@ -16,7 +16,7 @@ from linker.errors import ConfigError, InputFormatError
 from linker.registry import Registry
 from linker.extract.assertion import assert_spans, negated_names
 from linker.extract.data import AE, AR, BENEFIT, INDICATION
-from linker.extract.lexicon import Lexicon, split_phrases
+from linker.extract.lexicon import Lexicon, elliptic_events, split_phrases
 from linker.extract.model import (
     Evidence,
     ExtractedSpan,
@@ -129,7 +129,8 @@ class Extractor:
         spans are returned as AdverseEvent (`select_style`); `assertion` (`ASSERTIONS`) who marks a span
         negated or hypothetical; `lexicon`: the names of the dictionary the spans will be coded with, taken as
         evidence where the release says how (`TaggerConfig.lexicon`; `linker.extract.lexicon`), and, in every style
-        but phrases, to split a phrase or term holding several names into one span per name (`split_phrases`); `langs`:
+        but phrases, to split a phrase or term holding several names into one span per name (`split_phrases`) and
+        to write two events that share a word once each ("ciliary and conjunctival hyperemia": `elliptic_events`); `langs`:
         each text's language for the assertion rules (None: English; a language without cue lists keeps the tagger's
         statuses, `linker.extract.assertion.cues_for`)."""
         if style not in STYLES:
@@ -152,6 +153,8 @@ class Extractor:
                 if style != "phrases":  # one code per event; `phrases` keeps PHEE's whole phrases
                     spans = split_phrases(text, spans, found)
             spans = without_treated(select_style(spans, style))
+            if lexicon is not None and style != "phrases":  # one code per event, written once for two
+                spans = elliptic_events(text, spans, lexicon)
             if assertion == "rules":
                 spans = assert_spans(text, spans, (AE, BENEFIT), lang=lang)
                 if lexicon is not None:  # a negated name the tagger saw nothing of is still returned, not coded

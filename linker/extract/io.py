@@ -281,6 +281,12 @@ def _field(span, key, default=None):
     return span.get(key, default) if isinstance(span, dict) else getattr(span, key, default)
 
 
+def span_pieces(span) -> list[tuple[int, int]]:
+    """A span's (start, end) pieces: its ``pieces`` when it is discontinuous, else its start and end."""
+    pieces = _field(span, "pieces")
+    return [tuple(piece) for piece in pieces] if pieces else [(_field(span, "start"), _field(span, "end"))]
+
+
 def span_records(doc: InputDoc) -> list[dict]:
     """The JSONL records of a document's spans."""
     out = []
@@ -317,7 +323,7 @@ def _brat_document(doc: InputDoc, sid: str, text: str, spans: list, db: str | No
 
     lines, notes, attributes = [], [], []
     for number, span in enumerate(spans, start=1):
-        pieces = _brat_fragments(text, _field(span, "start"), _field(span, "end"))
+        pieces = [fragment for start, end in span_pieces(span) for fragment in _brat_fragments(text, start, end)]
         offsets = ";".join(f"{s} {e}" for s, e in pieces)
         lines.append(f"T{number}\t{_field(span, 'label')} {offsets}\t{' '.join(text[s:e] for s, e in pieces)}")
         status = _field(span, "status", "positive")
@@ -361,11 +367,12 @@ def _xml_label(doc: InputDoc, positive) -> tuple[ET.Element, list]:
             if not positive(span):
                 continue
             number += 1
-            start, end = _field(span, "start"), _field(span, "end")
+            pieces = span_pieces(span)  # a discontinuous mention as TAC writes one: start="10,30" len="7,9"
+            string = " ".join(text[s:e] for s, e in pieces)
             ET.SubElement(mentions, "Mention", {"id": f"M{number}", "section": sid, "type": "AdverseReaction",
-                                                "start": str(start), "len": str(end - start),
-                                                "str": text[start:end]})
-            ade_mentions.append(AdeMention(f"M{number}", sid, "AdverseReaction", " ".join(text[start:end].split()), 0))
+                                                "start": ",".join(str(s) for s, _ in pieces),
+                                                "len": ",".join(str(e - s) for s, e in pieces), "str": string})
+            ade_mentions.append(AdeMention(f"M{number}", sid, "AdverseReaction", " ".join(string.split()), 0))
             kept.append(span)
     return root, list(zip(ade_mentions, kept))
 

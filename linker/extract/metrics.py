@@ -7,7 +7,7 @@
   (micro). The paper scores the arguments of each gold event trigger; here the tagger finds every Effect
   span of the sentence without being given a trigger, so the figures are comparable in kind, not in setting.
 - TAC 2017 (`mention_scores`): AdverseReaction mentions, **exact** (the predicted span has the gold mention's
-  offsets; a discontinuous gold mention, several pieces, counts as missed: the tagger writes contiguous spans) and **relaxed**
+  offsets; a discontinuous mention, several pieces, counts when its pieces are the gold mention's) and **relaxed**
   (any character overlap; precision over predicted spans that overlap a gold mention, recall over gold mentions
   that a predicted span overlaps).
 """
@@ -55,18 +55,18 @@ def phee_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict:
             "gold_spans": n_gold, "predicted_spans": n_pred}
 
 
-def mention_scores(gold: list[list[tuple[tuple[int, int], ...]]], predicted: list[list[tuple[int, int]]]) -> dict:
+def mention_scores(gold: list[list[tuple[tuple[int, int], ...]]], predicted: list[list]) -> dict:
     """Exact and relaxed P/R/F1: per document, gold mentions as tuples of (start, end) pieces, predictions as
-    (start, end) spans."""
+    (start, end) spans or, discontinuous, as tuples of pieces."""
     exact_tp = relaxed_p = relaxed_r = n_pred = n_gold = 0
     for gold_mentions, spans in zip(gold, predicted, strict=True):
+        spans = [tuple(s) if isinstance(s[0], tuple) else (tuple(s),) for s in spans]  # each as its pieces
         n_pred, n_gold = n_pred + len(spans), n_gold + len(gold_mentions)
-        contiguous = Counter(m[0] for m in gold_mentions if len(m) == 1)
-        found = Counter(spans)
-        exact_tp += sum((contiguous & found).values())
+        exact_tp += sum((Counter(map(tuple, gold_mentions)) & Counter(spans)).values())
         pieces = [piece for m in gold_mentions for piece in m]
-        relaxed_p += sum(1 for s, e in spans if any(s < ge and e > gs for gs, ge in pieces))
-        relaxed_r += sum(1 for m in gold_mentions if any(s < ge and e > gs for gs, ge in m for s, e in spans))
+        relaxed_p += sum(1 for m in spans if any(s < ge and e > gs for gs, ge in pieces for s, e in m))
+        relaxed_r += sum(1 for m in gold_mentions if any(s < ge and e > gs for gs, ge in m for p in spans
+                                                         for s, e in p))
     return {"exact": prf(exact_tp, n_pred, exact_tp, n_gold), "relaxed": prf(relaxed_p, n_pred, relaxed_r, n_gold)}
 
 

@@ -72,12 +72,17 @@ class ExtractedSpan:
     status: str  # positive | negated | hypothetical
     confidence: float  # mean over its word pieces of the probability of being inside a span
     group: tuple[int, int] | None = None  # the whole phrase this span was split from ("nausea and hair loss")
+    # A discontinuous event's pieces ("ciliary and conjunctival hyperemia": "ciliary", "hyperemia"), start and end
+    # the outer ones, text the pieces joined by a space; None for a contiguous span (`lexicon.elliptic_events`)
+    pieces: tuple[tuple[int, int], ...] | None = None
 
     def to_dict(self) -> dict:
         out = {"start": self.start, "end": self.end, "text": self.text, "label": self.label, "status": self.status,
                "confidence": round(self.confidence, 4)}
         if self.group is not None:
             out["group"] = list(self.group)
+        if self.pieces is not None:
+            out["pieces"] = [list(piece) for piece in self.pieces]
         return out
 
 
