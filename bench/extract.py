@@ -137,7 +137,7 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
     from linker.eval.ade_eval import score_paths
     from linker.extract import AE, annotate_documents, annotate_spans, lexicon_of
     from linker.extract.data import read_tac
-    from linker.extract.io import read_inputs, write_output
+    from linker.extract.io import read_inputs, span_pieces, write_output
     from linker.extract.metrics import mention_scores
     from linker.link import Linker
     from linker.normalize import normalize_path
@@ -175,8 +175,8 @@ def tac_dev(extractor, dev_files: list[Path], train_files: list[Path]) -> dict:
             predicted = annotate_documents(texts, model=model, style=style, assertion=assertion, lexicon=lexicon)
             extract_seconds = time.perf_counter() - t0
             tagged[key] = predicted
-            spans = {"all": [[s.pieces or (s.start, s.end) for s in p if s.label == AE] for p in predicted],
-                     "positive": [[s.pieces or (s.start, s.end) for s in p if s.label == AE and s.status == "positive"]
+            spans = {"all": [[tuple(span_pieces(s)) for s in p if s.label == AE] for p in predicted],
+                     "positive": [[tuple(span_pieces(s)) for s in p if s.label == AE and s.status == "positive"]
                                   for p in predicted]}
             run = {name: mention_scores(gold[name], spans[name]) for name in gold}
             t0 = time.perf_counter()
