@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench import data
-from bench.report import REPO, Report, table
+from bench.report import REPO, Report, git_commit, table
 from linker.eval.capabilities import capability_table
 
 RUNS = (("terms", "rules"), ("auto", "rules"), ("terms", "model"))  # (style, assertion) of the TAC dev runs
@@ -292,25 +292,33 @@ def speed_against(extractor, other_folder: Path, runs: int = 3, sentences: int =
             "ratio": round(before / this, 3)}
 
 
-def phee_test(extractor, previous: dict, rescore: bool) -> tuple[dict, str, int]:
+def phee_effects(extractor, split: str) -> dict:
+    """Effect EM_F1 / Token_F1 of `extractor` on a PHEE split, PHEE's span convention (`style="phrases"`)."""
     from linker.extract import AE, BENEFIT
     from linker.extract.data import read_phee
     from linker.extract.metrics import phee_scores
     from linker.extract.train import effect_strings
 
+    skipped: list[str] = []
+    docs = read_phee(data.get("phee").path(split), skipped)
+    t0 = time.perf_counter()
+    spans = extractor.extract([d.text for d in docs], style="phrases")
+    seconds = time.perf_counter() - t0
+    scores = phee_scores(effect_strings(docs), [[s.text for s in doc if s.label in (AE, BENEFIT)] for doc in spans])
+    scores.update(sentences=len(docs), skipped_annotations=len(skipped), extract_seconds=round(seconds, 1),
+                  sentences_per_s=round(len(docs) / seconds, 1))
+    return scores
+
+
+def phee_test(extractor, previous: dict, rescore: bool) -> tuple[dict, str, int, str | None]:
+    """PHEE test scores, the release and the commit that scored them, and the count of test evaluations: kept from
+    `previous` unless `rescore` (a test set is scored once per release)."""
     count = int(previous.get("phee_test_evaluations", 0))
     if count and not rescore:
         print(f"PHEE test already scored {count} time(s): kept (pass --rescore-test to score again)")
-        return previous["phee_test"], previous.get("phee_test_model", previous.get("model")), count
-    skipped: list[str] = []
-    test = read_phee(data.get("phee").path("test"), skipped)
-    t0 = time.perf_counter()
-    spans = extractor.extract([d.text for d in test], style="phrases")
-    seconds = time.perf_counter() - t0
-    scores = phee_scores(effect_strings(test), [[s.text for s in doc if s.label in (AE, BENEFIT)] for doc in spans])
-    scores.update(sentences=len(test), skipped_annotations=len(skipped), extract_seconds=round(seconds, 1),
-                  sentences_per_s=round(len(test) / seconds, 1))
-    return scores, extractor.revision, count + 1
+        return (previous["phee_test"], previous.get("phee_test_model", previous.get("model")), count,
+                previous.get("phee_test_commit"))
+    return phee_effects(extractor, "test"), extractor.revision, count + 1, git_commit()
 
 
 DECISION_CLASSES = ("adverse event", "negated or hypothetical", "beneficial", "indication")
@@ -419,7 +427,9 @@ def main() -> None:
     train_files = [tac / f"{stem}.xml" for stem in manifest["training"]["tac_train_labels"]]
     r = {"model": extractor.revision, "threshold": extractor.thresholds(), "tac_dev_labels": len(dev_files),
          "tac_dev": tac_dev(extractor, dev_files, train_files), "assertion_on_gold": assertion_on_gold(dev_files)}
-    r["phee_test"], r["phee_test_model"], r["phee_test_evaluations"] = phee_test(extractor, previous, args.rescore_test)
+    r["phee_test"], r["phee_test_model"], r["phee_test_evaluations"], r["phee_test_commit"] = phee_test(
+        extractor, previous, args.rescore_test)
+    r["phee_dev"] = phee_effects(extractor, "dev")  # this run's code on dev, beside a test row scored earlier
     r["decision_phee_dev"] = decision_on_phee_dev(extractor)
     if args.compare_to is not None:
         r["speed_against"] = speed_against(extractor, args.compare_to)
@@ -502,11 +512,16 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
         f"Model `{r['model']}`, span thresholds per head {r['threshold']} (chosen on PHEE dev and TAC dev). "
         f"PHEE test evaluations so far: **{r['phee_test_evaluations']}**. Wall time {r['wall_seconds']:,} s.", "",
         "## PHEE test: Effect spans", "",
-        f"Scored once, with `{r['phee_test_model']}`" + ("." if same else " (the same tensors: the release was since "
-                                                         "rewritten with a new card and manifest, its fp16 weights re-saved unchanged in value)."), "",
+        f"Scored once, with `{r['phee_test_model']}`" + ("" if same else " (the same tensors: the release was since "
+                                                         "rewritten with a new card and manifest, its fp16 weights re-saved unchanged in value)")
+        + (f", at commit {r['phee_test_commit']}." if r.get("phee_test_commit") else ", at a commit not recorded.")
+        + " The test row keeps the code of that commit; the PHEE dev row is this run's code, on the development "
+        "split.", "",
         *table(["system", "EM_F1", "Token_F1"], [*((n, f"{em:.2f}", f"{tok:.2f}") for n, em, tok in PAPER_ROWS),
                                                  ("**linker-ae** (this release)",
-                                                              f"**{phee['EM_F1']:.2f}**", f"**{phee['Token_F1']:.2f}**")]), "",
+                                                              f"**{phee['EM_F1']:.2f}**", f"**{phee['Token_F1']:.2f}**"),
+                                                 ("linker-ae on PHEE dev, this run", f"{r['phee_dev']['EM_F1']:.2f}",
+                                                  f"{r['phee_dev']['Token_F1']:.2f}")]), "",
         f"{phee['sentences']:,} sentences, {phee['gold_spans']:,} gold Effect spans, {phee['predicted_spans']:,} predicted "
         f"(EM P/R {phee['EM_precision']}/{phee['EM_recall']}, token P/R {phee['Token_precision']}/{phee['Token_recall']}); "
         f"{phee['skipped_annotations']} annotation(s) skipped as their text does not match the .txt. `style=\"phrases\"` "
@@ -516,8 +531,8 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
         "micro-summed (`linker/extract/metrics.py`).", "",
         f"## TAC 2017 development split ({r['tac_dev_labels']} of the 101 training labels, seeded 20%, held out)", "",
         "AdverseReaction mentions (exact: same offsets; a discontinuous gold mention, of which there are "
-        f"{tac['discontinuous_gold']}, by the same pieces: with a dictionary, two events sharing words across \"and\" "
-        "or \"or\" are written as such, `linker.extract.lexicon.elliptic_events`. Relaxed: any overlap). Runs are style/assertion: "
+        f"{tac['discontinuous_gold']}, by the same pieces: with a dictionary, events sharing words across \"and\", "
+        "\"or\" or a slash are written as such, `linker.extract.lexicon.elliptic_events`. Relaxed: any overlap). Runs are style/assertion: "
         "`terms` is the head trained on TAC's convention, `auto` (the default) the terms and the phrase head's spans "
         "where no term overlaps them; `rules` (the default) the status head then the NegEx-style cues, `model` the "
         "status head alone. `positive`: positive gold mentions against positive predictions.", "",

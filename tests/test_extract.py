@@ -437,6 +437,24 @@ def _events(text, *words, label=AE):
     ("rash and abdominal pain", ("rash", "abdominal pain"), [("rash", None), ("abdominal pain", None)]),
     ("arthralgias and muscle pain", ("arthralgias", "muscle pain"), [("arthralgias", None), ("muscle pain", None)]),
     ("abdominal pain and vomiting", ("abdominal pain", "vomiting"), [("abdominal pain", None), ("vomiting", None)]),
+    # a word of the second that joins it to more words ("increases in") is no head the first can share
+    ("LDL, and increases in creatine kinase", ("LDL", "increases in creatine kinase"),
+     [("LDL", None), ("increases in creatine kinase", None)]),
+    # a list before such a pair: each lone word, a comma between, shares the same words
+    ("cardiovascular, respiratory or cutaneous manifestations",
+     ("cardiovascular", "respiratory", "cutaneous manifestations"),
+     [("cardiovascular manifestations", ((0, 14), (41, 55))), ("respiratory manifestations", ((16, 27), (41, 55))),
+      ("cutaneous manifestations", None)]),
+    ("fever, rash or cutaneous lesions", ("fever", "rash", "cutaneous lesions"),  # "rash": a name, ends the list
+     [("fever", None), ("rash", None), ("cutaneous lesions", None)]),
+    # one span "A/B rest": two events sharing the rest, unless A is a dictionary name
+    ("SPINAL/EPIDURAL HEMATOMA", ("SPINAL/EPIDURAL HEMATOMA",),
+     [("SPINAL HEMATOMA", ((0, 6), (16, 24))), ("EPIDURAL HEMATOMA", None)]),
+    ("Redistribution/accumulation of body fat", ("Redistribution/accumulation of body fat",),
+     [("Redistribution of body fat", ((0, 14), (28, 39))), ("accumulation of body fat", None)]),
+    ("rash/abdominal pain", ("rash/abdominal pain",), [("rash/abdominal pain", None)]),
+    ("T3/T4 decreased", ("T3/T4 decreased",), [("T3/T4 decreased", None)]),
+    ("nausea/vomiting", ("nausea/vomiting",), [("nausea/vomiting", None)]),
     # a comma alone lists events; so does anything but a coordinator between them
     ("night sweats, lipohypertrophy", ("night sweats", "lipohypertrophy"),
      [("night sweats", None), ("lipohypertrophy", None)]),
@@ -454,6 +472,48 @@ def test_events_that_share_words_across_and_or_are_written_once_each(text, tagge
         assert (span.start, span.end) == (pieces[0][0], pieces[-1][1])
         assert span.text == " ".join(text[a:b] for a, b in pieces)
         assert span.to_dict().get("pieces") == (None if span.pieces is None else [list(p) for p in span.pieces])
+
+
+def test_a_footnote_letter_on_a_table_cell_is_cut_off_where_the_word_without_it_is_a_names_word():
+    from linker.extract.lexicon import Lexicon, without_footnote_marks
+
+    lexicon = Lexicon(["upper respiratory tract infection", "dizziness", "infusion reaction", "increase"])
+    text = "Upper Respiratory Tract Infectione  Dizzinessc  infusion reactions  increased  Tachycardiab"
+    spans = _events(text, "Upper Respiratory Tract Infectione", "Dizzinessc", "infusion reactions", "increased",
+                    "Tachycardiab")
+    # "reactions", "increased": a plural, a past tense; "Tachycardiab": "tachycardia" is no word of the names
+    assert [s.text for s in without_footnote_marks(text, spans, lexicon)] == [
+        "Upper Respiratory Tract Infection", "Dizziness", "infusion reactions", "increased", "Tachycardiab"]
+
+
+@pytest.mark.parametrize("text, event, label", [
+    ("Adverse reactions in patients on TRULICITY 1.5 mg were", "TRULICITY", DRUG),
+    ("TRULICITY (0.75 mg) and placebo", "TRULICITY", DRUG),
+    ("Lantus 10 units daily", "Lantus", DRUG),
+    ("hemoglobin 8 g/dL", "hemoglobin", AE),  # a lab value, not a dose
+    ("glucose 250 mg per dL", "glucose", AE),
+    ("nausea 3 days after the first dose", "nausea", AE),
+])
+def test_a_name_written_before_a_dose_is_a_drug(text, event, label):
+    from linker.extract.extractor import dosed_as_drugs
+
+    assert [(s.text, s.label) for s in dosed_as_drugs(text, _events(text, event))] == [(event, label)]
+    # where the drug head found it too, the event span goes and the drug span stays
+    both = _events(text, event) + _events(text, event, label=DRUG)
+    assert [s.label for s in dosed_as_drugs(text, both)] == ([DRUG] if label == DRUG else [AE, DRUG])
+
+
+def test_decode_ends_no_span_on_a_word_that_joins_it_to_what_follows():
+    text = "Hepatomegaly with steatosis"
+    offsets = [(0, 12), (13, 17), (18, 27)]
+    probs = np.zeros((3, len(LABELS), 3))
+    probs[:, :, O] = 1.0
+    probs[0, 0] = [0.0, 1.0, 0.0]  # "Hepatomegaly with": B I, "steatosis": O
+    probs[1, 0] = [0.0, 0.0, 1.0]
+    marks = np.tile([1.0, 0.0, 0.0], (3, 1))
+    assert [s.text for s in decode(text, offsets, probs, marks, LABELS, 0.5)] == ["Hepatomegaly"]
+    probs[2, 0] = [0.0, 0.0, 1.0]  # within a span the word stays
+    assert [s.text for s in decode(text, offsets, probs, marks, LABELS, 0.5)] == ["Hepatomegaly with steatosis"]
 
 
 def test_only_events_of_the_label_share_words():

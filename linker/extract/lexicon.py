@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from linker.extract.data import AE, AR
-from linker.extract.model import ExtractedSpan
+from linker.extract.model import JOINING_WORDS, ExtractedSpan
 from linker.language import CJK
 from linker.text import normalize
 
@@ -84,6 +84,7 @@ class Lexicon:
             if fits and key not in skip:
                 keys.add(" ".join(units))  # = key, for a name without CJK characters
         self.keys = frozenset(keys)
+        self.words = frozenset(word for key in keys for word in key.split())  # every word of a name
         self.longest = max((key.count(" ") + 1 for key in keys), default=0)
 
     def __len__(self) -> int:
@@ -146,13 +147,20 @@ _COORDINATOR = re.compile(r"\s*,?\s*(?:and/or|and|or)\s+", re.IGNORECASE)
 
 
 def elliptic_events(text: str, spans: list[ExtractedSpan], lexicon: Lexicon, label: str = AE) -> list[ExtractedSpan]:
-    """Events that share words with the next one across "and" / "or", written once (coordinated ellipsis, which
-    TAC 2017 annotates as a discontinuous mention): of two adjacent `label` spans with only a coordinator between,
+    """Events that share words with the next one across "and" / "or" or a slash, written once (coordinated ellipsis,
+    which TAC 2017 annotates as a discontinuous mention): of two adjacent `label` spans with only a coordinator
+    between,
 
     - "ciliary and conjunctival hyperemia", tagged "ciliary" | "conjunctival hyperemia": when the first is one word
       and no dictionary name, it becomes "ciliary ... hyperemia", with the second's words after its first;
     - "suicidal thoughts or behavior", tagged "suicidal thoughts" | "behavior": when the second is one word and no
       dictionary name, it becomes "suicidal ... behavior", with the first's words before its last.
+
+    - and a list before such a pair, "cardiovascular, respiratory or cutaneous manifestations": each lone word
+      before it, with a comma between, shares the same words ("cardiovascular ... manifestations").
+
+    One span "A/B rest", two words and a slash before more words ("Redistribution/accumulation of body fat",
+    "SPINAL/EPIDURAL HEMATOMA"), becomes two, "A ... rest" and "B rest", when A is no dictionary name.
 
     Words are split at white space ("long-term" is one). A tagged word that is a dictionary name, or one in the
     plural ("rash and abdominal pain", "arthralgias and muscle pain"), is an event of its own and is kept as it is.
@@ -167,13 +175,51 @@ def elliptic_events(text: str, spans: list[ExtractedSpan], lexicon: Lexicon, lab
             continue
         first_words = list(re.finditer(r"\S+", text[first.start:first.end]))
         second_words = list(re.finditer(r"\S+", text[second.start:second.end]))
-        if len(first_words) == 1 and len(second_words) >= 2 and out[a] is first and not _named(lexicon, first.text):
+        if (len(first_words) == 1 and len(second_words) >= 2 and out[a] is first and not _named(lexicon, first.text)
+                and second_words[1].group().lower() not in JOINING_WORDS):  # "LDL, and increases in CPK": no head
             out[a] = _joined(text, first, ((first.start, first.end), (second.start + second_words[1].start(),
                                                                         second.end)))
         elif len(second_words) == 1 and len(first_words) >= 2 and not _named(lexicon, second.text):
             out[b] = _joined(text, second, ((first.start, first.start + first_words[-2].end()),
                                             (second.start, second.end)))
+    # a list before them: "cardiovascular, respiratory or cutaneous manifestations", its last two joined above
+    # ("respiratory ... manifestations"), each lone word before them, a comma between, shares their last words
+    for a, b in reversed(list(zip(events, events[1:]))):
+        first, joined = out[a], out[b]
+        if (joined.pieces and joined.pieces[0] == (spans[b].start, spans[b].end) and first is spans[a]
+                and re.fullmatch(r"\s*,\s*", text[first.end:joined.start])
+                and re.fullmatch(r"\S+", first.text) and not _named(lexicon, first.text)):
+            out[a] = _joined(text, first, ((first.start, first.end), *joined.pieces[1:]))
+    for i in events:
+        slash = _SLASHED.fullmatch(text, spans[i].start, spans[i].end) if out[i] is spans[i] else None
+        if slash and not _named(lexicon, slash[1]):
+            span = spans[i]
+            out[i] = _joined(text, span, ((slash.start(1), slash.end(1)), (slash.start(3), span.end)))
+            out.append(replace(span, start=slash.start(2), text=text[slash.start(2):span.end]))
     return sorted(out, key=lambda s: (s.start, s.end, s.label))
+
+
+# "A/B rest": two words (letters only: "1/2" and "T3/T4" are no such pair), a slash, and the words they share
+_SLASHED = re.compile(r"([^\W\d_]+)\s*/\s*([^\W\d_]+)\s+(\S.*)", re.DOTALL)
+
+
+# A footnote's letter written onto a table cell's last word ("Upper Respiratory Tract Infectione", "Dizzinessc"):
+# a lower-case letter a-h after a lower-case one, not "s" or "d" (a plural, a past tense: "reactions", "increased").
+_FOOTNOTE = re.compile(r"(?<=[a-z])[a-ce-h]$")
+
+
+def without_footnote_marks(text: str, spans: list[ExtractedSpan], lexicon: Lexicon) -> list[ExtractedSpan]:
+    """The spans with a footnote letter cut off their end, where their last word is no word of any dictionary name
+    and is one without the letter ("Infectione": "infection"). On TAC 2017 dev, 7 table rows ended so; the
+    reference ends before the letter."""
+    out = []
+    for span in spans:
+        if span.pieces is None and (mark := _FOOTNOTE.search(text, span.start, span.end)):
+            last = _words(text[span.start:span.end])[-1][2]
+            if last not in lexicon.words and last[:-1] in lexicon.words:
+                span = replace(span, end=mark.start(), text=text[span.start:mark.start()])
+        out.append(span)
+    return out
 
 
 def _named(lexicon: Lexicon, word: str) -> bool:
