@@ -503,7 +503,7 @@ def test_a_name_written_before_a_dose_is_a_drug(text, event, label):
     assert [s.label for s in dosed_as_drugs(text, both)] == ([DRUG] if label == DRUG else [AE, DRUG])
 
 
-def test_decode_ends_no_span_on_a_word_that_joins_it_to_what_follows():
+def test_decode_neither_ends_nor_begins_a_span_on_a_word_that_joins_it_to_what_is_around():
     text = "Hepatomegaly with steatosis"
     offsets = [(0, 12), (13, 17), (18, 27)]
     probs = np.zeros((3, len(LABELS), 3))
@@ -514,6 +514,10 @@ def test_decode_ends_no_span_on_a_word_that_joins_it_to_what_follows():
     assert [s.text for s in decode(text, offsets, probs, marks, LABELS, 0.5)] == ["Hepatomegaly"]
     probs[2, 0] = [0.0, 0.0, 1.0]  # within a span the word stays
     assert [s.text for s in decode(text, offsets, probs, marks, LABELS, 0.5)] == ["Hepatomegaly with steatosis"]
+    text = "of opioid effects"  # nor begins one
+    probs[:, 0] = [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]]
+    assert [s.text for s in decode(text, [(0, 2), (3, 9), (10, 17)], probs, marks, LABELS, 0.5)] == [
+        "opioid effects"]
 
 
 def test_only_events_of_the_label_share_words():
