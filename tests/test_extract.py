@@ -518,6 +518,9 @@ def test_decode_neither_ends_nor_begins_a_span_on_a_word_that_joins_it_to_what_i
     probs[:, 0] = [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]]
     assert [s.text for s in decode(text, [(0, 2), (3, 9), (10, 17)], probs, marks, LABELS, 0.5)] == [
         "opioid effects"]
+    text = "her ventricular tachycardia"  # nor a possessive
+    assert [s.text for s in decode(text, [(0, 3), (4, 15), (16, 27)], probs, marks, LABELS, 0.5)] == [
+        "ventricular tachycardia"]
 
 
 def test_only_events_of_the_label_share_words():
