@@ -752,13 +752,17 @@ per head {info['threshold']}, hysteresis {info.get('extend', {})}, split on B {i
 | TAC 2017 dev split | AdverseReaction exact F1 | {m['tac_dev']['exact']['f1']} |
 | TAC 2017 dev split | AdverseReaction relaxed F1 | {m['tac_dev']['relaxed']['f1']} |
 {"".join(f"| PHEE dev | {label} exact F1 | {v['f1']} |" + chr(10) for label, v in m.get('heads_dev', {}).items())}
+The tagger alone, as training chose it. `linker annotate` adds the dictionary's steps (one span per name, events
+that share words, span edges: docs/extract.md); `eval/extract/report.md` scores the tagger with them.
+
 {_tests(info)}
 
 ## Intended use and limits
 
 Finding adverse-event and drug mentions in {_language(info)} case reports and drug labels, to be coded by `linker annotate`
-and reviewed by a person. Not a diagnostic device. {_use(info)} Discontinuous mentions come out as their
-separate pieces; overlapping mentions of one label as one. Status (negated, hypothetical) is learnt from few
+and reviewed by a person. Not a diagnostic device. {_use(info)} The tagger alone writes a discontinuous mention as
+its separate pieces and overlapping mentions of one label as one; with a dictionary (`annotate`), events that share
+words across "and", "or" or a slash are written as discontinuous mentions. Status (negated, hypothetical) is learnt from few
 examples (a few hundred) and is weaker than the spans.
 """
 
