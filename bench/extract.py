@@ -294,17 +294,15 @@ def speed_against(extractor, other_folder: Path, runs: int = 3, sentences: int =
 
 def phee_effects(extractor, split: str) -> dict:
     """Effect EM_F1 / Token_F1 of `extractor` on a PHEE split, PHEE's span convention (`style="phrases"`)."""
-    from linker.extract import AE, BENEFIT
     from linker.extract.data import read_phee
-    from linker.extract.metrics import phee_scores
-    from linker.extract.train import effect_strings
+    from linker.extract.train import effect_scores
 
     skipped: list[str] = []
     docs = read_phee(data.get("phee").path(split), skipped)
     t0 = time.perf_counter()
     spans = extractor.extract([d.text for d in docs], style="phrases")
     seconds = time.perf_counter() - t0
-    scores = phee_scores(effect_strings(docs), [[s.text for s in doc if s.label in (AE, BENEFIT)] for doc in spans])
+    scores = effect_scores(docs, spans)
     scores.update(sentences=len(docs), skipped_annotations=len(skipped), extract_seconds=round(seconds, 1),
                   sentences_per_s=round(len(docs) / seconds, 1))
     return scores

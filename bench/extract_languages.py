@@ -259,17 +259,16 @@ def tac_min_score() -> float | None:
 def english_cost(taggers: dict, dev_stems: list[str], limit: int | None) -> dict:
     """PHEE dev Effect EM/Token F1 (style phrases, AdverseEvent and TherapeuticEffect spans) and TAC dev
     AdverseReaction exact/relaxed F1 (style terms, any status) of each tagger, no dictionary names as evidence."""
-    from linker.extract import AE, BENEFIT
+    from linker.extract import AE
     from linker.extract.data import read_phee, read_tac_files
-    from linker.extract.metrics import mention_scores, phee_scores
-    from linker.extract.train import effect_strings
+    from linker.extract.metrics import mention_scores
+    from linker.extract.train import effect_scores
 
     phee = read_phee(data.get("phee").path("dev"))[:limit]
     tac = read_tac_files([data.get("tac2017").path("train") / f"{s}.xml" for s in dev_stems[:limit]])
     out = {"phee_sentences": len(phee), "tac_labels": len(dev_stems[:limit]), "tac_sections": len(tac)}
     for name, extractor in taggers.items():
-        spans = extractor.extract([d.text for d in phee], style="phrases")
-        scores = phee_scores(effect_strings(phee), [[s.text for s in doc if s.label in (AE, BENEFIT)] for doc in spans])
+        scores = effect_scores(phee, extractor.extract([d.text for d in phee], style="phrases"))
         terms = extractor.extract([d.text for d in tac], style="terms") if tac else []
         found = [[(s.start, s.end) for s in doc if s.label == AE] for doc in terms]
         out[name] = {"phee_dev": scores, "tac_dev": mention_scores([[g[0] for g in d.groups] for d in tac], found)}

@@ -40,6 +40,7 @@ from linker.extract.lexicon import Lexicon
 from linker.extract.extractor import KIND, MULTI, NAME, Extractor
 from linker.extract.metrics import mention_scores, phee_scores
 from linker.extract.model import (
+    ExtractedSpan,
     TaggerConfig,
     bottom,
     build_head,
@@ -233,6 +234,12 @@ def effect_strings(docs: list[Doc]) -> list[list[str]]:
     """The gold Effect strings of each PHEE sentence (adverse and therapeutic)."""
     return [[" ".join(d.text[s:e] for s, e in pieces) for pieces, label, _ in d.groups if label in (AE, BENEFIT)]
             for d in docs]
+
+
+def effect_scores(docs: list[Doc], spans: list[list[ExtractedSpan]]) -> dict:
+    """PHEE's Effect EM_F1 / Token_F1 (`phee_scores`) of each sentence's AdverseEvent and TherapeuticEffect `spans`
+    against the gold Effect strings of `docs`."""
+    return phee_scores(effect_strings(docs), [[s.text for s in doc if s.label in (AE, BENEFIT)] for doc in spans])
 
 
 def _trained_tensors(bert, head, frozen_layers: int) -> dict:
