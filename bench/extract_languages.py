@@ -11,6 +11,10 @@ The English tagger (`linker-ae`) against the multilingual one (`linker-ae-multi`
 3. the English cost: PHEE dev EM_F1 / Token_F1, TAC 2017 dev exact / relaxed F1;
 4. throughput: sentences/s on the same PHEE dev sentences, 1 thread, alternating, median of 3.
 A section whose data or tagger is absent is skipped, its reason in the report.
+
+Mantra GSC and CodiEsp are test sets: a run keeps the rows an earlier run scored (languages.json, with the commit that
+scored them and how many times) and scores them again only with `--rescore-test`; the Japanese labels, PHEE dev and
+TAC dev are development data, scored at every run with the code of the run.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 
 from bench import data
 from bench.extract import label_pt_scores as label_set_scores  # each label's id set against its gold set, micro
-from bench.report import REPO, Report, table
+from bench.report import REPO, Report, git_commit, table
 
 # Fixed before any figure was seen: "auto" (the default of `extract`) gives the term head's spans (TAC's short
 # concept terms, the convention of Mantra's and CodiEsp's concept mentions) and the phrase head's where no term was
@@ -246,6 +250,12 @@ def japanese(taggers: dict, path: Path, limit: int | None) -> dict:
     return out
 
 
+def keeps_test_rows(previous: dict, rescore: bool, limit: int | None) -> bool:
+    """Whether a run keeps the Mantra and CodiEsp (test) rows of the `previous` report: it has them, from a whole run
+    (no `--limit`), and this run is whole too and was not asked to score them again."""
+    return bool(previous.get("mantra")) and not rescore and not limit and not previous.get("limit")
+
+
 def tac_min_score() -> float | None:
     """The `--min-score` that `bench.extract` chose on the TAC dev split (eval/extract/report.json), None before
     it ran."""
@@ -329,7 +339,11 @@ def main() -> None:
                         help="Folder of the CodiEsp test texts (<doc>.txt); not in ../shared/data.")
     parser.add_argument("--limit", type=int, default=None, help="At most N units per language, labels, sentences.")
     parser.add_argument("--out", type=Path, default=REPO / "eval" / "extract")
+    parser.add_argument("--rescore-test", action="store_true",
+                        help="Score Mantra GSC and CodiEsp (test sets) again; by default the last run's rows are kept.")
     args = parser.parse_args()
+    previous_path = args.out / "languages.json"
+    previous = json.loads(previous_path.read_text(encoding="utf-8")) if previous_path.is_file() else {}
     import torch
 
     torch.set_num_threads(1)
@@ -349,15 +363,28 @@ def main() -> None:
         lexicons = {lang: Lexicon(names, source=f"hpo:{lang}") for lang in MANTRA_LANGS.values()
                     if (names := hpo_names(lang))}
         r["lookup_names"] = {lang: len(lexicon) for lang, lexicon in lexicons.items()}
-    if not data.skip_reason("mantra"):
+    keep = keeps_test_rows(previous, args.rescore_test, args.limit)
+    r["test_evaluations"] = previous.get("test_evaluations", 1 if previous.get("mantra") else 0)
+    if keep:  # the test rows of the run that scored them, not the code of this one
+        print(f"Mantra GSC test already scored {r['test_evaluations']} time(s): kept (--rescore-test scores again)")
+        r["mantra"], r["test_commit"] = previous["mantra"], previous.get("test_commit", previous.get("commit"))
+        if previous.get("codiesp"):
+            r["codiesp"] = previous["codiesp"]
+    elif not data.skip_reason("mantra"):
         docs = mantra_docs(data.get("mantra").path("test"))
         docs = [d for lang in MANTRA_LANGS.values() for d in [x for x in docs if x.lang == lang][:args.limit]]
         r["mantra"] = span_rows(docs, taggers, lexicons)
+        if not args.limit:
+            r["test_evaluations"] += 1
+            r["test_commit"] = git_commit()
     skipped = {"lookup": data.skip_reason("hpo"), "mantra": data.skip_reason("mantra")}
-    if not (why := data.skip_reason("codiesp")) and args.codiesp_texts and args.codiesp_texts.is_dir():
+    if keep:
+        if not r.get("codiesp"):
+            skipped["codiesp"] = (previous.get("skipped") or {}).get("codiesp") or "not scored by the kept run"
+    elif not (why := data.skip_reason("codiesp")) and args.codiesp_texts and args.codiesp_texts.is_dir():
         docs = codiesp_docs(data.get("codiesp").path("test"), args.codiesp_texts)[:args.limit]
         r["codiesp"] = span_rows(docs, taggers, {"es": lexicons.get("es")})
-    else:
+    elif not r.get("codiesp"):
         skipped["codiesp"] = why or ("the CodiEsp test texts are not in ../shared/data (only the *X.tsv "
                                      "annotations are): pass --codiesp-texts FOLDER")
     if (jp := data.root() / "onsides_jp" / "jp-annot-dev.json").is_file():
@@ -416,9 +443,13 @@ def render(r: dict) -> list[str]:
               + ", ".join(f"{k} {v:,}" for k, v in r.get("lookup_names", {}).items())
               + ". HPO holds phenotypes, not every disorder: a floor, not a rival dictionary. Exact: same offsets (a "
               "discontinuous gold mention counts as missed); relaxed: any overlap; micro over mentions.", ""]
+    if r.get("test_commit"):
+        lines += [f"Scored at commit {r['test_commit']}; the test set has been scored {r.get('test_evaluations', 1)} "
+                  "time(s) by this report. A later run keeps these rows (`--rescore-test` scores again): they hold "
+                  "the code of that commit, the sections below the code of this run.", ""]
     lines += _span_table(r["mantra"], systems) if r.get("mantra") else ["(skipped)"]
     lines += ["", "## Find the medical problem: CodiEsp DIAGNOSTICO (es, test)", ""]
-    lines += _span_table(r["codiesp"], systems) if r.get("codiesp") else [f"Skipped: {r['skipped']['codiesp']}"]
+    lines += _span_table(r["codiesp"], systems) if r.get("codiesp") else [f"Skipped: {r['skipped'].get('codiesp')}"]
     j = r.get("japanese")
     lines += ["", "## Japanese drug labels (OnSIDES-ANNOT development, PT sets)", ""]
     if j:
@@ -428,7 +459,8 @@ def render(r: dict) -> list[str]:
                   "labels' annotations: every gold PT has a name in it, and an LLT name is often the term as written, "
                   "so these rows are optimistic. Tagger rows: positive AdverseEvent spans (`style=\"auto\"`, the "
                   "Japanese assertion cues), alone and `+ names` (the dictionary's names as evidence, as `linker "
-                  "annotate` gives its index's), each "
+                  "annotate` gives its index's; a table row's span is then parted at its cells from the first that "
+                  "holds a name, `linker.extract.lexicon.table_cells`, a rule chosen on these labels: docs/extract.md), each "
                   "linked by exact normalised name, else by a tf-idf index of those names (character 1-2-grams, "
                   "`medical-crossing` preset) top-1; the label's PT set is the union. `lookup`: the names found in the "
                   "text by `Lexicon` (Japanese character by character: a name is found inside a longer run), each "

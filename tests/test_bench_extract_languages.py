@@ -90,3 +90,14 @@ def test_codiesp_diagnoses_only(tmp_path):
                    "S1\tPROCEDIMIENTO\tbv49zzz\tecografía renal\t36 45;46 51\n", encoding="utf-8")
     (doc,) = codiesp_docs(tsv, tmp_path / "texts")
     assert (doc.id, doc.lang, doc.mentions) == ("S1", "es", [((0, 15),)])
+
+
+def test_a_run_keeps_the_test_rows_of_the_last_whole_run():
+    from bench.extract_languages import keeps_test_rows
+
+    scored = {"mantra": {"en": {}}, "limit": None}
+    assert keeps_test_rows(scored, rescore=False, limit=None)
+    assert not keeps_test_rows(scored, rescore=True, limit=None)  # asked to score again
+    assert not keeps_test_rows(scored, rescore=False, limit=5)  # a slice scores its own slice
+    assert not keeps_test_rows({"mantra": {"en": {}}, "limit": 5}, rescore=False, limit=None)  # a slice is no score
+    assert not keeps_test_rows({}, rescore=False, limit=None)

@@ -414,6 +414,30 @@ def test_a_phrase_of_several_dictionary_names_is_one_span_per_name():
         ("発汗", AR, (0, 5)), ("幻覚", AR, (0, 5))]
 
 
+def test_a_japanese_table_row_loses_its_organ_class_where_a_cell_is_a_dictionary_name():
+    from linker.extract.lexicon import Lexicon, split_phrases, table_cells
+    from linker.extract.model import ExtractedSpan
+
+    lexicon = Lexicon(["悪心", "頭痛", "発疹"])
+    text = "消化器 悪心、胃部不快感\n精神神経系 頭痛\n皮膚 発疹 脱毛注2）\n血液 好酸球増多"
+    row = [ExtractedSpan(m, m + len(t), t, AR, "positive", 0.9)
+           for t in ("消化器 悪心", "精神神経系 頭痛", "皮膚 発疹 脱毛注2）", "血液 好酸球増多") for m in [text.index(t)]]
+    spans = split_phrases(text, row, lexicon.find(text))
+    # the organ class before the first name left out; the cells after it kept, a name or not ("脱毛注2）", which
+    # the dictionary lacks); a row with no name in any cell as the tagger found it
+    assert [(s.text, s.group) for s in spans] == [
+        ("悪心", (0, 6)), ("頭痛", (13, 21)), ("発疹", (22, 33)), ("脱毛注2）", (22, 33)), ("血液 好酸球増多", None)]
+    assert all(text[s.start:s.end] == s.text for s in spans)
+    # English keeps its spaces: a phrase of one name and other words stays whole
+    text = "itchy rash"
+    assert table_cells(text, [ExtractedSpan(0, 10, text, AE, "positive", 0.9)], Lexicon(["rash"]).find(text))[0].text \
+        == text
+    # a Drug span is no event: left as it is
+    text = "消化器 悪心"
+    assert [s.text for s in table_cells(text, [ExtractedSpan(0, 6, text, DRUG, "positive", 0.9)],
+                                        lexicon.find(text))] == [text]
+
+
 def _events(text, *words, label=AE):
     from linker.extract.model import ExtractedSpan
 
