@@ -428,6 +428,11 @@ def test_a_japanese_table_row_loses_its_organ_class_where_a_cell_is_a_dictionary
     assert [(s.text, s.group) for s in spans] == [
         ("悪心", (0, 6)), ("頭痛", (13, 21)), ("発疹", (22, 33)), ("脱毛注2）", (22, 33)), ("血液 好酸球増多", None)]
     assert all(text[s.start:s.end] == s.text for s in spans)
+    # a Japanese span of one name glued to other characters is that name (疲労感: 疲労), the span its group
+    text = "その他 疲労感、発熱"
+    glued = ExtractedSpan(4, 7, "疲労感", AR, "positive", 0.9)
+    assert [(s.text, s.group) for s in split_phrases(text, [glued], Lexicon(["疲労"]).find(text))] == [
+        ("疲労", (4, 7))]
     # English keeps its spaces: a phrase of one name and other words stays whole
     text = "itchy rash"
     assert table_cells(text, [ExtractedSpan(0, 10, text, AE, "positive", 0.9)], Lexicon(["rash"]).find(text))[0].text \
