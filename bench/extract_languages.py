@@ -163,11 +163,13 @@ def onsides_labels(path: Path) -> tuple[dict[str, str], dict[str, set[str]], dic
 # ---- runs ------------------------------------------------------------------------------------------------------
 
 
-def tagger_spans(extractor, texts: list[str]) -> list[list[tuple[int, int]]]:
-    """The AdverseEvent and Indication spans (any status) of each text: `Extractor.extract`, what `extract` runs."""
+def tagger_spans(extractor, texts: list[str], lexicon=None, lang: str | None = None) -> list[list[tuple]]:
+    """The AdverseEvent and Indication spans (any status) of each text, a discontinuous one as its pieces:
+    `Extractor.extract`, what `extract` runs, with `lexicon`'s names as evidence when given (what `annotate` runs)."""
     from linker.extract import AE, INDICATION
 
-    return [[(s.start, s.end) for s in doc] for doc in extractor.extract(texts, labels=(AE, INDICATION), style=STYLE)]
+    spans = extractor.extract(texts, labels=(AE, INDICATION), style=STYLE, lexicon=lexicon, langs=[lang] * len(texts))
+    return [[s.pieces or (s.start, s.end) for s in doc] for doc in spans]
 
 
 def span_rows(docs: list[GoldDoc], taggers: dict, lexicons: dict) -> dict:
@@ -178,9 +180,12 @@ def span_rows(docs: list[GoldDoc], taggers: dict, lexicons: dict) -> dict:
         row = {"units": len(part), "gold": sum(len(d.mentions) for d in part),
                "discontinuous_gold": sum(1 for d in part for m in d.mentions if len(m) > 1)}
         for name, extractor in taggers.items():
-            t0 = time.perf_counter()
-            row[name] = span_scores(part, tagger_spans(extractor, [d.text for d in part]))
-            row[name]["seconds"] = round(time.perf_counter() - t0, 1)
+            for system, lexicon in ((name, None), (f"{name} + names", lexicons.get(lang))):
+                if system != name and lexicon is None:
+                    continue
+                t0 = time.perf_counter()
+                row[system] = span_scores(part, tagger_spans(extractor, [d.text for d in part], lexicon, lang))
+                row[system]["seconds"] = round(time.perf_counter() - t0, 1)
         if lexicons.get(lang) is not None:
             row["lookup"] = span_scores(part, [lexicons[lang].find(d.text) for d in part])
             row["lookup"]["names"] = len(lexicons[lang])
@@ -425,7 +430,7 @@ def _cost_rows(name: str, run: dict, recorded: dict | None, tac: int) -> list[tu
 
 def render(r: dict) -> list[str]:
     t = r["taggers"]
-    systems = [*t, "lookup"]
+    systems = [*(x for n in t for x in (n, f"{n} + names")), "lookup"]
     lines = [f"Wall time {r['wall_seconds']:,} s, 1 torch thread." + (f" **Slice: `--limit {r['limit']}`** (at most "
              f"that many units per language, labels, sentences): a smoke run, not the figures." if r["limit"] else ""),
              "", *table(["role", "tagger", "folder", "base", "weights sha256"],
@@ -436,7 +441,8 @@ def render(r: dict) -> list[str]:
               f"Gold: the Mantra GSC mentions whose semantic group (AnnotatorNotes) is {DISO}. Predicted: the tagger's "
               f"AdverseEvent and Indication spans, any status, `style=\"{STYLE}\"` (fixed before any figure: the term "
               "head's short concept terms, Mantra's convention, and the phrase head's spans where no term was found), "
-              "no dictionary names as evidence. `lookup`: `linker.extract.lexicon.Lexicon` (lower case, whole words, "
+              "no dictionary names as evidence; `+ names`: the lookup's names as evidence, as `linker annotate` gives "
+              "its index's. `lookup`: `linker.extract.lexicon.Lexicon` (lower case, whole words, "
               "longest first) over HPO 2025-01-16's names in the language: en the names and EXACT synonyms of "
               "hp.obo, es/fr/de/nl every translation of `hp-<lang>.babelon.tsv` (es, fr official; de, nl "
               "candidate, machine-translated); normalised names kept: "
