@@ -159,7 +159,7 @@ def table_cells(text: str, spans: list[ExtractedSpan], found: list[tuple[int, in
     A drug label's table row reaches the tagger as its cells joined by spaces ("消化器 悪心、胃部不快感", "精神神経系
     頭痛"), and the tagger runs the row's organ class, its first cell, into the first event, which is then coded as a
     whole: on the 46 Japanese development labels (OnSIDES-ANNOT) the plain lookup found 79 PTs that the tagger lost,
-    most of them so. The cells before the first name are left out (the organ class); the cells after it are kept,
+    about half of those looked at so. The cells before the first name are left out (the organ class); the cells after it are kept,
     a name or not (an event the dictionary lacks); a span where no cell holds a name is kept as the tagger found it.
     Chosen on those labels among three rules (`eval/extract/languages.md`): breaking every span at white space made
     the organ classes events of their own; keeping only the cells that hold a name lost the nameless events."""
