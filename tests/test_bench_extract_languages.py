@@ -101,3 +101,36 @@ def test_a_run_keeps_the_test_rows_of_the_last_whole_run():
     assert not keeps_test_rows(scored, rescore=False, limit=5)  # a slice scores its own slice
     assert not keeps_test_rows({"mantra": {"en": {}}, "limit": 5}, rescore=False, limit=None)  # a slice is no score
     assert not keeps_test_rows({}, rescore=False, limit=None)
+
+
+def test_span_rows_score_each_tagger_alone_and_with_the_names_a_discontinuous_span_as_its_pieces():
+    from bench.extract_languages import span_rows
+    from linker.extract.model import ExtractedSpan
+
+    class Tagger:  # stands for an Extractor: the names, when given, turn "liver ... failure" into its pieces
+        def __init__(self):
+            self.calls = []
+
+        def extract(self, texts, *, labels, style, lexicon=None, langs=None):
+            self.calls.append((lexicon, langs))
+            if lexicon is None:
+                return [[ExtractedSpan(7, 15, "headache", "AdverseEvent", "positive", 0.9)] for _ in texts]
+            return [[ExtractedSpan(7, 15, "headache", "AdverseEvent", "positive", 0.9),
+                     ExtractedSpan(20, 33, "liver failure", "AdverseEvent", "positive", 0.9,
+                                   pieces=((20, 25), (26, 33)))] for _ in texts]
+
+    class Names:
+        def find(self, text):
+            return [(7, 15)]
+
+        def __len__(self):
+            return 1
+
+    doc = GoldDoc("d", "en", TEXT, [((7, 15),), ((20, 25), (26, 33))])
+    tagger = Tagger()
+    rows = span_rows([doc], {"multi": tagger}, {"en": Names()})["en"]
+    assert rows["multi"]["exact"]["recall"] == 50.0 and rows["multi + names"]["exact"]["recall"] == 100.0
+    assert rows["lookup"]["exact"]["recall"] == 50.0
+    assert [langs for _, langs in tagger.calls] == [["en"], ["en"]]
+    # a language without names has no `+ names` row
+    assert "multi + names" not in span_rows([doc], {"multi": Tagger()}, {})["en"]
