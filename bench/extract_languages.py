@@ -106,20 +106,28 @@ def codiesp_docs(tsv: Path, texts: Path) -> list[GoldDoc]:
 
 def hpo_names(lang: str) -> list[str]:
     """HPO's names in `lang`: for en the names and EXACT synonyms of hp.obo, else every ``translation_value`` of
-    ``hp-<lang>.babelon.tsv`` in that language."""
-    hpo = data.get("hpo")
+    ``hp-<lang>.babelon.tsv`` in that language; not those of the terms that name no event (Left, Mild:
+    `linker.extract.lexicon.non_event_ids`, as `annotate` leaves them out of an index's names)."""
+    from linker.extract.lexicon import non_event_ids
+
+    hpo, skip = data.get("hpo"), non_event_ids()
     if lang == "en":
         path = hpo.path("obo")
         text = (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")).read()
-        return re.findall(r"^name: (.+)$", text, re.M) + re.findall(r'^synonym: "(.+)" EXACT', text, re.M)
+        names = []
+        for stanza in text.split("\n[")[1:]:
+            term = re.search(r"^id: (\S+)", stanza, re.M)
+            if stanza.startswith("Term]") and term and term.group(1) not in skip:
+                names += re.findall(r"^name: (.+)$", stanza, re.M) + re.findall(r'^synonym: "(.+)" EXACT', stanza, re.M)
+        return names
     files = [p for p in hpo.paths("babelon") if p.name == f"hp-{lang}.babelon.tsv"]
     if not files:
         return []
     lines = files[0].read_text(encoding="utf-8").splitlines()
     head = lines[0].split("\t")
-    value, language = head.index("translation_value"), head.index("translation_language")
+    value, language, subject = (head.index(c) for c in ("translation_value", "translation_language", "subject_id"))
     return [cells[value] for cells in (line.split("\t") for line in lines[1:])
-            if len(cells) > value and cells[language] == lang and cells[value].strip()]
+            if len(cells) > value and cells[language] == lang and cells[value].strip() and cells[subject] not in skip]
 
 
 def html_text(markup: str) -> str:

@@ -25,7 +25,7 @@ from linker.confidence import AUTO, NO_LINK, REVIEW
 from linker.errors import ConfigError, InputFormatError, shorten
 from linker.extract.data import AE, BENEFIT, DRUG, INDICATION, LABELS, STATUSES
 from linker.extract.extractor import BY_LANGUAGE, MULTI, NAME, ByLanguage, Extractor, load_extractor, text_languages
-from linker.extract.lexicon import Lexicon
+from linker.extract.lexicon import Lexicon, non_event_ids
 from linker.extract.model import ExtractedSpan
 
 if TYPE_CHECKING:
@@ -136,7 +136,9 @@ _LEXICONS_LOCK = threading.Lock()
 
 
 def lexicon_of(linker: Linker) -> Lexicon | None:
-    """The names of `linker`'s index as a `Lexicon`, built once per Linker; None above `LEXICON_MAX_NAMES`."""
+    """The names of `linker`'s index as a `Lexicon`, built once per Linker; None above `LEXICON_MAX_NAMES`. The
+    names of concepts that name no event (HPO's Left, Bilateral, Mild, Frequent: `non_event_ids`) are left out,
+    in every language: the tagger takes a dictionary name inside its span for an event of its own."""
     index = linker.index
     with _LEXICONS_LOCK:
         if linker not in _LEXICONS:
@@ -146,7 +148,12 @@ def lexicon_of(linker: Linker) -> Lexicon | None:
                             index.folder, table.num_rows, LEXICON_MAX_NAMES)
                 _LEXICONS[linker] = None
             else:
-                _LEXICONS[linker] = Lexicon(table.column("name").to_pylist(), source=str(index.folder))
+                import pyarrow as pa
+                import pyarrow.compute as pc
+
+                qualifiers = pc.is_in(table.column("concept_id"), value_set=pa.array(sorted(non_event_ids())))
+                names = table.column("name").filter(pc.invert(qualifiers))
+                _LEXICONS[linker] = Lexicon(names.to_pylist(), source=str(index.folder))
         return _LEXICONS[linker]
 
 

