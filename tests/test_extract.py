@@ -236,6 +236,39 @@ def test_decode_joins_hyphenated_pieces_and_styles_pick_a_head():
     assert [(s.label, s.text) for s in select_style(both, "phrases")] == [(AE, "non-convulsive status")]
 
 
+def test_auto_style_keeps_each_coordinated_event_of_a_phrase_a_term_overlaps():
+    from linker.extract.extractor import select_style
+    from linker.extract.model import ExtractedSpan
+
+    def spans_of(text, phrase, terms, lang=None):
+        start = text.index(phrase)
+        spans = [ExtractedSpan(start, start + len(phrase), phrase, AE, "positive", 0.8)]
+        spans += [ExtractedSpan(text.index(t), text.index(t) + len(t), t, AR, "positive", 0.9) for t in terms]
+        return [(s.text, s.group is not None) for s in select_style(spans, "auto", text, lang)]
+
+    text = "He developed hearing loss and an unsteady gait while on it."
+    # the term found in one part no longer takes the other part's event with the phrase
+    assert spans_of(text, "hearing loss and an unsteady gait", ["unsteady gait"]) == [
+        ("hearing loss", True), ("unsteady gait", False)]
+    text = "She had dizziness, nausea and a strange tingling in both hands."
+    assert [t for t, _ in spans_of(text, "dizziness, nausea and a strange tingling in both hands", ["tingling"])] == [
+        "dizziness", "nausea", "tingling"]
+    # a part of grades and fillers alone is no event; a phrase no coordinator parts still goes whole
+    text = "severe and a rash"
+    assert [t for t, _ in spans_of(text, text, ["rash"])] == ["rash"]
+    text = "worsening rash"
+    assert [t for t, _ in spans_of(text, text, ["rash"])] == ["rash"]
+    # the coordinators of the text's language: Spanish "y", not the English "and"
+    text = "empeoramiento de la hipoacusia y de la alteración en la marcha"
+    assert [t for t, _ in spans_of(text, text, ["alteración en la marcha"], "es")] == [
+        "empeoramiento de la hipoacusia", "alteración en la marcha"]
+    assert [t for t, _ in spans_of(text, text, ["alteración en la marcha"], "ja")] == ["alteración en la marcha"]
+    # without the text (a caller of the old signature) the phrase goes whole, as before
+    spans = [ExtractedSpan(0, 17, "severe and a rash", AE, "positive", 0.8),
+             ExtractedSpan(13, 17, "rash", AR, "positive", 0.9)]
+    assert [s.text for s in select_style(spans, "auto")] == ["rash"]
+
+
 def test_train_extractor_cli_writes_a_release_that_loads(tmp_path, capsys):
     import json
 

@@ -44,8 +44,8 @@ _BREAK = re.compile("\n")
 # tagger's on dev).
 JOINING_WORDS = frozenset("with of in and or to for at on by from including".split())
 POSSESSIVES = frozenset("her his their its my your our".split())
-_TRAILING = re.compile(rf"(?:\s+(?:{'|'.join(sorted(JOINING_WORDS))}))+\W*$", re.IGNORECASE)
-_LEADING = re.compile(rf"\W*(?:(?:{'|'.join(sorted(JOINING_WORDS | POSSESSIVES))})\s+)+", re.IGNORECASE)
+TRAILING = re.compile(rf"(?:\s+(?:{'|'.join(sorted(JOINING_WORDS))}))+\W*$", re.IGNORECASE)
+LEADING = re.compile(rf"\W*(?:(?:{'|'.join(sorted(JOINING_WORDS | POSSESSIVES))})\s+)+", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -292,9 +292,9 @@ def decode(text: str, offsets: list[tuple[int, int]], probs: np.ndarray, status_
                 continue
             start, end = int(offsets[i][0]), int(offsets[j - 1][1])  # offsets may be a numpy array
             start, end = _whole_words(text, start, end)
-            if trailing := _TRAILING.search(text, start, end):
+            if trailing := TRAILING.search(text, start, end):
                 end = trailing.start()
-            if (leading := _LEADING.match(text, start, end)) and leading.end() < end:
+            if (leading := LEADING.match(text, start, end)) and leading.end() < end:
                 start = leading.end()
             marks = status_probs[i:j].mean(axis=0)
             confidence = float((1.0 - p[i:j, O]).mean())
@@ -391,6 +391,6 @@ def split_logits(logits, n_labels: int):
     return tag.reshape(*tag.shape[:-1], n_labels, 3), logits[..., 3 * n_labels:]
 
 
-__all__ = ["AR", "TOKENIZE_CHARS", "Evidence", "ExtractedSpan", "TaggerConfig", "bottom", "build_head", "decode",
+__all__ = ["AR", "LEADING", "TOKENIZE_CHARS", "TRAILING", "Evidence", "ExtractedSpan", "TaggerConfig", "bottom", "build_head", "decode",
            "head_size", "lexicon_spans", "overlap_test", "split_logits", "token_tags", "token_windows", "tokenize",
            "tokenize_arrays", "top", "windows"]
