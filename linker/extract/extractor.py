@@ -498,6 +498,6 @@ def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = T
     return Extractor(bert, tokenizer, head, config, name=release.name, revision=release.revision)
 
 
-__all__ = ["ASSERTIONS", "BY_LANGUAGE", "COORDINATORS", "EXTRACTORS", "MODULES", "MULTI", "NAME", "STYLES", "ByLanguage",
-           "Extractor", "coordinated_parts", "load_extractor", "release_path", "release_paths", "select_style", "tagger_for",
-           "text_languages", "uncovered_parts"]
+__all__ = ["ASSERTIONS", "BY_LANGUAGE", "COORDINATORS", "EXTRACTORS", "MODULES", "MULTI", "NAME", "STYLES",
+           "ByLanguage", "Extractor", "coordinated_parts", "load_extractor", "release_path", "release_paths",
+           "select_style", "tagger_for", "text_languages", "uncovered_parts"]

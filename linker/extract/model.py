@@ -391,6 +391,6 @@ def split_logits(logits, n_labels: int):
     return tag.reshape(*tag.shape[:-1], n_labels, 3), logits[..., 3 * n_labels:]
 
 
-__all__ = ["AR", "LEADING", "TOKENIZE_CHARS", "TRAILING", "Evidence", "ExtractedSpan", "TaggerConfig", "bottom", "build_head", "decode",
-           "head_size", "lexicon_spans", "overlap_test", "split_logits", "token_tags", "token_windows", "tokenize",
-           "tokenize_arrays", "top", "windows"]
+__all__ = ["AR", "LEADING", "TOKENIZE_CHARS", "TRAILING", "Evidence", "ExtractedSpan", "TaggerConfig", "bottom",
+           "build_head", "decode", "head_size", "lexicon_spans", "overlap_test", "split_logits", "token_tags",
+           "token_windows", "tokenize", "tokenize_arrays", "top", "windows"]
