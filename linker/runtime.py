@@ -236,6 +236,14 @@ class BertRuntime:
     def __call__(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
         """(batch, hidden) pooled vectors of `ids` (batch, length) int64 with `mask` (batch, length) 0/1 and, for
         text pairs, their token `types` (0 for the first text, 1 for the second)."""
+        x = self.hidden(ids, mask, types)
+        if self.pooling == "cls":
+            return x[:, 0]
+        weights = mask.astype(np.float32)[:, :, None]
+        return (x * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), np.float32(1e-9))
+
+    def hidden(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None = None) -> np.ndarray:
+        """(batch, length, hidden): the last layer's vector of each token (a token tagger's input)."""
         batch, length = ids.shape
         shape = self.shape
         heads, width = shape.heads, shape.hidden // shape.heads
@@ -260,11 +268,7 @@ class BertRuntime:
             ffn += down_b
             ffn += x
             x = _layer_norm(ffn, *norm2, shape.eps)
-        x = x.reshape(batch, length, shape.hidden)
-        if self.pooling == "cls":
-            return x[:, 0]
-        weights = mask.astype(np.float32)[:, :, None]
-        return (x * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), np.float32(1e-9))
+        return x.reshape(batch, length, shape.hidden)
 
 
 class RuntimeEncoder:

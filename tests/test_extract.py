@@ -717,3 +717,26 @@ def test_a_discontinuous_event_is_written_as_its_pieces_in_ade_xml_brat_and_json
     write_output([doc], tmp_path / "spans.jsonl", "jsonl")
     first = json.loads((tmp_path / "spans.jsonl").read_text().splitlines()[0])
     assert first["pieces"] == [[0, 7], [25, 34]] and first["text"] == "Ciliary hyperemia"
+
+
+def test_shipped_tagger_runs_in_numpy_as_in_torch(monkeypatch):
+    """A shipped tagger loads in `linker.runtime`'s numpy (no torch import for `annotate`'s first answer): the same
+    probabilities as its torch twin within float rounding, the same spans; a call of many windows goes to the twin."""
+    import linker.extract.extractor as extractor_module
+    from linker.extract.extractor import _load_tagger, release_path
+    from linker.models import read_release
+
+    folder = release_path("linker-ae")
+    release = read_release(folder)
+    fast, slow = (_load_tagger(folder, release, 1, runtime=r) for r in ("auto", "torch"))
+    assert (fast.runtime, slow.runtime) == ("numpy", "torch")
+    texts = ["A 45-year-old woman developed severe nausea and hair loss after starting cisplatin.",
+             "No fever. She had headaches before starting the drug; the rash cleared after stopping.", ""]
+    for (o1, p1, m1), (o2, p2, m2) in zip(fast._probabilities(texts), slow._probabilities(texts), strict=True):
+        assert np.array_equal(o1, o2) and np.allclose(p1, p2, atol=1e-4) and np.allclose(m1, m2, atol=1e-4)
+    spans = [[(s.start, s.end, s.label, s.status) for s in doc] for doc in fast.extract(texts)]
+    assert spans == [[(s.start, s.end, s.label, s.status) for s in doc] for doc in slow.extract(texts)]
+    assert any(label == AE for _, _, label, _ in spans[0])
+    monkeypatch.setattr(extractor_module, "TORCH_MIN_PIECES", 1)
+    assert [[(s.start, s.end, s.label, s.status) for s in doc] for doc in fast.extract(texts)] == spans
+    assert fast.torch_twin().runtime == "torch"

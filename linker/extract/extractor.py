@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -37,6 +39,7 @@ from linker.extract.model import (
     build_head,
     decode,
     device_of,
+    head_size,
     lexicon_spans,
     overlap_test,
     split_logits,
@@ -48,6 +51,12 @@ from linker.extract.model import (
 log = logging.getLogger(__name__)
 
 NAME = "linker-ae"
+# Word pieces in one call from which a numpy tagger hands its forward passes to its torch twin. On one thread numpy
+# costs more than torch, the more so the longer the windows: PHEE dev's 961 sentences (30,942 pieces) 1.1x (linker-ae
+# 86.6 against 95.1 sentences/s; linker-ae-multi 38.5 against 43.6), TAC 2017 dev's 20 labels (681 windows of up to
+# 126 pieces, 83,630) 1.2x (30 s against 25). Loading torch's twin (~4 s) is repaid from some 65,000 pieces of
+# labels: `annotate` of a few texts, a label, the service's requests stay in numpy; a corpus goes to torch.
+TORCH_MIN_PIECES = 65_536
 MULTI = "linker-ae-multi"  # the multilingual tagger (es, fr, de, nl, ja and en) on multilingual-e5-small
 BY_LANGUAGE = "auto"  # `load_extractor`'s default: each text's tagger by its language (`ByLanguage`)
 KIND = "tagger"
@@ -70,12 +79,25 @@ MAX_LABELS = 64
 MAX_FROZEN = 64
 
 
-class Extractor:
-    """A tagger: the base transformer with its trained top layers, the head, the tokenizer and the config."""
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, float32."""
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
-    def __init__(self, bert, tokenizer, head, config: TaggerConfig, *, name: str = "", revision: str = "") -> None:
+
+class Extractor:
+    """A tagger: the base transformer with its trained top layers, the head, the tokenizer and the config.
+
+    `bert` and `head` are torch modules (training, a GPU, bf16), or `bert` is a `linker.runtime.BertRuntime` and
+    `head` a (weight, bias) pair of arrays: the same forward pass in numpy, which a shipped tagger runs on the CPU
+    (`_load_tagger`) so that `annotate` needs no torch, whose import took ~3 s of its first answer."""
+
+    def __init__(self, bert, tokenizer, head, config: TaggerConfig, *, name: str = "", revision: str = "",
+                 threads: int | None = None, torch_loader: Callable[[], Extractor] | None = None) -> None:
         self.bert, self.tokenizer, self.head, self.config = bert, tokenizer, head, config
-        self.name, self.revision = name, revision
+        self.name, self.revision, self.threads = name, revision, threads
+        self.runtime = "numpy" if isinstance(head, tuple) else "torch"
+        self._torch_loader, self._torch = torch_loader, None  # the torch twin of a numpy tagger, for bulk calls
         self._lock = threading.Lock()  # torch modules are shared: one forward pass at a time
 
     def probabilities(self, text: str) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
@@ -91,8 +113,6 @@ class Extractor:
     def _probabilities(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """`probabilities` of each text, its offsets an array (tokens, 2): ids, offsets and sums of probabilities
         take 84 bytes a token (lists of tuples would add ~150), so a 5 MB text (~1.15M tokens) holds ~100 MB."""
-        import torch
-
         cfg, n_labels = self.config, len(self.config.labels)
         cls, sep, pad = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id or 0
         tokenized = [tokenize_arrays(self.tokenizer, text) for text in texts]
@@ -102,22 +122,20 @@ class Extractor:
         status = [np.zeros((len(ids), 3), np.float32) for ids, _ in tokenized]
         counts = [np.zeros(len(ids), np.float32) for ids, _ in tokenized]
         jobs.sort(key=lambda job: job[2] - job[1])  # similar lengths together: less padding
-        device = device_of(self.bert)
-        with self._lock, torch.inference_mode():
-            self.bert.eval()
+        forward = self._forward
+        if self.runtime == "numpy" and sum(b - a for _, a, b in jobs) >= TORCH_MIN_PIECES:
+            forward = self.torch_twin()._forward
+        with self._lock:
             for first in range(0, len(jobs), BATCH):
                 batch = jobs[first:first + BATCH]
                 width = max(b - a for _, a, b in batch) + 2
-                ids = torch.full((len(batch), width), pad, dtype=torch.long)
-                mask = torch.zeros((len(batch), width), dtype=torch.long)
+                ids = np.full((len(batch), width), pad, dtype=np.int64)
+                mask = np.zeros((len(batch), width), dtype=np.int64)
                 for row, (t, a, b) in enumerate(batch):
                     ids[row, 0], ids[row, 1 + b - a] = cls, sep
-                    ids[row, 1: 1 + b - a] = torch.from_numpy(tokenized[t][0][a:b].astype(np.int64))
+                    ids[row, 1: 1 + b - a] = tokenized[t][0][a:b]
                     mask[row, : 2 + b - a] = 1
-                ids, mask = ids.to(device), mask.to(device)
-                hidden = bottom(self.bert, ids, mask, cfg.frozen_layers)
-                tags, marks = split_logits(top(self.bert, self.head, hidden, mask, cfg.frozen_layers), n_labels)
-                tags, marks = tags.softmax(-1).float().cpu().numpy(), marks.softmax(-1).float().cpu().numpy()
+                tags, marks = forward(ids, mask)
                 for row, (t, a, b) in enumerate(batch):
                     sums[t][a:b] += tags[row, 1: 1 + b - a]
                     status[t][a:b] += marks[row, 1: 1 + b - a]
@@ -129,6 +147,36 @@ class Extractor:
             m /= c
             out.append((offsets, s, m))
         return out
+
+    def torch_twin(self) -> Extractor:
+        """This numpy tagger's torch twin, loaded on first need (the same tensors; the probabilities agree within
+        1e-5), or itself."""
+        if self._torch_loader is None:
+            return self
+        if self._torch is None:
+            self._torch = self._torch_loader()
+        return self._torch
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tag and status probabilities, (batch, width, labels, 3) and (batch, width, 3) float32, of token `ids`
+        (batch, width) int64 with `mask` 0/1."""
+        n_labels = len(self.config.labels)
+        if self.runtime == "numpy":
+            from linker.runtime import _blas_threads
+
+            weight, bias = self.head
+            with _blas_threads(self.threads or os.cpu_count() or 1):
+                logits = self.bert.hidden(ids, mask) @ weight.T + bias
+            return tuple(_softmax(part) for part in split_logits(logits, n_labels))
+        import torch
+
+        device = device_of(self.bert)
+        with torch.inference_mode():
+            self.bert.eval()
+            ids, mask = torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+            hidden = bottom(self.bert, ids, mask, self.config.frozen_layers)
+            tags, marks = split_logits(top(self.bert, self.head, hidden, mask, self.config.frozen_layers), n_labels)
+            return tags.softmax(-1).float().cpu().numpy(), marks.softmax(-1).float().cpu().numpy()
 
     def thresholds(self, threshold: float | None = None) -> dict:
         labels = self.config.labels
@@ -452,12 +500,66 @@ def _load(folder: Path, threads: int | None, *, digest: bool = True) -> Extracto
     return extractor
 
 
-@EXTRACTORS.register(KIND)
-def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = True) -> Extractor:
-    """The token tagger (`linker.extract.model`) over its base encoder."""
-    import torch
+class RuntimeTokenizer:
+    """A `tokenizer.json` read by the `tokenizers` library, called as a transformers fast tokenizer is by
+    `linker.extract.model.token_windows` (ids and character offsets, no special tokens, no truncation): the same
+    library and file underneath, without transformers' import."""
 
-    from linker.encoders import load_encoder, resolve_encoder, transformer_module
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        specials = self.tokenizer.encode("", add_special_tokens=True).ids  # [CLS] [SEP], or <s> </s>
+        if len(specials) != 2:
+            raise InputFormatError(path, "a tokenizer that puts one token before a text and one after",
+                                   f"{len(specials)} special tokens")
+        self.cls_token_id, self.sep_token_id = specials
+        self.pad_token_id = next((i for t in ("[PAD]", "<pad>") if (i := self.tokenizer.token_to_id(t)) is not None), 0)
+
+    def __call__(self, text: str, *, add_special_tokens: bool = False, **_) -> dict:
+        encoded = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return {"input_ids": encoded.ids, "offset_mapping": encoded.offsets}
+
+
+def _runtime_tagger(folder: Path, release, spec, config: TaggerConfig, threads: int | None,
+                    torch_loader: Callable[[], Extractor]) -> Extractor | None:
+    """The tagger of `folder` run by `linker.runtime` (numpy), or None where its base is no plain BERT folder
+    (`linker.runtime.plain_bert`): the base's weights memory-mapped, the release's trained tensors over them."""
+    from linker.runtime import TOKENIZER, WEIGHTS, BertRuntime, plain_bert, read_safetensors, release_tensors
+
+    from linker.models import MANIFEST, shown
+    from linker.models import WEIGHTS as RELEASE_WEIGHTS
+
+    settings, why = plain_bert(spec.path, spec.pooling)
+    if settings is None:
+        log.debug("tagger %s: not run by the numpy runtime (%s)", folder, why)
+        return None
+    shape = settings["shape"]
+    for field, value, high in (("frozen_layers", config.frozen_layers, shape.layers - 1),
+                               ("max_length", config.max_length, shape.max_positions)):
+        if value > high:
+            raise InputFormatError(f"{folder / MANIFEST}: field {field!r}", f"at most {high} for base {release.base!r}",
+                                   shown(value))
+    base = read_safetensors(Path(spec.path) / WEIGHTS)
+    trained = release_tensors(folder, base, new=("head.",))
+    head = trained.pop("head.weight", None), trained.pop("head.bias", None)
+    if head[0] is None or head[1] is None or head[0].shape != (head_size(config), shape.hidden):
+        found = str(None if head[0] is None else head[0].shape)
+        raise InputFormatError(folder / RELEASE_WEIGHTS, f"head tensors of shape ({head_size(config)}, "
+                               f"{shape.hidden}) for {len(config.labels)} labels (its manifest)", found)
+    bert = BertRuntime({**base, **trained}, shape, settings["pooling"])
+    return Extractor(bert, RuntimeTokenizer(Path(spec.path) / TOKENIZER), head, config, name=release.name,
+                     revision=release.revision, threads=threads, torch_loader=torch_loader)
+
+
+@EXTRACTORS.register(KIND)
+def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = True, runtime: str = "auto"
+                 ) -> Extractor:
+    """The token tagger (`linker.extract.model`) over its base encoder: in numpy (`_runtime_tagger`) where its
+    base allows and `runtime` is ``auto``, else in torch (``torch``)."""
+    from linker.encoders import resolve_encoder
     from linker.models import MANIFEST, WEIGHTS, load_tensors, shown
 
     manifest = release.manifest
@@ -466,6 +568,14 @@ def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = T
     if manifest.get("base_revision") and spec.revision != manifest["base_revision"]:
         raise ConfigError(f"{folder}: trained on {release.base} {manifest['base_revision']}, but this machine has "
                           f"{spec.revision}; install that version, or retrain with `linker train extractor`")
+    if runtime == "auto":
+        twin = functools.partial(_load_tagger, folder, release, threads, digest=digest, runtime="torch")
+        if (tagger := _runtime_tagger(folder, release, spec, config, threads, twin)) is not None:
+            return tagger
+    import torch
+
+    from linker.encoders import load_encoder, transformer_module
+
     encoder = load_encoder(spec, threads=threads, device="cpu")
     bert = transformer_module(encoder.model)
     tokenizer = encoder.model.tokenizer

@@ -411,9 +411,9 @@ class TagJob:
 
 
 def _load_tagger(threads: int) -> Any:
-    from linker.extract import load_extractor  # torch: imported on the first /annotate, not at start-up
+    from linker.extract import load_extractor  # the taggers: loaded on the first /annotate, not at start-up
 
-    return load_extractor(threads=threads)  # torch's threads: the pool's share of the cores for one call
+    return load_extractor(threads=threads)  # its threads: the pool's share of the cores for one call
 
 
 class Tagger(_WorkQueue):
