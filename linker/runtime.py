@@ -49,6 +49,17 @@ MAX_HEADER_BYTES = 100 << 20  # the safetensors format's own limit on its JSON h
 PLAIN_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
+def read_tokenizer(path: str | Path):
+    """A `tokenizer.json` through the `tokenizers` library, with the padding and truncation it may carry cleared
+    (minilm's: both at 128): transformers sets them per call, and each caller here sets its own."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     """The tensors of a safetensors file as read-only numpy arrays over one memory map: nothing is copied, and a
     page is read when a forward pass first touches it (e5-small's 384 MB of word embeddings: only the rows of the
@@ -287,18 +298,12 @@ class RuntimeEncoder:
     def __init__(self, spec, folder: Path, settings: dict, tensors: dict[str, np.ndarray], *,
                  torch_loader: Callable[[], object] | None = None, torch_min_texts: int | None = None,
                  threads: int | None = None) -> None:
-        from tokenizers import Tokenizer
-
         self.spec = spec
         self.max_length = settings["max_length"]
         self.lowercase = settings["lowercase"]
         self.model = BertRuntime(tensors, settings["shape"], settings["pooling"])
         self.dim = settings["shape"].hidden
-        self.tokenizer = Tokenizer.from_file(str(folder / TOKENIZER))
-        # tokenizer.json may carry its own padding and truncation (minilm's: both at 128); transformers sets them
-        # per call, so they are cleared here and applied as sentence-transformers does.
-        self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
+        self.tokenizer = read_tokenizer(folder / TOKENIZER)  # truncated as sentence-transformers does, below
         self._folder = folder
         self._cut = None  # a second tokenizer that truncates, made when a text first needs it
         self._torch_loader = torch_loader
@@ -315,10 +320,7 @@ class RuntimeEncoder:
 
     def _truncating(self):
         if self._cut is None:
-            from tokenizers import Tokenizer
-
-            cut = Tokenizer.from_file(str(self._folder / TOKENIZER))
-            cut.no_padding()
+            cut = read_tokenizer(self._folder / TOKENIZER)
             cut.enable_truncation(self.max_length)
             self._cut = cut
         return self._cut
@@ -435,8 +437,6 @@ class RuntimeCrossEncoder:
 
     def __init__(self, info, tensors: dict[str, np.ndarray], shape: BertShape, tokenizer_file: Path, *,
                  max_length: int, threads: int | None = None) -> None:
-        from tokenizers import Tokenizer
-
         self.info = info
         self.model = BertRuntime(tensors, shape, "cls")
 
@@ -450,8 +450,7 @@ class RuntimeCrossEncoder:
         if self.classifier[0].shape != (shape.hidden, 1):
             raise InputFormatError("cross-encoder weights: classifier.weight", f"(1, {shape.hidden})",
                                    str(tuple(self.classifier[0].shape[::-1])))
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self.tokenizer.no_padding()
+        self.tokenizer = read_tokenizer(tokenizer_file)
         self.tokenizer.enable_truncation(max_length, strategy="longest_first")
         self.threads = threads or RUNTIME_THREADS
 
@@ -610,4 +609,4 @@ def release_tensors(release_folder: str | Path, base: dict[str, np.ndarray], *, 
 
 
 __all__ = ["BertRuntime", "RuntimeCrossEncoder", "RuntimeEncoder", "TORCH_MIN_TEXTS", "load_runtime",
-           "load_runtime_cross_encoder", "plain_bert", "plain_cross_encoder", "read_safetensors"]
+           "load_runtime_cross_encoder", "plain_bert", "plain_cross_encoder", "read_safetensors", "read_tokenizer"]

@@ -6,7 +6,6 @@ import bisect
 import functools
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -162,10 +161,11 @@ class Extractor:
         (batch, width) int64 with `mask` 0/1."""
         n_labels = len(self.config.labels)
         if self.runtime == "numpy":
+            from linker.precision import available_cpus
             from linker.runtime import _blas_threads
 
             weight, bias = self.head
-            with _blas_threads(self.threads or os.cpu_count() or 1):
+            with _blas_threads(self.threads or available_cpus()):
                 logits = self.bert.hidden(ids, mask) @ weight.T + bias
             return tuple(_softmax(part) for part in split_logits(logits, n_labels))
         import torch
@@ -500,17 +500,26 @@ def _load(folder: Path, threads: int | None, *, digest: bool = True) -> Extracto
     return extractor
 
 
+def _check_fits_base(folder: Path, base: str, config: TaggerConfig, layers: int, positions: int) -> None:
+    """Refuse a manifest whose frozen layers or window the base cannot hold (a layer to train, its positions)."""
+    from linker.models import MANIFEST, shown
+
+    for field, value, high in (("frozen_layers", config.frozen_layers, layers - 1),
+                               ("max_length", config.max_length, positions)):
+        if value > high:
+            raise InputFormatError(f"{folder / MANIFEST}: field {field!r}", f"at most {high} for base {base!r}",
+                                   shown(value))
+
+
 class RuntimeTokenizer:
     """A `tokenizer.json` read by the `tokenizers` library, called as a transformers fast tokenizer is by
     `linker.extract.model.token_windows` (ids and character offsets, no special tokens, no truncation): the same
     library and file underneath, without transformers' import."""
 
     def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer
+        from linker.runtime import read_tokenizer
 
-        self.tokenizer = Tokenizer.from_file(str(path))
-        self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
+        self.tokenizer = read_tokenizer(path)
         specials = self.tokenizer.encode("", add_special_tokens=True).ids  # [CLS] [SEP], or <s> </s>
         if len(specials) != 2:
             raise InputFormatError(path, "a tokenizer that puts one token before a text and one after",
@@ -527,21 +536,15 @@ def _runtime_tagger(folder: Path, release, spec, config: TaggerConfig, threads: 
                     torch_loader: Callable[[], Extractor]) -> Extractor | None:
     """The tagger of `folder` run by `linker.runtime` (numpy), or None where its base is no plain BERT folder
     (`linker.runtime.plain_bert`): the base's weights memory-mapped, the release's trained tensors over them."""
-    from linker.runtime import TOKENIZER, WEIGHTS, BertRuntime, plain_bert, read_safetensors, release_tensors
-
-    from linker.models import MANIFEST, shown
     from linker.models import WEIGHTS as RELEASE_WEIGHTS
+    from linker.runtime import TOKENIZER, WEIGHTS, BertRuntime, plain_bert, read_safetensors, release_tensors
 
     settings, why = plain_bert(spec.path, spec.pooling)
     if settings is None:
         log.debug("tagger %s: not run by the numpy runtime (%s)", folder, why)
         return None
     shape = settings["shape"]
-    for field, value, high in (("frozen_layers", config.frozen_layers, shape.layers - 1),
-                               ("max_length", config.max_length, shape.max_positions)):
-        if value > high:
-            raise InputFormatError(f"{folder / MANIFEST}: field {field!r}", f"at most {high} for base {release.base!r}",
-                                   shown(value))
+    _check_fits_base(folder, release.base, config, shape.layers, shape.max_positions)
     base = read_safetensors(Path(spec.path) / WEIGHTS)
     trained = release_tensors(folder, base, new=("head.",))
     head = trained.pop("head.weight", None), trained.pop("head.bias", None)
@@ -560,7 +563,7 @@ def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = T
     """The token tagger (`linker.extract.model`) over its base encoder: in numpy (`_runtime_tagger`) where its
     base allows and `runtime` is ``auto``, else in torch (``torch``)."""
     from linker.encoders import resolve_encoder
-    from linker.models import MANIFEST, WEIGHTS, load_tensors, shown
+    from linker.models import WEIGHTS, load_tensors
 
     manifest = release.manifest
     config = tagger_config(folder, manifest, digest=digest)
@@ -579,12 +582,7 @@ def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = T
     encoder = load_encoder(spec, threads=threads, device="cpu")
     bert = transformer_module(encoder.model)
     tokenizer = encoder.model.tokenizer
-    layers, positions = bert.config.num_hidden_layers, bert.config.max_position_embeddings
-    for field, value, high in (("frozen_layers", config.frozen_layers, layers - 1),
-                               ("max_length", config.max_length, positions)):
-        if value > high:
-            raise InputFormatError(f"{folder / MANIFEST}: field {field!r}", f"at most {high} for base {release.base!r}",
-                                   shown(value))
+    _check_fits_base(folder, release.base, config, bert.config.num_hidden_layers, bert.config.max_position_embeddings)
     tensors = load_tensors(release)
     head = build_head(bert.config.hidden_size, config)
     head_state = {k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")}

@@ -59,9 +59,8 @@ EVENT_BRANCHES = ("HP:0000118", "HP:0040006", "HP:0032443")
 
 @functools.cache
 def modifiers() -> frozenset[str]:
-    """The normalised words that grade an event (`MODIFIERS_FILE`, one a line, # comments)."""
-    text = (resources.files("linker") / MODIFIERS_FILE).read_text(encoding="utf-8")
-    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    """The normalised words that grade an event (`MODIFIERS_FILE`)."""
+    return _listed(MODIFIERS_FILE)
 
 
 @functools.cache
@@ -72,9 +71,14 @@ def modifier_words() -> frozenset[str]:
 
 @functools.cache
 def non_event_ids() -> frozenset[str]:
-    """The concept ids whose names are no evidence of an event (`NON_EVENTS_FILE`, one a line, # comments): HPO's
-    qualifiers and the like (`hpo_non_events`)."""
-    text = (resources.files("linker") / NON_EVENTS_FILE).read_text(encoding="utf-8")
+    """The concept ids whose names are no evidence of an event (`NON_EVENTS_FILE`): HPO's qualifiers and the like
+    (`hpo_non_events`)."""
+    return _listed(NON_EVENTS_FILE)
+
+
+def _listed(resource: str) -> frozenset[str]:
+    """The entries of a list the package ships: one a line, blank lines and # comments skipped."""
+    text = (resources.files("linker") / resource).read_text(encoding="utf-8")
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 
