@@ -169,6 +169,9 @@ def test_phee_brat_effects_drugs_and_event_attributes(tmp_path):
         "4": ("Nausea may follow cisplatin.",
               "T1\tEffect 0 6\tNausea\nT2\tAdverse_event 11 17\tfollow\nE1\tAdverse_event:T2\nA1\tSpeculated E1\n"
               "T3\tDrug 18 27\tcisplatin\n"),
+        "5": ("A patient with sarcoidosis developed rash on drug X.",
+              "T1\tSub-Disorder 15 26\tsarcoidosis\nT2\tEffect 37 41\trash\nT3\tAdverse_event 27 36\tdeveloped\n"
+              "E1\tAdverse_event:T3\n"),
     }
     for name, (text, ann) in docs.items():
         (folder / f"{name}.txt").write_text(text, encoding="utf-8")
@@ -178,6 +181,9 @@ def test_phee_brat_effects_drugs_and_event_attributes(tmp_path):
     assert read["2"].spans == [(0, 9, DRUG, "positive"), (18, 29, "TherapeuticEffect", "positive")]
     assert read["3"].spans == [(3, 12, AE, "negated")]
     assert read["4"].spans == [(0, 6, AE, "hypothetical"), (18, 27, DRUG, "positive")]
+    # the subject's own disorder is kept aside for evaluation, never a training label
+    assert read["5"].spans == [(37, 41, AE, "positive")] and read["5"].subject_disorders == [(15, 26)]
+    assert read["1"].subject_disorders == []
 
 
 def test_decode_widens_to_whole_words_and_keeps_status():

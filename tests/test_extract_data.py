@@ -17,6 +17,7 @@ def test_phee_splits_read_with_effects_and_drugs(shared_data):
     labels = {span[2] for doc in train for span in doc.spans}
     assert {AE, DRUG} <= labels
     assert all(doc.text[s:e] for doc in train for s, e, *_ in doc.spans)
+    assert sum(len(doc.subject_disorders) for doc in train) == 217  # the pieces of PHEE train's 209 Sub-Disorder spans
     dev_skipped: list[str] = []
     assert len(read_phee(shared_data / "phee" / "dev.zip", dev_skipped)) == 961
     assert len(dev_skipped) == 1 and "dysphagia" in dev_skipped[0]  # a span text with a trailing tab

@@ -8,7 +8,9 @@ pieces that cover the mention, and `Doc.groups` keeps which pieces form one ment
 - PHEE (brat, `linker.formats.brat`): ``Effect`` spans are adverse events when the sentence has an
   ``Adverse_event`` trigger, beneficial (therapeutic) effects when its only triggers are
   ``Potential_therapeutic_event``; ``Drug`` spans are drugs; ``Treat-Disorder`` spans (the disorder a drug is
-  given for) are indications. The brat files carry no event arguments
+  given for) are indications; ``Sub-Disorder`` spans (the subject's own disorder: "a patient with sarcoidosis",
+  "a history of NMS", present before the drug) are kept aside in `Doc.subject_disorders`, for evaluation only (no
+  head learns them). The brat files carry no event arguments
   (``E`` lines hold the trigger only), so an event attribute (``A1 Negated E1`` / ``Speculated``) marks the
   Effect spans of its sentence when the sentence has one event, and is left out otherwise.
 - TAC 2017 (XML, `linker.formats.ade_xml`): ``AdverseReaction`` mentions, a label of their own (`AR`): TAC's
@@ -49,6 +51,7 @@ class Doc:
     groups: list[tuple[tuple[tuple[int, int], ...], str, str]] = field(default_factory=list)  # whole mentions
     source: str = ""  # "phee" | "tac"
     section: str = ""  # TAC section id
+    subject_disorders: list[tuple[int, int]] = field(default_factory=list)  # PHEE Sub-Disorder spans (evaluation)
 
 
 def read_phee(path: str | Path, skipped: list[str] | None = None) -> list[Doc]:
@@ -86,7 +89,8 @@ def read_phee(path: str | Path, skipped: list[str] | None = None) -> list[Doc]:
         name = Path(str(doc.path).rpartition("!")[2]).stem
         docs.append(Doc(name, doc.text or "", sorted(spans), LABELS,
                         [(tuple(e.spans), effect if e.type == "Effect" else DRUG, "positive")
-                         for e in doc.entities if e.type in ("Effect", "Drug")], "phee"))
+                         for e in doc.entities if e.type in ("Effect", "Drug")], "phee",
+                        subject_disorders=sorted(p for e in doc.entities if e.type == "Sub-Disorder" for p in e.spans)))
     return docs
 
 
