@@ -269,6 +269,26 @@ def test_exact_flat_topk_is_the_exact_order_whatever_finds_the_candidates(use_fa
     assert rows[0].tolist() == [7, 100, 101, 102, 103]  # equal vectors: by row
 
 
+def test_a_scan_cut_into_blocks_gives_the_scores_of_one_pass(monkeypatch):
+    # The scan's blocks run on several threads; each row's product is the same kernel's: bit for bit one pass.
+    faiss = pytest.importorskip("faiss")
+    from linker.index import dense
+
+    rng = np.random.default_rng(5)
+    names = rng.standard_normal((5001, 24)).astype(np.float32)
+    queries = rng.standard_normal((2, 24)).astype(np.float32)
+    monkeypatch.setattr(dense, "SCAN_SPLIT_ROWS", 10**9)
+    assert dense._scan_blocks(len(names), 3) == [(0, 5001)]
+    one = dense._scan(queries, names, 50)
+    monkeypatch.setattr(dense, "SCAN_SPLIT_ROWS", 2000)
+    monkeypatch.setattr(dense, "thread_budget", lambda wanted: wanted)  # as if the machine had the cores
+    monkeypatch.setattr(faiss, "omp_get_max_threads", lambda: 3)
+    assert dense._scan_blocks(len(names), 3) == [(0, 1667), (1667, 3334), (3334, 5001)]
+    cut = dense._scan(queries, names, 50)
+    np.testing.assert_array_equal(one[0], cut[0])
+    np.testing.assert_array_equal(one[1], cut[1])
+
+
 def test_top_m_finds_the_largest_scores():
     # The sampled floor never drops one of the m largest: random scores, many ties, m past the sample's size.
     from linker.index.dense import top_m
