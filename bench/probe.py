@@ -165,6 +165,9 @@ def execute(argv: list[str], cwd: Path, env: dict, *, rss_cap: int, timeout: flo
             time.sleep(0.05)
     code = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - started
+    # The child's own high water from the kernel (KiB on Linux): a run that ends before the first 50 ms sample
+    # would otherwise show no memory at all.
+    peak_proc = max(peak_proc, usage.ru_maxrss * 1024)
     _kill(p for p in seen.values() if p.is_running())  # what a killed run (Ray) left behind
     stdout, stderr = (logs / "out").read_bytes(), (logs / "err").read_bytes()
     shutil.rmtree(logs, ignore_errors=True)
