@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -51,38 +52,39 @@ def before(vectors: np.ndarray, embeddings: np.ndarray, k: int) -> tuple[np.ndar
     return sort_hits(exact_scores(vectors, embeddings, rows), rows, k)
 
 
-class one_block:
-    """The scan of `_scan` with every row on the calling thread (no blocks), while in the `with`."""
+ONE_BLOCK = 2**62  # a `SCAN_SPLIT_ROWS` no index reaches: every row on the calling thread
+EVERY_CORE = 2  # one block per core for any number of rows
 
-    def __enter__(self):
-        self.kept = dense_module.SCAN_SPLIT_ROWS
-        dense_module.SCAN_SPLIT_ROWS = 2**62
 
-    def __exit__(self, *exc):
-        dense_module.SCAN_SPLIT_ROWS = self.kept
+@contextmanager
+def scan_split(rows: int):
+    """`_scan` cut into blocks from `rows` rows (`SCAN_SPLIT_ROWS`) while in the `with`."""
+    kept, dense_module.SCAN_SPLIT_ROWS = dense_module.SCAN_SPLIT_ROWS, rows
+    try:
+        yield
+    finally:
+        dense_module.SCAN_SPLIT_ROWS = kept
 
 
 def in_one_block(search):
     def run(v):
-        with one_block():
+        with scan_split(ONE_BLOCK):
             return search(v)
     return run
 
 
 def link_timings(linker, phrases: list[str], runs: int) -> dict:
     """ms a `Linker.link` call of one phrase, the scan in one block and in blocks, alternated phrase by phrase."""
-    times: dict[str, list[float]] = {"one block": [], "blocks": []}
+    splits = {"one block": ONE_BLOCK, "blocks": dense_module.SCAN_SPLIT_ROWS}
+    times: dict[str, list[float]] = {name: [] for name in splits}
     for _ in range(runs):
-        per: dict[str, list[float]] = {"one block": [], "blocks": []}
+        per: dict[str, list[float]] = {name: [] for name in splits}
         for phrase in phrases:
-            for name in ("one block", "blocks"):
-                started = time.perf_counter()
-                if name == "one block":
-                    with one_block():
-                        linker.link([phrase])
-                else:
+            for name, rows in splits.items():
+                with scan_split(rows):
+                    started = time.perf_counter()
                     linker.link([phrase])
-                per[name].append(1000 * (time.perf_counter() - started))
+                    per[name].append(1000 * (time.perf_counter() - started))
         for name, values in per.items():
             times[name].append(statistics.median(values))
     return {name: round(statistics.median(v), 2) for name, v in times.items()}
@@ -94,14 +96,12 @@ def split_timings(embeddings: np.ndarray, vector: np.ndarray, runs: int) -> dict
     for n in (16_384, 32_768, 65_536, 131_072, len(embeddings)):
         rows = embeddings[: min(n, len(embeddings))]
         per: dict[str, list[float]] = {"one block": [], "blocks": []}
-        saved = dense_module.SCAN_SPLIT_ROWS
         for _ in range(runs * 10):
-            for name, split in (("one block", 2**62), ("blocks", 2)):
-                dense_module.SCAN_SPLIT_ROWS = split
-                started = time.perf_counter()
-                dense_module._scan(vector, rows, FETCH)
-                per[name].append(1000 * (time.perf_counter() - started))
-        dense_module.SCAN_SPLIT_ROWS = saved
+            for name, split in (("one block", ONE_BLOCK), ("blocks", EVERY_CORE)):
+                with scan_split(split):
+                    started = time.perf_counter()
+                    dense_module._scan(vector, rows, FETCH)
+                    per[name].append(1000 * (time.perf_counter() - started))
         out[len(rows)] = {name: round(statistics.median(v), 3) for name, v in per.items()}
     return out
 
