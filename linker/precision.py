@@ -26,9 +26,12 @@ import math
 import os
 import threading
 import warnings
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from linker.errors import ConfigError, UnknownNameError
 from linker.extras import require
@@ -173,6 +176,53 @@ def cores_share(threads: int):
         _share.threads = before
 
 
+# Kept threads, one pool per (process id, size): a one-mention link would otherwise start and join a thread per call
+# in each of its steps (the scan, the re-ranker), and a forked child inherits a pool's record but not its threads.
+_kept: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_kept_lock = threading.Lock()
+
+
+def _kept_pool(size: int) -> ThreadPoolExecutor:
+    key = (os.getpid(), size)
+    with _kept_lock:
+        if key not in _kept:
+            _kept[key] = ThreadPoolExecutor(size, thread_name_prefix="linker-worker")
+        return _kept[key]
+
+
+def in_threads(run: Callable[[Any], None], items: Iterable, workers: int) -> None:
+    """`run(item)` for every item, on up to `workers` threads: the calling thread and `workers - 1` kept ones each
+    take the next item until none is left (items may differ in cost by orders of magnitude, so equal shares would
+    leave one thread waiting). For numpy, FAISS or a kernel that releases the GIL. The caller takes its share
+    itself, so concurrent callers sharing the kept threads never wait on each other's queued work. The first
+    error raised by a `run` is raised here, once the other items have run and every thread has stopped."""
+    items = list(items)
+    workers = min(workers, len(items))
+    if workers <= 1:
+        for item in items:
+            run(item)
+        return
+    queue = iter(items)  # next() on a list iterator is atomic under the GIL
+
+    def drain() -> None:
+        for item in queue:
+            run(item)
+
+    helpers = [_kept_pool(workers - 1).submit(drain) for _ in range(workers - 1)]
+    errors = []
+    try:
+        drain()
+    except BaseException as exc:  # noqa: BLE001 - raised below, once the helpers have stopped
+        errors.append(exc)
+    for helper in helpers:
+        try:
+            helper.result()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
 @lru_cache(maxsize=1)
 def _cgroup_quota() -> float | None:
     """CPUs allowed by cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``; None when unlimited. Read once
@@ -199,5 +249,5 @@ def default_threads() -> int:
 
 __all__ = [
     "AUTO_CHOICES", "PRECISIONS", "autocast", "available_cpus", "check_precision", "cpu_flags", "default_threads",
-    "native_precisions", "quantize_int8", "resolve_precision",
+    "in_threads", "native_precisions", "quantize_int8", "resolve_precision",
 ]

@@ -24,17 +24,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from linker.batching import TOKEN_BUDGET, distinct_ids, encode_stats, length_batches, token_batches
 from linker.errors import ConfigError, InputFormatError
-from linker.precision import available_cpus, thread_budget
+from linker.precision import available_cpus, in_threads, thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -490,7 +488,7 @@ class RuntimeCrossEncoder:
             scores[rows] = (pooled @ self.classifier[0] + self.classifier[1])[:, 0]
 
         with _blas_threads(self.threads):
-            _in_threads(run, batches, workers)
+            in_threads(run, batches, workers)
         return scores[inverse]
 
     def __repr__(self) -> str:
@@ -533,18 +531,6 @@ TORCH_MIN_TEXTS = 1024
 
 
 _blas = {"lock": threading.Lock(), "users": 0, "limits": None, "controller": None}
-
-
-def _in_threads(run: Callable[[Any], None], items: Sequence, workers: int) -> None:
-    """`run(item)` for every item, on up to `workers` threads (numpy's products and ufuncs release the GIL); a
-    worker's error is raised here."""
-    if workers <= 1 or len(items) <= 1:
-        for item in items:
-            run(item)
-        return
-    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="linker-runtime") as pool:
-        for _ in pool.map(run, items):
-            pass
 
 
 @contextmanager

@@ -87,6 +87,46 @@ def test_thread_budget_keeps_to_omp_num_threads_and_the_cpus(monkeypatch):
         assert prec.thread_budget(2) == 2
 
 
+def test_in_threads_runs_every_item_once_on_kept_threads_and_raises_a_workers_error():
+    done, names = [], set()
+
+    def run(item):
+        names.add(threading.current_thread().name)
+        done.append(item)
+
+    before = threading.active_count()
+    for _ in range(20):  # a one-mention link's steps, call after call: the helper threads are kept, not started again
+        prec.in_threads(run, range(7), 3)
+    assert sorted(done) == sorted(list(range(7)) * 20)
+    assert threading.active_count() <= before + 2
+    prec.in_threads(run, [], 3)
+    prec.in_threads(run, ["alone"], 3)  # one item: on the calling thread
+    assert done[-1] == "alone"
+    for bad in (0, 5):  # whichever thread meets it, the error reaches the caller once every item has been taken
+        ran = []
+        with pytest.raises(ZeroDivisionError):
+            prec.in_threads(lambda item: ran.append(1 / (item - bad)), range(6), 2)
+        assert len(ran) == 5
+
+
+def test_concurrent_callers_of_in_threads_share_the_kept_threads_without_waiting_on_each_other():
+    # four callers (a service's inference threads) at once, each with work for 2 threads, the kept pool holding
+    # one: each caller drains its own items, so none waits for the others' queued work to start
+    results = {}
+
+    def caller(name):
+        seen = []
+        prec.in_threads(lambda item: (threading.Event().wait(0.002), seen.append(item)), range(10), 2)
+        results[name] = sorted(seen)
+
+    callers = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(timeout=30)
+    assert results == {i: list(range(10)) for i in range(4)}
+
+
 def test_a_threads_cores_share_caps_its_thread_budget_and_ends_with_its_block(monkeypatch):
     monkeypatch.setattr(prec, "available_cpus", lambda: 8)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -45,10 +45,8 @@ import mmap
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -63,7 +61,7 @@ from linker.folders import LARGE_MAX_BYTES, folder_file, read_folder_json
 from linker.index import NameIndexBase
 from linker.index.manifest import read_folder_array, typed_parameters
 from linker.index.options import option
-from linker.precision import check_precision, resolve_precision, thread_budget
+from linker.precision import check_precision, in_threads, resolve_precision, thread_budget
 from linker.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -528,10 +526,6 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
 # 2 cores) 9.05 -> 7.61 ms a scan, a one-mention `Linker.link` 44.4 -> 41.7 ms; blocks of 8,192 rows still gained
 # 1.26x over one (eval/bench/flat_search.md, `python -m bench.flat_search`).
 SCAN_SPLIT_ROWS = 16_384
-_scan_pool: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (process id, workers): a forked child starts its own
-_scan_pool_lock = threading.Lock()
-
-
 def _scan_blocks(n: int, threads: int) -> list[tuple[int, int]]:
     """[start, end) row blocks of a scan of n rows: one per thread of `threads`, capped by the cores this thread may
     use (`thread_budget`), none smaller than half of `SCAN_SPLIT_ROWS`."""
@@ -540,24 +534,14 @@ def _scan_blocks(n: int, threads: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """A process-wide pool of `workers` threads, kept: a one-mention link would otherwise start a thread per call.
-    Keyed by the process id too: a forked child inherits the pool's record but not its threads."""
-    key = (os.getpid(), workers)
-    with _scan_pool_lock:
-        if key not in _scan_pool:
-            _scan_pool[key] = ThreadPoolExecutor(workers, thread_name_prefix="linker-scan")
-        return _scan_pool[key]
-
-
 def _scan(queries: np.ndarray, embeddings: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Each query's m best float32 inner products (scores desc), by FAISS's SIMD inner products of one vector with
     every row (`fvec_inner_products_ny`, no copy of the mapped rows) and a partial sort. FAISS's own
     choice between this scan and BLAS products (`distance_compute_blas_threshold`) is process-wide and its meaning
     has changed between versions; here the choice is per call (`SCAN_MAX_QUERIES`). The scan reads every row, and
     one core alone does not reach the memory's bandwidth: the rows are cut into one block per core (`_scan_blocks`),
-    the calling thread scanning the first and kept threads the others (FAISS releases the GIL), no more blocks than
-    FAISS may use threads (`omp_set_num_threads`: a dense index's `threads`). Each row's product
+    the calling thread and kept threads scanning them (`linker.precision.in_threads`; FAISS releases the GIL), no
+    more blocks than FAISS may use threads (`omp_set_num_threads`: a dense index's `threads`). Each row's product
     is the same kernel's whichever block holds it: the scores are bit for bit those of one pass."""
     faiss = require("faiss", extra="dense", what="a dense index")
     n, dim = embeddings.shape
@@ -570,10 +554,7 @@ def _scan(queries: np.ndarray, embeddings: np.ndarray, m: int) -> tuple[np.ndarr
                                      faiss.swig_ptr(embeddings[start:end]), dim, end - start)
 
     for i, query in enumerate(queries):
-        others = [_pool(len(blocks) - 1).submit(block, query, a, b) for a, b in blocks[1:]]
-        block(query, *blocks[0])
-        for done in others:
-            done.result()
+        in_threads(lambda rows: block(query, *rows), blocks, len(blocks))  # noqa: B023 - run before the next query
         top = top_m(scores, m)
         top = top[np.lexsort((top, -scores[top].astype(np.float64)))]
         out_scores[i], out_rows[i] = scores[top], top

@@ -49,10 +49,8 @@ the full product instead.
 
 from __future__ import annotations
 
-import itertools
 import queue
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -61,6 +59,7 @@ import scipy.sparse as sp
 
 from linker.errors import InputFormatError
 from linker.index.manifest import _flat_blocks
+from linker.precision import in_threads
 
 try:
     import numba
@@ -529,18 +528,9 @@ class MaxScoreSearcher:
         if threads <= 1:
             self._search_queries(vectors, k, codes, 0, n, scores, rows, work)
             return scores, rows, work
-        # Threads take the next QUERY_BLOCK queries until none are left: queries differ by orders of
-        # magnitude in cost, so equal halves would leave one thread waiting for the other. The kernel
-        # releases the GIL; every thread writes its own rows of the shared outputs.
-        blocks = itertools.count(0, QUERY_BLOCK)  # next() on it is atomic under the GIL
-
-        def worker() -> None:
-            for first in blocks:
-                if first >= n:
-                    return
-                self._search_queries(vectors, k, codes, first, min(first + QUERY_BLOCK, n), scores, rows, work)
-
-        with ThreadPoolExecutor(threads) as pool:
-            for done in [pool.submit(worker) for _ in range(threads)]:
-                done.result()
+        # Threads take the next QUERY_BLOCK queries until none are left (`in_threads`): queries differ by orders of
+        # magnitude in cost, so equal halves would leave one thread waiting for the other. The kernel releases the
+        # GIL; every thread writes its own rows of the shared outputs.
+        in_threads(lambda first: self._search_queries(vectors, k, codes, first, min(first + QUERY_BLOCK, n), scores,
+                                                      rows, work), range(0, n, QUERY_BLOCK), threads)
         return scores, rows, work

@@ -43,10 +43,10 @@ _check_extra(("fastapi",), extra="service", what="linker's HTTP service")  # one
 
 from linker.service.app import DOCS_FILES_URL, create_app, swagger_files  # noqa: E402
 from linker.service.batcher import (  # noqa: E402
-    CallCost, InferencePool, LoadedIndex, MentionBatcher, Tagger, load_indexes,
+    BusyError, CallCost, InferencePool, LoadedIndex, MentionBatcher, Tagger, load_indexes,
 )
 from linker.service.guards import (  # noqa: E402
-    SCAN_MAX_DEPTH, SCAN_MAX_ITEMS, BodyLimit, BusyError, RequestFieldError, ScannedJSONRoute, ServiceLimits,
+    SCAN_MAX_DEPTH, SCAN_MAX_ITEMS, BodyLimit, RequestFieldError, ScannedJSONRoute, ServiceLimits,
     scan_json, scan_max_tokens,
 )
 from linker.service.schemas import (  # noqa: E402

@@ -20,9 +20,9 @@ import linker
 from linker.errors import LinkerError
 from linker.extras import available, install_hint
 from linker.index.manifest import public_manifest
-from linker.service.batcher import InferencePool, LoadedIndex, Tagger, load_indexes
+from linker.service.batcher import BusyError, InferencePool, LoadedIndex, Tagger, load_indexes
 from linker.service.guards import (
-    BodyLimit, BusyError, RequestFieldError, ScannedJSONRoute, ServiceLimits, busy, check_annotate, check_link,
+    BodyLimit, RequestFieldError, ScannedJSONRoute, ServiceLimits, busy, check_annotate, check_link,
     error_response, field_name, is_json, printable, short,
 )
 from linker.service.schemas import (

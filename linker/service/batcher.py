@@ -20,9 +20,13 @@ from typing import Any
 from linker.errors import ConfigError
 from linker.link import Linker
 from linker.precision import available_cpus, cores_share
-from linker.service.guards import BusyError
 
 log = logging.getLogger(__name__)
+
+
+class BusyError(Exception):
+    """A queue is full: an index's mentions waiting (`max_pending_mentions`) or the tagger's characters
+    (`max_pending_chars`). Raised here, where the queues are; the service answers it with a 429 (`guards.busy`)."""
 
 
 async def _completion(submit: Callable[[Callable[[Any], None]], object]) -> Any:

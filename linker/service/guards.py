@@ -19,7 +19,7 @@ from linker.errors import ConfigError
 from linker.text import normalize
 
 if TYPE_CHECKING:
-    from linker.service.batcher import LoadedIndex
+    from linker.service.batcher import BusyError, LoadedIndex
     from linker.service.schemas import AnnotateRequest, LinkRequest
 
 
@@ -78,11 +78,6 @@ class RequestFieldError(Exception):
         self.status = status
         self.headers = headers
         super().__init__(f"{field}: expected {expected}, found {found}")
-
-
-class BusyError(Exception):
-    """A queue is full: an index's mentions waiting (`max_pending_mentions`) or the tagger's characters
-    (`max_pending_chars`)."""
 
 
 def busy(field_: str, queue_: str, exc: BusyError) -> RequestFieldError:
