@@ -194,7 +194,8 @@ def in_threads(run: Callable[[Any], None], items: Iterable, workers: int) -> Non
     """`run(item)` for every item, on up to `workers` threads: the calling thread and `workers - 1` kept ones each
     take the next item until none is left (items may differ in cost by orders of magnitude, so equal shares would
     leave one thread waiting). For numpy, FAISS or a kernel that releases the GIL. The caller takes its share
-    itself, so concurrent callers sharing the kept threads never wait on each other's queued work. The first
+    itself, and a helper still queued behind another caller's work when the items run out is cancelled, so
+    concurrent callers sharing the kept threads never wait on each other's work. The first
     error raised by a `run` is raised here, once the other items have run and every thread has stopped."""
     items = list(items)
     workers = min(workers, len(items))
@@ -215,6 +216,8 @@ def in_threads(run: Callable[[Any], None], items: Iterable, workers: int) -> Non
     except BaseException as exc:  # noqa: BLE001 - raised below, once the helpers have stopped
         errors.append(exc)
     for helper in helpers:
+        if helper.cancel():  # still queued behind another caller's work: nothing of ours left for it
+            continue
         try:
             helper.result()
         except BaseException as exc:  # noqa: BLE001

@@ -125,6 +125,24 @@ def test_concurrent_callers_of_in_threads_share_the_kept_threads_without_waiting
     for c in callers:
         c.join(timeout=30)
     assert results == {i: list(range(10)) for i in range(4)}
+    # a caller whose helper is queued behind another caller's slow work does not wait for that work
+    slow_started, release = threading.Event(), threading.Event()
+
+    def slow(item):
+        slow_started.set()
+        release.wait(30)
+
+    other = threading.Thread(target=lambda: prec.in_threads(slow, range(2), 2))
+    other.start()
+    assert slow_started.wait(30)
+    quick = []
+    finished = threading.Thread(target=lambda: prec.in_threads(quick.append, range(3), 2))
+    finished.start()
+    finished.join(timeout=10)
+    alive = finished.is_alive()
+    release.set()
+    other.join(timeout=30)
+    assert not alive and sorted(quick) == [0, 1, 2]
 
 
 def test_a_threads_cores_share_caps_its_thread_budget_and_ends_with_its_block(monkeypatch):
