@@ -194,9 +194,9 @@ def in_threads(run: Callable[[Any], None], items: Iterable, workers: int) -> Non
     """`run(item)` for every item, on up to `workers` threads: the calling thread and `workers - 1` kept ones each
     take the next item until none is left (items may differ in cost by orders of magnitude, so equal shares would
     leave one thread waiting). For numpy, FAISS or a kernel that releases the GIL. The caller takes its share
-    itself, and a helper still queued behind another caller's work when the items run out is cancelled, so
-    concurrent callers sharing the kept threads never wait on each other's work. The first
-    error raised by a `run` is raised here, once the other items have run and every thread has stopped."""
+    itself, and a helper still queued behind another caller's work when the items run out is cancelled: concurrent
+    callers sharing the kept threads never wait on each other's work. After an error no thread takes a new item;
+    the first error is raised here once every thread has stopped."""
     items = list(items)
     workers = min(workers, len(items))
     if workers <= 1:
@@ -204,24 +204,23 @@ def in_threads(run: Callable[[Any], None], items: Iterable, workers: int) -> Non
             run(item)
         return
     queue = iter(items)  # next() on a list iterator is atomic under the GIL
+    errors: list[BaseException] = []
 
     def drain() -> None:
         for item in queue:
-            run(item)
+            if errors:
+                return
+            try:
+                run(item)
+            except BaseException as exc:  # noqa: BLE001 - raised by the caller, once every thread has stopped
+                errors.append(exc)
+                return
 
     helpers = [_kept_pool(workers - 1).submit(drain) for _ in range(workers - 1)]
-    errors = []
-    try:
-        drain()
-    except BaseException as exc:  # noqa: BLE001 - raised below, once the helpers have stopped
-        errors.append(exc)
+    drain()
     for helper in helpers:
-        if helper.cancel():  # still queued behind another caller's work: nothing of ours left for it
-            continue
-        try:
+        if not helper.cancel():  # cancelled: still queued behind another caller's work, nothing of ours left
             helper.result()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
     if errors:
         raise errors[0]
 

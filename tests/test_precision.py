@@ -102,11 +102,11 @@ def test_in_threads_runs_every_item_once_on_kept_threads_and_raises_a_workers_er
     prec.in_threads(run, [], 3)
     prec.in_threads(run, ["alone"], 3)  # one item: on the calling thread
     assert done[-1] == "alone"
-    for bad in (0, 5):  # whichever thread meets it, the error reaches the caller once every item has been taken
+    for bad in (0, 3, 5):  # whichever thread meets it, the error reaches the caller, and no item runs twice
         ran = []
         with pytest.raises(ZeroDivisionError):
             prec.in_threads(lambda item: ran.append(1 / (item - bad)), range(6), 2)
-        assert len(ran) == 5
+        assert len(ran) == len(set(ran)) <= 5
 
 
 def test_concurrent_callers_of_in_threads_share_the_kept_threads_without_waiting_on_each_other():

@@ -526,6 +526,8 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
 # 2 cores) 9.05 -> 7.61 ms a scan, a one-mention `Linker.link` 44.4 -> 41.7 ms; blocks of 8,192 rows still gained
 # 1.26x over one (eval/bench/flat_search.md, `python -m bench.flat_search`).
 SCAN_SPLIT_ROWS = 16_384
+
+
 def _scan_blocks(n: int, threads: int) -> list[tuple[int, int]]:
     """[start, end) row blocks of a scan of n rows: one per thread of `threads`, capped by the cores this thread may
     use (`thread_budget`), none smaller than half of `SCAN_SPLIT_ROWS`."""
