@@ -176,18 +176,18 @@ def cores_share(threads: int):
         _share.threads = before
 
 
-# Kept threads, one pool per (process id, size): a one-mention link would otherwise start and join a thread per call
-# in each of its steps (the scan, the re-ranker), and a forked child inherits a pool's record but not its threads.
-_kept: dict[tuple[int, int], ThreadPoolExecutor] = {}
+# Kept threads, one pool per process (keyed by its id: a forked child inherits the record but not the threads): a
+# one-mention link would otherwise start and join a thread per call in each of its steps (the scan, the re-ranker).
+# Its size, the CPUs less the caller's own, covers every caller: each asks for at most `thread_budget` threads.
+_kept: dict[int, ThreadPoolExecutor] = {}
 _kept_lock = threading.Lock()
 
 
-def _kept_pool(size: int) -> ThreadPoolExecutor:
-    key = (os.getpid(), size)
+def _kept_pool() -> ThreadPoolExecutor:
     with _kept_lock:
-        if key not in _kept:
-            _kept[key] = ThreadPoolExecutor(size, thread_name_prefix="linker-worker")
-        return _kept[key]
+        if (pid := os.getpid()) not in _kept:
+            _kept[pid] = ThreadPoolExecutor(max(1, available_cpus() - 1), thread_name_prefix="linker-worker")
+        return _kept[pid]
 
 
 def in_threads(run: Callable[[Any], None], items: Iterable, workers: int) -> None:
@@ -216,7 +216,7 @@ def in_threads(run: Callable[[Any], None], items: Iterable, workers: int) -> Non
                 errors.append(exc)
                 return
 
-    helpers = [_kept_pool(workers - 1).submit(drain) for _ in range(workers - 1)]
+    helpers = [_kept_pool().submit(drain) for _ in range(workers - 1)]
     drain()
     for helper in helpers:
         if not helper.cancel():  # cancelled: still queued behind another caller's work, nothing of ours left

@@ -87,13 +87,11 @@ def test_thread_budget_keeps_to_omp_num_threads_and_the_cpus(monkeypatch):
         assert prec.thread_budget(2) == 2
 
 
-def test_in_threads_runs_every_item_once_on_kept_threads_and_raises_a_workers_error():
-    done, names = [], set()
-
-    def run(item):
-        names.add(threading.current_thread().name)
-        done.append(item)
-
+def test_in_threads_runs_every_item_once_on_kept_threads_and_raises_a_workers_error(monkeypatch):
+    monkeypatch.setattr(prec, "_kept", {})  # a pool of its own, of 2 threads whatever this machine's CPUs
+    monkeypatch.setattr(prec, "available_cpus", lambda: 3)
+    done = []
+    run = done.append
     before = threading.active_count()
     for _ in range(20):  # a one-mention link's steps, call after call: the helper threads are kept, not started again
         prec.in_threads(run, range(7), 3)
@@ -109,9 +107,11 @@ def test_in_threads_runs_every_item_once_on_kept_threads_and_raises_a_workers_er
         assert len(ran) == len(set(ran)) <= 5
 
 
-def test_concurrent_callers_of_in_threads_share_the_kept_threads_without_waiting_on_each_other():
+def test_concurrent_callers_of_in_threads_share_the_kept_threads_without_waiting_on_each_other(monkeypatch):
     # four callers (a service's inference threads) at once, each with work for 2 threads, the kept pool holding
     # one: each caller drains its own items, so none waits for the others' queued work to start
+    monkeypatch.setattr(prec, "_kept", {})
+    monkeypatch.setattr(prec, "available_cpus", lambda: 2)
     results = {}
 
     def caller(name):
