@@ -269,6 +269,92 @@ def test_exact_flat_topk_is_the_exact_order_whatever_finds_the_candidates(use_fa
     assert rows[0].tolist() == [7, 100, 101, 102, 103]  # equal vectors: by row
 
 
+def test_the_float16_pass_gives_the_exact_order_of_the_float32_rows(monkeypatch, faiss_switch):
+    # HalfScan's candidates come from float16 copies (a relative rounding of ~5e-4): vectors that differ below it tie
+    # there, and the proof under its wider bound must fetch again until the float32 order is certain, in any block.
+    faiss = pytest.importorskip("faiss")
+    from linker.index import dense
+    from linker.index.dense import FLAT_PAD, HalfScan, exact_flat_topk, exact_scores, max_row_norm
+
+    rng = np.random.default_rng(2)
+    names = rng.standard_normal((3000, 24)).astype(np.float32)
+    names /= np.linalg.norm(names, axis=1, keepdims=True)
+    names[7] = names[7].astype(np.float16)  # a vector float16 holds exactly
+    names[100 : 100 + 3 * FLAT_PAD] = names[7]  # a crowd of copies, more than a first fetch
+    names[2500] = names[7] * np.float32(1 - 1e-7)
+    # Above them in float32, the same float16 codes (2^-13 is below half of float16's spacing): tied with the crowd
+    # in the float16 pass and, by row, left out of its first fetch; only the wider bound makes the search look again.
+    names[2999] = names[7] * np.float32(1 + 2**-13)
+    names[1500] = names[7] * np.float32(1 - 2e-4)
+    queries = rng.standard_normal((3, 24)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    queries[0] = names[7]
+    queries[1] = names[7] + np.float32(1e-3) * queries[2]
+    all_rows = np.broadcast_to(np.arange(len(names)), (len(queries), len(names)))
+    exact = exact_scores(queries, names, all_rows)
+    monkeypatch.setattr(dense, "SCAN_SPLIT_ROWS", 2000)
+    monkeypatch.setattr(dense, "thread_budget", lambda wanted: wanted)  # as if the machine had the cores
+    monkeypatch.setattr(faiss, "omp_get_max_threads", lambda: 3)
+    half = HalfScan(names)
+    assert half.blocks == [(0, 1000), (1000, 2000), (2000, 3000)]
+    approx, _ = half.search(queries[:1], 3000)
+    assert (approx[0] == approx[0, 0]).sum() >= 3 * FLAT_PAD + 2  # the copies and row 2999 tie in float16
+    for k in (1, 5, 40, 3000):
+        for few in (1, 2):
+            scores, rows = exact_flat_topk(queries[:few], names, k, max_norm=max_row_norm(names), half=half)
+            for q in range(few):
+                want = np.lexsort((np.arange(len(names)), -exact[q].astype(np.float64)))[:k]
+                assert rows[q].tolist() == want.tolist()
+                np.testing.assert_array_equal(scores[q], exact[q, want])
+    _, rows = exact_flat_topk(queries[:1], names, 3, max_norm=max_row_norm(names), half=half)
+    assert rows[0].tolist() == [2999, 7, 100]
+
+    # A name above the top one in float32 and below 16 others in float16 (its codes round down where that costs the
+    # query most): only a bound as wide as float16's rounding looks past the first fetch, where float32's would not.
+    best = rng.uniform(0.15, 0.24, 24).astype(np.float16).astype(np.float32)  # one binade: spacing 2^-13
+    spacing = np.float32(2.0**-13)
+    weight_order = np.argsort(-best)  # the query is `best`: a component's weight in the score is its value
+    hidden = best.copy()
+    hidden[weight_order[:16]] += np.float32(0.49) * spacing  # rounds back to best's codes, adds to the exact score
+    hidden[weight_order[16:]] -= np.float32(0.51) * spacing  # rounds a whole spacing down
+    fillers = np.repeat(best[None], FLAT_PAD, axis=0)
+    fillers[np.arange(FLAT_PAD), weight_order[:FLAT_PAD]] -= spacing  # float16 holds them: a little below best
+    names = np.concatenate([rng.standard_normal((300, 24)).astype(np.float32) * 0.05, best[None], fillers,
+                            hidden[None]])
+    half = HalfScan(names)
+    approx, rows = half.search(best[None], len(names))
+    assert rows[0].tolist().index(len(names) - 1) == FLAT_PAD + 1  # after best and the fillers
+    _, rows = exact_flat_topk(best[None], names, 1, max_norm=max_row_norm(names), half=half)
+    assert rows[0].tolist() == [len(names) - 1]
+
+
+def test_a_dense_index_makes_its_float16_copies_at_its_nth_one_query_scan(monkeypatch, faiss_switch):
+    pytest.importorskip("faiss")
+    from linker.index import dense
+
+    rng = np.random.default_rng(4)
+    vectors = rng.standard_normal((500, 24)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    queries = vectors[:8] + np.float32(0.05) * rng.standard_normal((8, 24)).astype(np.float32)
+    index = dense.DenseNameIndex(None, dense.DenseConfig(encoder="none"), vectors)
+    answers = [index.search_vectors(queries, 5)]  # a batch: not a scan
+    assert index._scans == 0
+    for i in range(dense.HALF_SCAN_AFTER - 1):
+        answers.append(index.search_vectors(queries[i % 8 : i % 8 + 1], 5))
+    assert index._half is None
+    index.search_vectors(queries[:1], 5)
+    assert isinstance(index._half, dense.HalfScan)
+    for i, (scores, rows) in enumerate(answers[1:]):  # the same answers with the copies
+        again = index.search_vectors(queries[i % 8 : i % 8 + 1], 5)
+        np.testing.assert_array_equal(again[0], scores)
+        np.testing.assert_array_equal(again[1], rows)
+    np.testing.assert_array_equal(index.search_vectors(queries, 5)[1], answers[0][1])
+    large = dense.DenseNameIndex(None, dense.DenseConfig(encoder="none"), vectors * np.float32(1e5))
+    for _ in range(dense.HALF_SCAN_AFTER):
+        large.search_vectors(queries[:1], 5)
+    assert large._half is None  # values past float16's range: the float32 scan stays
+
+
 def test_a_scan_cut_into_blocks_gives_the_scores_of_one_pass(monkeypatch):
     # The scan's blocks run on several threads; each row's product is the same kernel's: bit for bit one pass.
     faiss = pytest.importorskip("faiss")

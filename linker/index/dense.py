@@ -45,6 +45,7 @@ import mmap
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -476,6 +477,17 @@ def float32_dot_error(dim: int) -> float:
     return 2 * dim * unit / (1 - dim * unit) + 2 * unit
 
 
+def float16_scan_slack(dim: int, query_norms: np.ndarray, max_norm: float) -> np.ndarray:
+    """A bound on |q . x - the float32 inner product of q with x rounded to float16| for rows x of norm at most
+    `max_norm` (`HalfScan`'s pass). Rounding moves a value by at most 2^-11 of itself (2^-10 here, so that an encoder
+    that truncates is covered too), or by 2^-24 below float16's normal range; summed over the products, that is at
+    most 2^-10 |q| |x| + 2^-24 sqrt(dim) |q| (Cauchy-Schwarz), and the float32 sum adds `float32_dot_error` of
+    |q| |x rounded|."""
+    unit, subnormal = 2.0 ** -10, 2.0 ** -24 * math.sqrt(dim)
+    rounded_norm = max_norm * (1 + unit) + subnormal
+    return query_norms * (unit * max_norm + subnormal + float32_dot_error(dim) * rounded_norm)
+
+
 def max_row_norm(embeddings: np.ndarray, block: int = 65536) -> float:
     """The largest L2 norm of a row of `embeddings` (one pass, block by block)."""
     top = 0.0
@@ -486,7 +498,8 @@ def max_row_norm(embeddings: np.ndarray, block: int = 65536) -> float:
 
 
 def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_norm: float, use_faiss: bool = True,
-                    scan_max_queries: int = SCAN_MAX_QUERIES) -> tuple[np.ndarray, np.ndarray]:
+                    scan_max_queries: int = SCAN_MAX_QUERIES, half: HalfScan | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """The top k names of each query by (`exact_scores` desc, row asc) over all rows of `embeddings`: proved, not
     hoped. Candidates come from a float32 pass over float32 vectors with FAISS (`_scan` for up to `scan_max_queries`
     queries, `faiss.knn`'s BLAS products for more), or numpy's BLAS products (`flat_search`: without `use_faiss`, and
@@ -494,7 +507,9 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
     score beats the best that any name left out could reach: the last fetched float32 score plus the float32 pass's
     rounding bound (`float32_dot_error` x |q| x `max_norm`). Otherwise it fetches four times as many, up to every
     name. So the answer is the same whatever the processor's kernels and their rounding (an AVX-512 BLAS once broke
-    a tie that AVX2 did not), and whichever pass found the candidates.
+    a tie that AVX2 did not), and whichever pass found the candidates. With `half` (float16 copies of the rows), up
+    to `scan_max_queries` queries are scanned over those copies instead, under the wider bound of their rounding
+    (`float16_scan_slack`).
     Returns (scores (q, k) float32, rows (q, k) int64; row -1 beyond the names)."""
     n, q = len(embeddings), len(queries)
     queries = np.ascontiguousarray(queries, dtype=np.float32)
@@ -502,11 +517,15 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
     out_rows = np.full((q, k), -1, dtype=np.int64)
     if n == 0 or q == 0:
         return out_scores, out_rows
-    slack = float32_dot_error(queries.shape[1]) * np.linalg.norm(queries.astype(np.float64), axis=1) * max_norm
+    query_norms = np.linalg.norm(queries.astype(np.float64), axis=1)
     use_faiss = use_faiss and embeddings.dtype == np.float32 and embeddings.flags.c_contiguous
     pending, fetch = np.arange(q), min(n, k + FLAT_PAD)
     while len(pending):
-        if use_faiss and len(pending) <= scan_max_queries:
+        slack = float32_dot_error(queries.shape[1]) * query_norms * max_norm
+        if half is not None and len(pending) <= scan_max_queries:
+            approx, rows = half.search(queries[pending], fetch)
+            slack = float16_scan_slack(queries.shape[1], query_norms, max_norm)
+        elif use_faiss and len(pending) <= scan_max_queries:
             approx, rows = _scan(queries[pending], embeddings, fetch)
         elif use_faiss:  # BLAS products: the index set FAISS's `distance_compute_blas_threshold` to 1
             faiss = require("faiss", extra="dense", what="a dense index")
@@ -561,6 +580,51 @@ def _scan(queries: np.ndarray, embeddings: np.ndarray, m: int) -> tuple[np.ndarr
         top = top[np.lexsort((top, -scores[top].astype(np.float64)))]
         out_scores[i], out_rows[i] = scores[top], top
     return out_scores, out_rows
+
+
+# One-query scans an index makes before it keeps float16 copies of its rows for them (`HalfScan`): making them takes
+# ~0.1 s and 2 bytes a value (116 MB for the default index), which a service or a notebook regains within a few
+# dozen mentions, and a CLI call of a few phrases never would.
+HALF_SCAN_AFTER = 16
+# Rows whose norm exceeds this are not copied to float16 (its largest value is 65,504): the scan stays in float32.
+HALF_MAX_NORM = 1e4
+
+
+class HalfScan:
+    """A flat index's rows as float16 copies, in FAISS scalar-quantizer indexes, one per block of `_scan_blocks`: a
+    scan reads half the bytes of the float32 one, which is bound by memory. The default index, 2 cores: 8.4 -> 3.9 ms
+    a query (eval/bench/half_scan.md). `exact_flat_topk` re-scores its candidates from the float32 rows and proves
+    them under the rounding's wider bound, so the answers are the float32 scan's, bit for bit."""
+
+    def __init__(self, embeddings: np.ndarray, block: int = 65536) -> None:
+        faiss = require("faiss", extra="dense", what="a dense index")
+        n, dim = embeddings.shape
+        self.blocks = _scan_blocks(n, faiss.omp_get_max_threads())
+        self.parts = []
+        for start, end in self.blocks:
+            part = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+            for first in range(start, end, block):  # a block at a time: no float32 copy of the whole rows
+                part.add(np.ascontiguousarray(embeddings[first : min(end, first + block)], dtype=np.float32))
+            self.parts.append(part)
+
+    def search(self, queries: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each query's m best inner products with the float16 rows (scores desc, then row), as `_scan` returns them."""
+        faiss = require("faiss", extra="dense", what="a dense index")
+        out_scores, out_rows = np.empty((len(queries), m), np.float32), np.empty((len(queries), m), np.int64)
+        found: list = [None] * len(self.parts)
+
+        def part(query: np.ndarray, i: int) -> None:
+            scores, rows = self.parts[i].search(query[None], min(m, self.parts[i].ntotal))
+            found[i] = (scores[0], rows[0] + self.blocks[i][0])
+
+        for i, query in enumerate(queries):
+            in_threads(lambda p: part(query, p), range(len(self.parts)),  # noqa: B023 - run before the next query
+                       thread_budget(faiss.omp_get_max_threads()))
+            scores = np.concatenate([f[0] for f in found])
+            rows = np.concatenate([f[1] for f in found])
+            top = np.lexsort((rows, -scores.astype(np.float64)))[:m]
+            out_scores[i], out_rows[i] = scores[top], rows[top]
+        return out_scores, out_rows
 
 
 SAMPLE = 64  # `top_m` reads every stride-th score, stride = n / (SAMPLE x m)
@@ -771,6 +835,9 @@ class DenseNameIndex(NameIndexBase):
         # queries: a flat search scans for few queries by itself (`exact_flat_topk`). The setting is process-wide.
         faiss.cvar.distance_compute_blas_threshold = 1
         self._max_norm: float | None = None  # the vectors' largest norm, for `exact_flat_topk`'s bound (first search)
+        self._scans = 0  # one-query flat searches so far, until `HALF_SCAN_AFTER`
+        self._half: HalfScan | None = None
+        self._half_lock = threading.Lock()
         self._work_dir: tempfile.TemporaryDirectory | None = None  # owns a temporary build folder
         self._work_path: Path | None = None
 
@@ -861,6 +928,16 @@ class DenseNameIndex(NameIndexBase):
                                           token_budget=self.config.token_budget, progress=reporter.update)
         return recall_against_exact(self, queries, ks)
 
+    def _half_scan(self, queries: int) -> HalfScan | None:
+        """The float16 copies for a scan of `queries` queries, made at this index's `HALF_SCAN_AFTER`-th scan."""
+        if (self._half is None and queries <= SCAN_MAX_QUERIES and self.embeddings.dtype == np.float32
+                and self._max_norm <= HALF_MAX_NORM):
+            with self._half_lock:  # one copy, whichever of the service's threads gets there
+                self._scans += 1
+                if self._half is None and self._scans >= HALF_SCAN_AFTER:
+                    self._half = HalfScan(self.embeddings)
+        return self._half
+
     @property
     def query_precision(self) -> str:
         return self.encoder.precision
@@ -884,7 +961,8 @@ class DenseNameIndex(NameIndexBase):
         if self.faiss_index is None:  # flat: exact, whatever the kernels' rounding
             if self._max_norm is None:
                 self._max_norm = max_row_norm(self.embeddings)
-            return exact_flat_topk(vectors, self.embeddings, k, max_norm=self._max_norm)
+            return exact_flat_topk(vectors, self.embeddings, k, max_norm=self._max_norm,
+                                   half=self._half_scan(len(vectors)))
         rerank = self.config.rerank and self.config.faiss_kind.startswith("ivf")
         fetch = min(self.size, candidates(self.config, k) if rerank else k)
         # One extra hit so that ties at the k-th place are resolved by row, not by FAISS order.
