@@ -295,6 +295,7 @@ def test_the_float16_pass_gives_the_exact_order_of_the_float32_rows(monkeypatch,
     monkeypatch.setattr(dense, "SCAN_SPLIT_ROWS", 2000)
     monkeypatch.setattr(dense, "thread_budget", lambda wanted: wanted)  # as if the machine had the cores
     monkeypatch.setattr(faiss, "omp_get_max_threads", lambda: 3)
+    monkeypatch.setattr(dense, "available_cpus", lambda: 3)
     half = HalfScan(names)
     assert half.blocks == [(0, 1000), (1000, 2000), (2000, 3000)]
     approx, _ = half.search(queries[:1], 3000)

@@ -62,7 +62,7 @@ from linker.folders import LARGE_MAX_BYTES, folder_file, read_folder_json
 from linker.index import NameIndexBase
 from linker.index.manifest import read_folder_array, typed_parameters
 from linker.index.options import option
-from linker.precision import check_precision, in_threads, resolve_precision, thread_budget
+from linker.precision import available_cpus, check_precision, in_threads, resolve_precision, thread_budget
 from linker.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -547,10 +547,11 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
 SCAN_SPLIT_ROWS = 16_384
 
 
-def _scan_blocks(n: int, threads: int) -> list[tuple[int, int]]:
+def _scan_blocks(n: int, threads: int, cap: Callable[[int], int] | None = None) -> list[tuple[int, int]]:
     """[start, end) row blocks of a scan of n rows: one per thread of `threads`, capped by the cores this thread may
-    use (`thread_budget`), none smaller than half of `SCAN_SPLIT_ROWS`."""
-    parts = max(1, min(thread_budget(threads), n // (SCAN_SPLIT_ROWS // 2)))
+    use (`cap`: `thread_budget`, or the machine's for blocks kept beyond this call), none smaller than half of
+    `SCAN_SPLIT_ROWS`."""
+    parts = max(1, min((cap or thread_budget)(threads), n // (SCAN_SPLIT_ROWS // 2)))
     bounds = [n * i // parts for i in range(parts + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -583,8 +584,8 @@ def _scan(queries: np.ndarray, embeddings: np.ndarray, m: int) -> tuple[np.ndarr
 
 
 # One-query scans an index makes before it keeps float16 copies of its rows for them (`HalfScan`): making them takes
-# ~0.1 s and 2 bytes a value (116 MB for the default index), which a service or a notebook regains within a few
-# dozen mentions, and a CLI call of a few phrases never would.
+# ~0.15 s and 2 bytes a value (110 MiB for the default index), which a service or a notebook regains within a few
+# dozen mentions (~4 ms each), and a CLI call of a few phrases never would.
 HALF_SCAN_AFTER = 16
 # Rows whose norm exceeds this are not copied to float16 (its largest value is 65,504): the scan stays in float32.
 HALF_MAX_NORM = 1e4
@@ -592,14 +593,15 @@ HALF_MAX_NORM = 1e4
 
 class HalfScan:
     """A flat index's rows as float16 copies, in FAISS scalar-quantizer indexes, one per block of `_scan_blocks`: a
-    scan reads half the bytes of the float32 one, which is bound by memory. The default index, 2 cores: 8.4 -> 3.9 ms
-    a query (eval/bench/half_scan.md). `exact_flat_topk` re-scores its candidates from the float32 rows and proves
+    scan reads half the bytes of the float32 one, which is bound by memory. The default index, 2 cores: 8.45 -> 4.50
+    ms a query (eval/bench/half_scan.md). `exact_flat_topk` re-scores its candidates from the float32 rows and proves
     them under the rounding's wider bound, so the answers are the float32 scan's, bit for bit."""
 
     def __init__(self, embeddings: np.ndarray, block: int = 65536) -> None:
         faiss = require("faiss", extra="dense", what="a dense index")
         n, dim = embeddings.shape
-        self.blocks = _scan_blocks(n, faiss.omp_get_max_threads())
+        # One block per core of the machine, not of the calling thread's share: the copies outlive this call.
+        self.blocks = _scan_blocks(n, faiss.omp_get_max_threads(), lambda threads: min(threads, available_cpus()))
         self.parts = []
         for start, end in self.blocks:
             part = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
