@@ -29,20 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.report import Report, table
-from bench.scale import queries
+from bench.scale import queries, rss
 from linker.index.dense import HALF_SCAN_AFTER, HalfScan, exact_flat_topk, exact_scores, float16_scan_slack, \
     max_row_norm, sort_hits
 from linker.link import Linker
 
 FETCH = 40  # names: Linker.link's first fetch at its default k = 5
 LINK_MENTIONS = 100
-
-
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> None:
@@ -62,12 +55,12 @@ def main() -> None:
     norm = max_row_norm(embeddings)
     exact_flat_topk(vectors[:1], embeddings, FETCH, max_norm=norm)  # the float32 rows paged in before the copies
 
-    made, resident = [], rss_mib()
+    made, resident = [], rss()["VmRSS"]
     for _ in range(3):
         started = time.perf_counter()
         half = HalfScan(embeddings)
         made.append(time.perf_counter() - started)
-    held = rss_mib() - resident  # the last copies (the earlier ones are freed)
+    held = rss()["VmRSS"] - resident  # the last copies (the earlier ones are freed)
     copy_mib = sum(part.code_size * part.ntotal for part in half.parts) / 2**20
 
     # Parity, one mention a call as the service searches.

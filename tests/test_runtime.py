@@ -239,11 +239,23 @@ def faiss_switch():
     faiss.cvar.distance_compute_blas_threshold = before
 
 
+def assert_exact_order(queries, names, scores, rows):
+    """Each query's rows and scores are the exact order of every name (`exact_scores` desc, row asc), -1 past them."""
+    from linker.index.dense import exact_scores
+
+    exact = exact_scores(queries, names, np.broadcast_to(np.arange(len(names)), (len(queries), len(names))))
+    for q in range(len(queries)):
+        want = np.lexsort((np.arange(len(names)), -exact[q].astype(np.float64)))[: rows.shape[1]]
+        assert rows[q, : len(want)].tolist() == want.tolist()
+        assert (rows[q, len(want) :] == -1).all()
+        np.testing.assert_array_equal(scores[q, : len(want)], exact[q, want])
+
+
 @pytest.mark.parametrize("use_faiss", [False, True])  # numpy's BLAS, or FAISS's scan and BLAS, find candidates
 def test_exact_flat_topk_is_the_exact_order_whatever_finds_the_candidates(use_faiss, faiss_switch):
     # The definition: every row re-scored by `exact_scores`, ordered by (score desc, row asc). Copies of one vector
     # (more than k + FLAT_PAD of them, so the proof fails and the search widens) and near-ties must come out so.
-    from linker.index.dense import FLAT_PAD, exact_flat_topk, exact_scores, max_row_norm
+    from linker.index.dense import FLAT_PAD, exact_flat_topk, max_row_norm
 
     rng = np.random.default_rng(1)
     names = rng.standard_normal((3000, 24)).astype(np.float32)
@@ -254,17 +266,11 @@ def test_exact_flat_topk_is_the_exact_order_whatever_finds_the_candidates(use_fa
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     queries[0] = names[7]
     queries[1] = names[7] + np.float32(1e-3) * queries[2]
-    all_rows = np.broadcast_to(np.arange(len(names)), (len(queries), len(names)))
-    exact = exact_scores(queries, names, all_rows)
     assert len(queries) > faiss_switch >= 2  # FAISS's BLAS products for all of them, the scan for the first two
     for k, few in ((1, 6), (5, 6), (40, 6), (3000, 6), (3005, 6), (5, 2), (40, 2)):
         scores, rows = exact_flat_topk(queries[:few], names, k, max_norm=max_row_norm(names), use_faiss=use_faiss)
         assert rows.shape == scores.shape == (few, k)
-        for q in range(few):
-            want = np.lexsort((np.arange(len(names)), -exact[q].astype(np.float64)))[:k]
-            assert rows[q, : len(want)].tolist() == want.tolist()
-            assert (rows[q, len(want) :] == -1).all()
-            np.testing.assert_array_equal(scores[q, : len(want)], exact[q, want])
+        assert_exact_order(queries[:few], names, scores, rows)
     _, rows = exact_flat_topk(queries[:1], names, 5, max_norm=1.0, use_faiss=use_faiss)
     assert rows[0].tolist() == [7, 100, 101, 102, 103]  # equal vectors: by row
 
@@ -274,7 +280,7 @@ def test_the_float16_pass_gives_the_exact_order_of_the_float32_rows(monkeypatch,
     # there, and the proof under its wider bound must fetch again until the float32 order is certain, in any block.
     faiss = pytest.importorskip("faiss")
     from linker.index import dense
-    from linker.index.dense import FLAT_PAD, HalfScan, exact_flat_topk, exact_scores, max_row_norm
+    from linker.index.dense import FLAT_PAD, HalfScan, exact_flat_topk, max_row_norm
 
     rng = np.random.default_rng(2)
     names = rng.standard_normal((3000, 24)).astype(np.float32)
@@ -290,8 +296,6 @@ def test_the_float16_pass_gives_the_exact_order_of_the_float32_rows(monkeypatch,
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     queries[0] = names[7]
     queries[1] = names[7] + np.float32(1e-3) * queries[2]
-    all_rows = np.broadcast_to(np.arange(len(names)), (len(queries), len(names)))
-    exact = exact_scores(queries, names, all_rows)
     monkeypatch.setattr(dense, "SCAN_SPLIT_ROWS", 2000)
     monkeypatch.setattr(dense, "thread_budget", lambda wanted: wanted)  # as if the machine had the cores
     monkeypatch.setattr(faiss, "omp_get_max_threads", lambda: 3)
@@ -303,10 +307,8 @@ def test_the_float16_pass_gives_the_exact_order_of_the_float32_rows(monkeypatch,
     for k in (1, 5, 40, 3000):
         for few in (1, 2):
             scores, rows = exact_flat_topk(queries[:few], names, k, max_norm=max_row_norm(names), half=half)
-            for q in range(few):
-                want = np.lexsort((np.arange(len(names)), -exact[q].astype(np.float64)))[:k]
-                assert rows[q].tolist() == want.tolist()
-                np.testing.assert_array_equal(scores[q], exact[q, want])
+            assert rows.shape == scores.shape == (few, k)
+            assert_exact_order(queries[:few], names, scores, rows)
     _, rows = exact_flat_topk(queries[:1], names, 3, max_norm=max_row_norm(names), half=half)
     assert rows[0].tolist() == [2999, 7, 100]
 

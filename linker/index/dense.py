@@ -518,13 +518,15 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
     if n == 0 or q == 0:
         return out_scores, out_rows
     query_norms = np.linalg.norm(queries.astype(np.float64), axis=1)
+    float32_slack = float32_dot_error(queries.shape[1]) * query_norms * max_norm
+    float16_slack = None if half is None else float16_scan_slack(queries.shape[1], query_norms, max_norm)
     use_faiss = use_faiss and embeddings.dtype == np.float32 and embeddings.flags.c_contiguous
     pending, fetch = np.arange(q), min(n, k + FLAT_PAD)
     while len(pending):
-        slack = float32_dot_error(queries.shape[1]) * query_norms * max_norm
+        slack = float32_slack
         if half is not None and len(pending) <= scan_max_queries:
             approx, rows = half.search(queries[pending], fetch)
-            slack = float16_scan_slack(queries.shape[1], query_norms, max_norm)
+            slack = float16_slack
         elif use_faiss and len(pending) <= scan_max_queries:
             approx, rows = _scan(queries[pending], embeddings, fetch)
         elif use_faiss:  # BLAS products: the index set FAISS's `distance_compute_blas_threshold` to 1
@@ -533,7 +535,7 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
         else:
             approx, rows = flat_search(queries[pending], embeddings, fetch)
         scores, rows = sort_hits(exact_scores(queries[pending], embeddings, rows), rows, k)
-        # Every name left out scored at most approx[:, -1] in float32, so at most that plus the slack exactly.
+        # Every name left out scored at most approx[:, -1] in the pass, so at most that plus its slack exactly.
         proved = np.ones(len(pending), bool) if fetch >= n else scores[:, k - 1] > approx[:, -1] + slack[pending]
         out_scores[pending[proved]], out_rows[pending[proved]] = scores[proved], rows[proved]
         pending, fetch = pending[~proved], min(n, fetch * 4)
@@ -547,11 +549,10 @@ def exact_flat_topk(queries: np.ndarray, embeddings: np.ndarray, k: int, *, max_
 SCAN_SPLIT_ROWS = 16_384
 
 
-def _scan_blocks(n: int, threads: int, cap: Callable[[int], int] | None = None) -> list[tuple[int, int]]:
-    """[start, end) row blocks of a scan of n rows: one per thread of `threads`, capped by the cores this thread may
-    use (`cap`: `thread_budget`, or the machine's for blocks kept beyond this call), none smaller than half of
-    `SCAN_SPLIT_ROWS`."""
-    parts = max(1, min((cap or thread_budget)(threads), n // (SCAN_SPLIT_ROWS // 2)))
+def _scan_blocks(n: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) row blocks of a scan of n rows: `parts` of them (one per thread that will scan them), none
+    smaller than half of `SCAN_SPLIT_ROWS`."""
+    parts = max(1, min(parts, n // (SCAN_SPLIT_ROWS // 2)))
     bounds = [n * i // parts for i in range(parts + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -569,7 +570,8 @@ def _scan(queries: np.ndarray, embeddings: np.ndarray, m: int) -> tuple[np.ndarr
     n, dim = embeddings.shape
     scores = np.empty(n, dtype=np.float32)
     out_scores, out_rows = np.empty((len(queries), m), np.float32), np.empty((len(queries), m), np.int64)
-    blocks = _scan_blocks(n, faiss.omp_get_max_threads())  # the index's `threads`, when set, bound FAISS's too
+    # One block per core this thread may use (`thread_budget`); the index's `threads`, when set, bound FAISS's too.
+    blocks = _scan_blocks(n, thread_budget(faiss.omp_get_max_threads()))
 
     def block(query: np.ndarray, start: int, end: int) -> None:
         faiss.fvec_inner_products_ny(faiss.swig_ptr(scores[start:end]), faiss.swig_ptr(query),
@@ -593,7 +595,7 @@ HALF_MAX_NORM = 1e4
 
 class HalfScan:
     """A flat index's rows as float16 copies, in FAISS scalar-quantizer indexes, one per block of `_scan_blocks`: a
-    scan reads half the bytes of the float32 one, which is bound by memory. The default index, 2 cores: 8.45 -> 4.50
+    scan reads half the bytes of the float32 one, which is bound by memory. The default index, 2 cores: 8.77 -> 4.45
     ms a query (eval/bench/half_scan.md). `exact_flat_topk` re-scores its candidates from the float32 rows and proves
     them under the rounding's wider bound, so the answers are the float32 scan's, bit for bit."""
 
@@ -601,7 +603,7 @@ class HalfScan:
         faiss = require("faiss", extra="dense", what="a dense index")
         n, dim = embeddings.shape
         # One block per core of the machine, not of the calling thread's share: the copies outlive this call.
-        self.blocks = _scan_blocks(n, faiss.omp_get_max_threads(), lambda threads: min(threads, available_cpus()))
+        self.blocks = _scan_blocks(n, min(faiss.omp_get_max_threads(), available_cpus()))
         self.parts = []
         for start, end in self.blocks:
             part = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
@@ -622,10 +624,9 @@ class HalfScan:
         for i, query in enumerate(queries):
             in_threads(lambda p: part(query, p), range(len(self.parts)),  # noqa: B023 - run before the next query
                        thread_budget(faiss.omp_get_max_threads()))
-            scores = np.concatenate([f[0] for f in found])
-            rows = np.concatenate([f[1] for f in found])
-            top = np.lexsort((rows, -scores.astype(np.float64)))[:m]
-            out_scores[i], out_rows[i] = scores[top], rows[top]
+            scores, rows = sort_hits(np.concatenate([f[0] for f in found])[None],
+                                     np.concatenate([f[1] for f in found])[None], m)
+            out_scores[i], out_rows[i] = scores[0], rows[0]
         return out_scores, out_rows
 
 
