@@ -24,11 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHOWN_WEIGHTS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
-def dev_rerank_accuracy(index: Path, reranker: str | Path, k: int, *, ks: tuple[int, ...] = ()) -> dict:
+def dev_rerank_accuracy(index: Path, reranker: str | Path, k: int, *, ks: tuple[int, ...] = (),
+                        per_phrase: bool = False) -> dict:
     """Acc@1 on the lay development slice of the retriever alone, and of its top `k` re-scored by `reranker` and
     re-ordered by logit + w x retriever score, as `linker calibrate` mixes them (`mix_hits`), for each w of its grid;
     the weight it would choose there (`choose_weight`). The share whose gold is in the top `k` bounds both.
-    `ks`: the same for fewer re-scored candidates, under ``by_k``."""
+    `ks`: the same for fewer re-scored candidates, under ``by_k``. `per_phrase`: each table also lists, phrase by
+    phrase, whether the retriever's top answer is right and whether the mix at the chosen weight is (0 / 1), for
+    paired comparisons."""
     from linker.datasets import load_dataset
     from linker.eval.calibrate import RETRIEVER_WEIGHTS, choose_weight, mix_hits
     from linker.eval.metrics import mention_hits
@@ -60,6 +63,13 @@ def dev_rerank_accuracy(index: Path, reranker: str | Path, k: int, *, ks: tuple[
                  "calibrate_choice": {"retriever_weight": weight, "acc1": round(accuracy[weight], 2),
                                       "smoothed_acc1": round(smoothed, 2)},
                  "ms_per_phrase": round(1000 * seconds / len(mentions), 1)}
+        if per_phrase:
+            chosen = mix_hits(ranked, gold, (weight,), composite="all", expand=expand)[:, 0]
+            table["per_phrase"] = {
+                "retriever_right": [int(h) for h in mention_hits(gold, [tuple(r.retriever_ids for r in q)
+                                                                          for q in ranked], 1, composite="all",
+                                                                         expand=expand)],
+                "reranked_right": [int(h) for h in chosen]}
         out["by_k"][str(top)] = table
     return out
 

@@ -457,9 +457,13 @@ def test_lay_development_figures_of_a_reranker(indexes, reranker):
     from bench.rerank_lay import SHOWN_WEIGHTS, dev_rerank_accuracy, markdown
     from linker.eval.calibrate import RETRIEVER_WEIGHTS
 
-    dev = dev_rerank_accuracy(indexes["meddra"], reranker, 4, ks=(2, 4))
+    dev = dev_rerank_accuracy(indexes["meddra"], reranker, 4, ks=(2, 4), per_phrase=True)
     assert dev["phrases"] == 632 and dev["rerank_k"] == 4 and list(dev["by_k"]) == ["2", "4"]
     for top, table in dev["by_k"].items():
+        each = table.pop("per_phrase")  # phrase by phrase, the same figures
+        assert len(each["retriever_right"]) == len(each["reranked_right"]) == 632
+        assert round(100 * sum(each["retriever_right"]) / 632, 2) == table["retriever_acc1"]
+        assert round(100 * sum(each["reranked_right"]) / 632, 2) == table["calibrate_choice"]["acc1"]
         assert list(table["reranked_acc1_by_mix_weight"]) == [str(w) for w in SHOWN_WEIGHTS]
         assert all(0 <= v <= table["retriever_acc"] for v in table["reranked_acc1_by_mix_weight"].values())
         assert table["calibrate_choice"]["retriever_weight"] in RETRIEVER_WEIGHTS
@@ -561,3 +565,24 @@ def test_a_shipped_reranker_runs_in_numpy_as_in_torch():
     pairs = (["hair falling out", "threw up", "cant sleep"], ["Alopecia", "Vomiting", "Insomnia"])
     assert numpy_.scorer == torch_.scorer
     np.testing.assert_allclose(numpy_.score(*pairs), torch_.score(*pairs), atol=1e-3)
+
+
+def test_encoder_comparison_report_lists_each_encoder_and_refuses_a_label_that_is_no_file_name(tmp_path):
+    from bench.encoder_dev import compare, markdown, paired
+    from linker.errors import InputFormatError
+
+    with pytest.raises(InputFormatError, match="a label usable as a file name"):
+        compare({"../x": "minilm"}, tmp_path)  # refused before any index is built
+    assert not any(tmp_path.iterdir())
+    row = {"encoder": "e", "phrases": 632, "acc1": 64.87, "acc5": 83.39,
+           "reranked": {"4": {"gold_in_top_k": 81.5, "acc1": 67.9, "retriever_weight": 64.0},
+                        "8": {"gold_in_top_k": 85.0, "acc1": 68.0, "retriever_weight": 64.0}},
+           "paired": {"retriever_right": paired([1, 0, 0, 0, 1], [1, 1, 1, 1, 0]),
+                      "reranked_right": paired([1, 1], [1, 1])}}
+    lines = "\n".join(markdown({"note": "", "encoders": {"shipped": {**row, "trained": None},
+                                                         "hard": {**row, "trained": "linker train sap ..."}}}))
+    assert "| shipped | 64.87 | 83.39 | 81.50 | 67.90 | 85.00 | 68.00 |" in lines
+    assert "- hard: `linker train sap ...`" in lines and "632 development phrases" in lines
+    # 3 phrases gained, 1 lost: p = 2 x (1 + 4) / 16 exactly; no discordant phrase: p 1
+    assert "| hard | +3 / -1 (p 0.625) | +0 / -0 (p 1.000) |" in lines
+    assert paired([0] * 10, [1] * 10) == {"gained": 10, "lost": 0, "p": round(2 / 1024, 4)}

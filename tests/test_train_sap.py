@@ -13,7 +13,7 @@ from linker.dictionary import SourceSpec, build_dictionary
 from linker.encoders import load_encoder
 from linker.errors import ConfigError, LinkerError, MissingInputError
 from linker.train.losses import MultiSimilarityParams, mine_hard_pairs, multi_similarity_loss
-from linker.train.sap import SapConfig, synonym_pairs, train_sap
+from linker.train.sap import SapConfig, mine_negatives, synonym_pairs, train_sap
 
 FIX = Path(__file__).parent / "fixtures" / "train"
 
@@ -93,12 +93,85 @@ def test_sap_training_improves_synonym_retrieval_and_writes_a_model(tmp_path, ti
     assert load_encoder(str(out)).dim == 32
 
 
+def focus_and_whole(tmp_path: Path) -> tuple[Path, Path]:
+    """A table of 3 concepts to train on and a whole dictionary to mine negatives from: the fixture's 20 concepts
+    and D099, another concept named "alopecia" as D001 is (the same string: never D001's negative)."""
+    rows = [line.split("\t") for line in (FIX / "dict.tsv").read_text().splitlines()[1:]]
+    focus = tmp_path / "focus.tsv"
+    focus.write_text("concept_id\tname\tlang\n" + "".join("\t".join(r) + "\n" for r in rows
+                                                          if r[0] in ("D001", "D009", "D010")))
+    whole = tmp_path / "whole.tsv"
+    whole.write_text((FIX / "dict.tsv").read_text() + "D099\tAlopecia\ten\n")
+    out = []
+    for tsv in (focus, whole):
+        build_dictionary([SourceSpec("tsv", (tsv,))], tsv.with_suffix(".parquet"))
+        out.append(tsv.with_suffix(".parquet"))
+    return out[0], out[1]
+
+
+def test_hard_negatives_are_the_nearest_names_of_other_concepts(tmp_path, tiny_encoder_dir):
+    focus, whole = focus_and_whole(tmp_path)
+    pairs, _ = synonym_pairs(focus, SapConfig())
+    encoder = load_encoder(str(tiny_encoder_dir))
+    negatives, stats = mine_negatives(encoder, pairs, whole, 2)
+    assert stats["per_name"] == 2 and stats["anchor_names"] == 6 and stats["dictionary_names"] == 33
+    assert stats["negatives"] == 12 and {len(v) for v in negatives.values()} == {4}  # 2 names x 2 a concept
+    label_of = {p.concept_id: p.concept for p in pairs}
+    rows = [line.split("\t")[:2] for line in (FIX / "dict.tsv").read_text().splitlines()[1:]] + [["D099", "Alopecia"]]
+    concept_of = {name: cid for cid, name in rows}
+    outside = sorted({cid for cid, _ in rows} - set(label_of))
+    vectors = dict(zip([n for _, n in rows], encoder.encode([n for _, n in rows], role="passage")))
+    for p in pairs:
+        own = {n for cid, n in rows if cid == p.concept_id}
+        others = [n for cid, n in rows if cid != p.concept_id and n.lower() not in {o.lower() for o in own}]
+        found = [name for name, _ in negatives[p.concept]]
+        assert "Alopecia" not in found  # D099's name is D001's own string
+        for name, label in negatives[p.concept]:
+            cid = concept_of[name]
+            assert cid != p.concept_id
+            assert label == (label_of[cid] if cid in label_of else len(label_of) + outside.index(cid))
+        for anchor, mined in zip((p.first, p.second), (found[:2], found[2:])):
+            query = encoder.encode([anchor], role="query")[0]
+            score = {n: float(vectors[n] @ query) for n in others}
+            rest = [score[n] for n in others if n not in mined]
+            # the two kept are the best of the others (within float error: no assertion on a kernel's last bit)
+            assert min(score[n] for n in mined) >= max(rest) - 1e-5
+
+
+def test_training_with_hard_negatives_adds_one_name_a_pair_to_each_step(tmp_path, tiny_encoder_dir, monkeypatch):
+    from linker.train import sap
+
+    focus, whole = focus_and_whole(tmp_path)
+    rows_seen = []
+    loss = sap.multi_similarity_loss
+
+    def counting(vectors, labels, *args, **kwargs):
+        rows_seen.append((len(labels), len(set(labels.tolist()))))
+        return loss(vectors, labels, *args, **kwargs)
+
+    monkeypatch.setattr(sap, "multi_similarity_loss", counting)
+    config = SapConfig(lr=1e-3, batch_size=2, epochs=1, threads=1, seed=3, hard_negatives=2)
+    summary = train_sap(focus, encoder=str(tiny_encoder_dir), out=tmp_path / "hard", config=config,
+                        negatives_from=whole)
+    assert summary["hard_negatives"]["negatives"] == 12 and summary["steps"] == 2
+    assert [n for n, _ in rows_seen] == [6, 3]  # 2 pairs: 4 names + 2 negatives; the last pair: 2 + 1
+    assert all(distinct >= 2 for _, distinct in rows_seen)
+    config_json = json.loads((tmp_path / "hard" / "train_config.json").read_text())
+    assert config_json["config"]["hard_negatives"] == 2 and config_json["data"]["negatives_from"] == str(whole)
+    assert len(config_json["data_sha256"]) == 2
+    rows_seen.clear()
+    train_sap(focus, encoder=str(tiny_encoder_dir), out=tmp_path / "plain", config=SapConfig(
+        lr=1e-3, batch_size=2, epochs=1, threads=1, seed=3))
+    assert [n for n, _ in rows_seen] == [4, 2]  # without: the pairs' names alone
+
+
 @pytest.mark.slow
-def test_resume_repeats_an_uninterrupted_run(tmp_path, tiny_encoder_dir, monkeypatch):
+@pytest.mark.parametrize("hard", [0, 2])
+def test_resume_repeats_an_uninterrupted_run(tmp_path, tiny_encoder_dir, monkeypatch, hard):
     from linker.train import common
 
     path = table("dict", tmp_path)
-    config = SapConfig(lr=1e-3, batch_size=4, epochs=2, threads=1, seed=5)
+    config = SapConfig(lr=1e-3, batch_size=4, epochs=2, threads=1, seed=5, hard_negatives=hard)
     train_sap(path, encoder=str(tiny_encoder_dir), out=tmp_path / "straight", config=config)
 
     def crash(*args, **kwargs):
@@ -127,6 +200,8 @@ def test_bad_inputs_raise_linker_errors(tmp_path, tiny_encoder_dir, monkeypatch)
         train_sap(table("dict", tmp_path), encoder="no-such/encoder-xyz", out=tmp_path / "m")
     with pytest.raises(ConfigError, match="batch size"):
         SapConfig(batch_size=1)
+    with pytest.raises(ConfigError, match="--hard-negatives must be >= 0, found -1"):
+        SapConfig(hard_negatives=-1)
     with pytest.raises(MissingInputError, match="no checkpoint"):
         train_sap(table("dict", tmp_path), encoder=str(tiny_encoder_dir), out=tmp_path / "m", resume=True)
     assert not (tmp_path / "m").exists()
@@ -147,6 +222,12 @@ def test_cli_sap_runs_and_reports_errors(tmp_path, tiny_encoder_dir, capsys):
               "--overwrite"])
     assert exit_info.value.code == 1
     assert "no such concept table" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "sap", "--dict", str(path), "--encoder", str(tiny_encoder_dir), "--out", str(out),
+              "--overwrite", "--hard-negatives", "2", "--negatives-from", str(tmp_path / "gone.parquet")])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "gone.parquet" in err and "no such concept table" in err and "Traceback" not in err
 
 
 def test_training_forward_runs_length_buckets_with_the_same_result(tiny_encoder_dir):

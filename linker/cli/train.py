@@ -85,6 +85,8 @@ def sap_cli(
     precision: str = typer.Option("auto", "--precision", help=_PRECISION_HELP),
     resume: bool = typer.Option(False, "--resume", help="Continue from <out>.checkpoint after the last finished epoch."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a model folder that linker wrote."),
+    hard_negatives: int = typer.Option(0, "--hard-negatives", help="Names of other concepts mined per training name, nearest it under the starting encoder; each step adds one per pair (0: in-batch negatives only)."),
+    negatives_from: Path = typer.Option(None, "--negatives-from", help="Concept table (.parquet) the hard negatives are mined from (default: --dict), e.g. the whole dictionary when --dict holds a few concepts."),
 ) -> None:
     """Self-alignment pretraining on the dictionary's own synonym pairs (SapBERT-style, cross-lingual when it can)."""
     _check_train_extra("linker train sap")
@@ -95,10 +97,10 @@ def sap_cli(
     config = SapConfig(
         lr=lr, batch_size=batch_size, epochs=epochs, pairs_per_concept=pairs_per_concept, max_pairs=max_pairs,
         freeze_layers=freeze_layers, freeze_embeddings=freeze_embeddings, seed=seed, device=device, threads=threads,
-        precision=precision,
+        precision=precision, hard_negatives=hard_negatives,
     )
     summary = train_sap(dict_path, encoder=encoder, out=out, config=config, resume=resume, show_progress=on_terminal(),
-                        overwrite=overwrite)
+                        overwrite=overwrite, negatives_from=negatives_from)
     echo_json(summary)
 
 

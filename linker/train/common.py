@@ -182,17 +182,19 @@ class Metrics:
 
 
 def check_train_output(
-    out: Path, *, encoder: str, dict_path: Path, train_specs: Sequence[str] = (), overwrite: bool
+    out: Path, *, encoder: str, dict_path: Path, train_specs: Sequence[str] = (), overwrite: bool,
+    tables: Sequence[Path] = (),
 ) -> None:
     """Before training: the model folder (and its checkpoint) may not touch an input (the concept table,
-    the training sets, the base encoder's folder); an existing model folder is replaced only with
-    `overwrite` and only if linker wrote it."""
+    the training sets, the base encoder's folder, the other `tables` read); an existing model folder is replaced
+    only with `overwrite` and only if linker wrote it."""
     from linker.dictionary import hierarchy_path
     from linker.datasets import spec_inputs
     from linker.fileio import Input, model_inputs
 
     inputs = [Input(Path(dict_path), "--dict"), Input(hierarchy_path(dict_path), "--dict's hierarchy side table"),
-              *(i for spec in train_specs for i in spec_inputs(spec, "--train")), *model_inputs(encoder, "--encoder")]
+              *(i for spec in train_specs for i in spec_inputs(spec, "--train")), *model_inputs(encoder, "--encoder"),
+              *(Input(Path(t), "--negatives-from") for t in tables if Path(t) != Path(dict_path))]
     check_output(out, inputs=inputs, overwrite=overwrite, folder=True, option="--out")
     check_output(checkpoint_dir(out), inputs=inputs, overwrite=True, folder=True, option="--out (checkpoint)")
 

@@ -6,6 +6,11 @@ are pairs of names of the same concept taken from the dictionary itself, so no a
 mentions are needed; with a multilingual table (HPO plus its es/fr/nl/de translations, UMLS
 all languages) the pairs cross languages, which is how SapBERT-XLMR aligns languages.
 
+With `SapConfig.hard_negatives`, each step also meets names of *other* concepts that the starting encoder puts
+near the pairs' own names, mined once over a whole dictionary (BioSyn's lesson, Sung et al. 2020: negatives from
+the dictionary, not only from the batch). A lay focus batch of 128 random concepts rarely holds "Injury of liver"
+beside "liver damage"; the dictionary always does.
+
 Plain torch loop over the sentence-transformers model (no trainer class), so the same code runs
 on a laptop CPU and on a GPU, and every step's loss lands in the metrics JSON.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +59,9 @@ class SapConfig:
     device: str | None = None  # None = cuda when present, else cpu
     threads: int | None = None  # torch CPU threads; None keeps torch's default
     precision: str = "auto"  # forward passes in fp32 or bf16 (auto: bf16 where native); see common.training_precision
+    # Names of other concepts mined per training name, nearest it under the starting encoder (`mine_negatives`);
+    # each step adds one of its concept's for every pair. 0: the in-batch miner alone.
+    hard_negatives: int = 0
 
     def __post_init__(self) -> None:
         check_precision(self.precision, allow_none=False)
@@ -67,6 +76,8 @@ class SapConfig:
             raise ConfigError(f"--max-pairs must be >= 1, found {self.max_pairs}")
         if self.freeze_layers < 0:
             raise ConfigError(f"--freeze-layers must be >= 0, found {self.freeze_layers}")
+        if self.hard_negatives < 0:
+            raise ConfigError(f"--hard-negatives must be >= 0, found {self.hard_negatives}")
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class SynonymPair:
     first: str
     second: str
     cross_lingual: bool
+    concept_id: str = ""
 
 
 def synonym_pairs(path: str | Path, config: SapConfig) -> tuple[list[SynonymPair], dict]:
@@ -107,7 +119,8 @@ def synonym_pairs(path: str | Path, config: SapConfig) -> tuple[list[SynonymPair
         label = concepts_with_pairs
         concepts_with_pairs += 1
         for a, b in candidates[: config.pairs_per_concept]:
-            pairs.append(SynonymPair(label, names[cid][a], names[cid][b], langs[f"{cid}\t{a}"] != langs[f"{cid}\t{b}"]))
+            pairs.append(SynonymPair(label, names[cid][a], names[cid][b], langs[f"{cid}\t{a}"] != langs[f"{cid}\t{b}"],
+                                     cid))
     if not pairs:
         raise LinkerError(
             f"{path}: no synonym pairs (no concept has two distinct names); self-alignment needs a "
@@ -126,6 +139,56 @@ def synonym_pairs(path: str | Path, config: SapConfig) -> tuple[list[SynonymPair
     return pairs, stats
 
 
+def mine_negatives(encoder, pairs: list[SynonymPair], table_path: str | Path, per_name: int
+                   ) -> tuple[dict[int, list[tuple[str, int]]], dict]:
+    """For each concept label of `pairs`, the names of other concepts of `table_path` nearest each of its names
+    under `encoder` (`per_name` a name, exact inner-product search over normalised vectors), with the label each
+    takes in a batch: its concept's own label when it has pairs, else one of its own past theirs. A name near
+    several of the concept's names is kept as often, so it is drawn more often. A name equal, normalised, to one of
+    the concept's own names is left out: the same string cannot be pushed away from itself."""
+    from linker.extras import require
+
+    faiss = require("faiss", extra="dense", what="mining hard negatives")
+    started = time.perf_counter()
+    table = read_concept_table(table_path).table
+    rows: dict[tuple[str, str], str] = {}  # (concept, normalised name) -> name
+    for cid, name in zip(table.column("concept_id").to_pylist(), table.column("name").to_pylist()):
+        key = normalize(name, "default")
+        if key:
+            rows.setdefault((cid, key), name)
+    concepts, keys, names = zip(*((cid, key, name) for (cid, key), name in rows.items()))
+    label_of = {p.concept_id: p.concept for p in pairs}
+    outside = sorted({cid for cid in concepts if cid not in label_of})
+    label_of.update({cid: len(set(p.concept for p in pairs)) + i for i, cid in enumerate(outside)})
+    own: dict[int, set[str]] = defaultdict(set)  # label -> its names, normalised
+    anchors: dict[str, int] = {}  # each pair name -> its label
+    for p in pairs:
+        for name in (p.first, p.second):
+            own[p.concept].add(normalize(name, "default"))
+            anchors[name] = p.concept
+    index = faiss.IndexFlatIP(encoder.dim)
+    index.add(encoder.encode(list(names), role="passage"))
+    queries = sorted(anchors)
+    depth = min(len(names), 4 * per_name + 64)  # room for the concept's own names, skipped
+    negatives: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for first in range(0, len(queries), 1024):
+        chunk = queries[first:first + 1024]
+        _, found = index.search(encoder.encode(chunk, role="query"), depth)
+        for name, row in zip(chunk, found):
+            label, kept = anchors[name], 0
+            for j in row:
+                if j < 0 or kept == per_name:
+                    break
+                if label_of[concepts[j]] != label and keys[j] not in own[label]:
+                    negatives[label].append((names[j], label_of[concepts[j]]))
+                    kept += 1
+    stats = {"per_name": per_name, "from": str(table_path), "dictionary_names": len(names),
+             "anchor_names": len(queries), "negatives": sum(map(len, negatives.values())),
+             "seconds": round(time.perf_counter() - started, 1)}
+    log.info("hard negatives: %s", stats)
+    return dict(negatives), stats
+
+
 def train_sap(
     dict_path: str | Path,
     *,
@@ -135,20 +198,25 @@ def train_sap(
     resume: bool = False,
     show_progress: bool = False,
     overwrite: bool = False,
+    negatives_from: str | Path | None = None,
 ) -> dict:
     """Fine-tune `encoder` on the synonym pairs of `dict_path`; write a model folder to `out`.
 
     Returns the metrics summary (also written as train_metrics.json beside the model). An
     existing `out` is replaced only with `overwrite` (and only a folder that linker wrote).
+    `negatives_from`: the concept table the hard negatives are mined from (`config.hard_negatives`; default
+    `dict_path`), with the starting encoder, before any step (again on resume: the same start mines the same).
 
-    The stages: `synonym_pairs`, `start_run` (the model, from `<out>.checkpoint` with `resume`), `train_epoch`
-    per epoch, `finish_run` (the model folder).
+    The stages: `synonym_pairs`, `mine_negatives` (with hard negatives), `start_run` (the model, from
+    `<out>.checkpoint` with `resume`), `train_epoch` per epoch, `finish_run` (the model folder).
     """
     from linker.encoders import load_encoder
 
     out = Path(out)
     dict_path = Path(dict_path)
-    common.check_train_output(out, encoder=encoder, dict_path=dict_path, overwrite=overwrite)
+    negatives_from = Path(negatives_from) if negatives_from is not None else dict_path
+    common.check_train_output(out, encoder=encoder, dict_path=dict_path, overwrite=overwrite,
+                              tables=(negatives_from,))
     common.set_seed(config.seed)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -157,14 +225,20 @@ def train_sap(
     pairs, pair_stats = synonym_pairs(dict_path, config)
 
     base = load_encoder(encoder, device=device, threads=config.threads)
-    run = start_run(base, out, pairs, common.Metrics(extra={"pairs": pair_stats}), config, device, precision,
-                    resume=resume)
+    extra = {"pairs": pair_stats}
+    negatives: dict[int, list[tuple[str, int]]] = {}
+    if config.hard_negatives:
+        negatives, extra["hard_negatives"] = mine_negatives(base, pairs, negatives_from, config.hard_negatives)
+    run = start_run(base, out, pairs, common.Metrics(extra=extra), config, device, precision, resume=resume)
+    run.negatives = negatives
     for epoch in range(run.state["epoch"], config.epochs):
         train_epoch(run, epoch, show_progress=show_progress)
         run.state["epoch"] = epoch + 1
         if epoch + 1 < config.epochs:
             common.save_checkpoint(out, run.model, run.optimizer, run.state, run.metrics)
-    return finish_run(run, out, encoder=encoder, spec=base.spec, dict_path=dict_path, resume=resume)
+    return finish_run(run, out, encoder=encoder, spec=base.spec,
+                      dict_paths=(dict_path, *((negatives_from,) if negatives and negatives_from != dict_path else ())),
+                      resume=resume)
 
 
 @dataclass
@@ -183,6 +257,7 @@ class _Run:
     parameters: dict  # trainable / frozen counts (`common.freeze`)
     original_max_length: int  # the encoder's own token limit, restored before saving
     timer: common.Timer = field(default_factory=common.Timer)
+    negatives: dict = field(default_factory=dict)  # label -> [(name, label)], `mine_negatives`
 
 
 def start_run(base, out: Path, pairs: list[SynonymPair], metrics: common.Metrics, config: SapConfig, device: str,
@@ -219,12 +294,13 @@ def train_epoch(run: _Run, epoch: int, *, show_progress: bool = False) -> None:
     order = list(range(len(run.pairs)))
     random.Random(config.seed + epoch).shuffle(order)
     torch.manual_seed(config.seed + epoch)
+    draws = random.Random(f"hard negatives {config.seed} {epoch}")  # its own stream: the order stays as without
     steps_per_epoch = math.ceil(len(run.pairs) / config.batch_size)
     bar = tqdm(range(steps_per_epoch), desc=f"sap epoch {epoch + 1}/{config.epochs}", disable=not show_progress)
     epoch_losses: list[float] = []
     for step in bar:
         batch = [run.pairs[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
-        value, mined = _step(run, batch)
+        value, mined = _step(run, batch, draws)
         epoch_losses.append(value)
         metrics.steps.append({"step": run.state["step"], "epoch": epoch + 1, "loss": round(value, 6),
                               "mined_pairs": mined, "seconds": run.timer.seconds})
@@ -237,12 +313,20 @@ def train_epoch(run: _Run, epoch: int, *, show_progress: bool = False) -> None:
     log.info("sap epoch %d: mean loss %.4f (%.0fs)", epoch + 1, metrics.epochs[-1]["mean_loss"], run.timer.seconds)
 
 
-def _step(run: _Run, batch: list[SynonymPair]) -> tuple[float, int]:
+def _step(run: _Run, batch: list[SynonymPair], draws: random.Random) -> tuple[float, int]:
     """One optimiser step on the pairs `batch`: the multi-similarity loss of their 2 * batch names, labelled by
-    concept; (loss, mined pairs). No update when the miner finds no hard pair."""
+    concept, and of one hard negative a pair drawn from its concept's (`run.negatives`); (loss, mined pairs). No
+    update when the miner finds no hard pair."""
     config, device = run.config, run.device
     texts = [run.prefix + p.first for p in batch] + [run.prefix + p.second for p in batch]
-    labels = torch.tensor([p.concept for p in batch] * 2, device=device)
+    labels = [p.concept for p in batch] * 2
+    for p in batch:
+        options = run.negatives.get(p.concept)
+        if options:
+            name, label = options[draws.randrange(len(options))]
+            texts.append(run.prefix + name)
+            labels.append(label)
+    labels = torch.tensor(labels, device=device)
     with autocast(run.precision, device):
         vectors = common.embed(run.model, texts, device)  # (2 * batch, dim)
     loss, mined = multi_similarity_loss(vectors.float(), labels, config.ms, mine=config.use_miner)
@@ -254,7 +338,7 @@ def _step(run: _Run, batch: list[SynonymPair]) -> tuple[float, int]:
     return float(loss.detach()), mined
 
 
-def finish_run(run: _Run, out: Path, *, encoder: str, spec, dict_path: Path, resume: bool) -> dict:
+def finish_run(run: _Run, out: Path, *, encoder: str, spec, dict_paths: tuple[Path, ...], resume: bool) -> dict:
     """The model folder: weights, the run's config and metrics; the summary `train_sap` returns."""
     model, metrics, config = run.model, run.metrics, run.config
     model.max_seq_length = run.original_max_length
@@ -270,8 +354,8 @@ def finish_run(run: _Run, out: Path, *, encoder: str, spec, dict_path: Path, res
     run_config = {
         **common.run_header("sap", encoder, spec),
         "config": asdict(config),
-        "data": {"dict": str(dict_path)},
-        "data_sha256": common.data_hashes([dict_path]),
+        "data": {"dict": str(dict_paths[0]), **({"negatives_from": str(dict_paths[1])} if len(dict_paths) > 1 else {})},
+        "data_sha256": common.data_hashes(dict_paths),
     }
     common.write_outputs(out, model, config=run_config, metrics=metrics)
     return {"out": str(out), "steps": run.state["step"], **metrics.extra,
