@@ -202,6 +202,9 @@ def test_bad_inputs_raise_linker_errors(tmp_path, tiny_encoder_dir, monkeypatch)
         SapConfig(batch_size=1)
     with pytest.raises(ConfigError, match="--hard-negatives must be >= 0, found -1"):
         SapConfig(hard_negatives=-1)
+    with pytest.raises(ConfigError, match="nothing to mine there without --hard-negatives"):
+        train_sap(table("dict", tmp_path), encoder=str(tiny_encoder_dir), out=tmp_path / "m",
+                  negatives_from=table("dict", tmp_path))
     with pytest.raises(MissingInputError, match="no checkpoint"):
         train_sap(table("dict", tmp_path), encoder=str(tiny_encoder_dir), out=tmp_path / "m", resume=True)
     assert not (tmp_path / "m").exists()

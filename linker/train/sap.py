@@ -214,6 +214,9 @@ def train_sap(
 
     out = Path(out)
     dict_path = Path(dict_path)
+    if negatives_from is not None and not config.hard_negatives:
+        raise ConfigError(f"--negatives-from {negatives_from}: nothing to mine there without --hard-negatives K "
+                          "(names of other concepts a training name; 0 is the default)")
     negatives_from = Path(negatives_from) if negatives_from is not None else dict_path
     common.check_train_output(out, encoder=encoder, dict_path=dict_path, overwrite=overwrite,
                               tables=(negatives_from,))
@@ -328,7 +331,7 @@ def _step(run: _Run, batch: list[SynonymPair], draws: random.Random) -> tuple[fl
             labels.append(label)
     labels = torch.tensor(labels, device=device)
     with autocast(run.precision, device):
-        vectors = common.embed(run.model, texts, device)  # (2 * batch, dim)
+        vectors = common.embed(run.model, texts, device)  # (2 * batch + negatives drawn, dim)
     loss, mined = multi_similarity_loss(vectors.float(), labels, config.ms, mine=config.use_miner)
     run.optimizer.zero_grad()
     if mined:
