@@ -28,22 +28,19 @@ def compare(encoders: dict[str, str], work: Path) -> dict:
     from linker.fileio import safe_stem
     from linker.train.release import dev_accuracy
 
-    rows = {}
+    rows, flags = {}, {}  # flags: each encoder's right / wrong phrase by phrase at k = 4, for the pairing only
     for label, encoder in encoders.items():
         tag = safe_stem(label, "--encoder", what="a label")  # it names the index's folder under --work
         dense = dev_accuracy(encoder, work, tag)
         reranked = dev_rerank_accuracy(work / f"dev-index-{tag}", RERANKER, 8, ks=(4,), per_phrase=True)
+        flags[label] = reranked["by_k"]["4"]["per_phrase"]
         rows[label] = {"encoder": encoder, **dense, "reranked": {
             k: {"gold_in_top_k": t["retriever_acc"], "acc1": t["calibrate_choice"]["acc1"],
-                "retriever_weight": t["calibrate_choice"]["retriever_weight"], **t["per_phrase"]}
-            for k, t in reranked["by_k"].items()}}
-    first = next(iter(rows.values()), None)
-    for row in rows.values():  # against the first encoder, phrase by phrase: right here only / right there only
-        row["paired"] = {field: paired(first["reranked"]["4"][field], row["reranked"]["4"][field])
+                "retriever_weight": t["calibrate_choice"]["retriever_weight"]} for k, t in reranked["by_k"].items()}}
+    first = next(iter(flags.values()), None)
+    for label, row in rows.items():  # against the first encoder: right here only / right there only
+        row["paired"] = {field: paired(first[field], flags[label][field])
                          for field in ("retriever_right", "reranked_right")}
-    for row in rows.values():  # the counts stay; 632 flags a row and k would be most of the report
-        for table in row["reranked"].values():
-            del table["retriever_right"], table["reranked_right"]
     return rows
 
 

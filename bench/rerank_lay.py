@@ -17,6 +17,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from bench.report import Report, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,25 +53,26 @@ def dev_rerank_accuracy(index: Path, reranker: str | Path, k: int, *, ks: tuple[
         ranked = predict(linker_, mentions, top, query_lang=False, progress=False)
         seconds = time.perf_counter() - started
 
-        def hits(field: str, at: int) -> float:
-            return round(100 * float(mention_hits(gold, [tuple(getattr(r, field) for r in q) for q in ranked], at,
-                                                  composite="all", expand=expand).mean()), 2)
+        def right(field: str, at: int) -> np.ndarray:
+            return mention_hits(gold, [tuple(getattr(r, field) for r in q) for q in ranked], at, composite="all",
+                                expand=expand)
 
-        by_weight = mix_hits(ranked, gold, RETRIEVER_WEIGHTS, composite="all", expand=expand).mean(axis=0)
-        accuracy = {w: 100 * float(a) for w, a in zip(RETRIEVER_WEIGHTS, by_weight)}
+        def share(hits: np.ndarray) -> float:
+            return round(100 * float(hits.mean()), 2)
+
+        by_mention = mix_hits(ranked, gold, RETRIEVER_WEIGHTS, composite="all", expand=expand)  # (phrases, weights)
+        accuracy = {w: 100 * float(a) for w, a in zip(RETRIEVER_WEIGHTS, by_mention.mean(axis=0))}
         weight, smoothed = choose_weight(accuracy)
-        table = {"retriever_acc": hits("retriever_ids", top), "retriever_acc1": hits("retriever_ids", 1),
+        retriever_right = right("retriever_ids", 1)
+        table = {"retriever_acc": share(right("retriever_ids", top)), "retriever_acc1": share(retriever_right),
                  "reranked_acc1_by_mix_weight": {str(w): round(accuracy[w], 2) for w in SHOWN_WEIGHTS},
                  "calibrate_choice": {"retriever_weight": weight, "acc1": round(accuracy[weight], 2),
                                       "smoothed_acc1": round(smoothed, 2)},
                  "ms_per_phrase": round(1000 * seconds / len(mentions), 1)}
         if per_phrase:
-            chosen = mix_hits(ranked, gold, (weight,), composite="all", expand=expand)[:, 0]
-            table["per_phrase"] = {
-                "retriever_right": [int(h) for h in mention_hits(gold, [tuple(r.retriever_ids for r in q)
-                                                                          for q in ranked], 1, composite="all",
-                                                                         expand=expand)],
-                "reranked_right": [int(h) for h in chosen]}
+            chosen = by_mention[:, RETRIEVER_WEIGHTS.index(weight)]  # the column `accuracy[weight]` averages
+            table["per_phrase"] = {"retriever_right": retriever_right.astype(int).tolist(),
+                                   "reranked_right": chosen.astype(int).tolist()}
         out["by_k"][str(top)] = table
     return out
 

@@ -86,7 +86,7 @@ class SynonymPair:
     first: str
     second: str
     cross_lingual: bool
-    concept_id: str = ""
+    concept_id: str  # the table's id: the label `mine_negatives` gives its negatives
 
 
 def synonym_pairs(path: str | Path, config: SapConfig) -> tuple[list[SynonymPair], dict]:
@@ -158,8 +158,9 @@ def mine_negatives(encoder, pairs: list[SynonymPair], table_path: str | Path, pe
             rows.setdefault((cid, key), name)
     concepts, keys, names = zip(*((cid, key, name) for (cid, key), name in rows.items()))
     label_of = {p.concept_id: p.concept for p in pairs}
+    first_free = len(label_of)  # the pairs' labels are 0 .. len - 1
     outside = sorted({cid for cid in concepts if cid not in label_of})
-    label_of.update({cid: len(set(p.concept for p in pairs)) + i for i, cid in enumerate(outside)})
+    label_of.update({cid: first_free + i for i, cid in enumerate(outside)})
     own: dict[int, set[str]] = defaultdict(set)  # label -> its names, normalised
     anchors: dict[str, int] = {}  # each pair name -> its label
     for p in pairs:
@@ -239,8 +240,8 @@ def train_sap(
         run.state["epoch"] = epoch + 1
         if epoch + 1 < config.epochs:
             common.save_checkpoint(out, run.model, run.optimizer, run.state, run.metrics)
-    return finish_run(run, out, encoder=encoder, spec=base.spec,
-                      dict_paths=(dict_path, *((negatives_from,) if negatives and negatives_from != dict_path else ())),
+    return finish_run(run, out, encoder=encoder, spec=base.spec, dict_path=dict_path,
+                      negatives_from=negatives_from if negatives and negatives_from != dict_path else None,
                       resume=resume)
 
 
@@ -341,7 +342,8 @@ def _step(run: _Run, batch: list[SynonymPair], draws: random.Random) -> tuple[fl
     return float(loss.detach()), mined
 
 
-def finish_run(run: _Run, out: Path, *, encoder: str, spec, dict_paths: tuple[Path, ...], resume: bool) -> dict:
+def finish_run(run: _Run, out: Path, *, encoder: str, spec, dict_path: Path, negatives_from: Path | None,
+               resume: bool) -> dict:
     """The model folder: weights, the run's config and metrics; the summary `train_sap` returns."""
     model, metrics, config = run.model, run.metrics, run.config
     model.max_seq_length = run.original_max_length
@@ -357,8 +359,8 @@ def finish_run(run: _Run, out: Path, *, encoder: str, spec, dict_paths: tuple[Pa
     run_config = {
         **common.run_header("sap", encoder, spec),
         "config": asdict(config),
-        "data": {"dict": str(dict_paths[0]), **({"negatives_from": str(dict_paths[1])} if len(dict_paths) > 1 else {})},
-        "data_sha256": common.data_hashes(dict_paths),
+        "data": {"dict": str(dict_path), **({"negatives_from": str(negatives_from)} if negatives_from else {})},
+        "data_sha256": common.data_hashes([dict_path, *([negatives_from] if negatives_from else [])]),
     }
     common.write_outputs(out, model, config=run_config, metrics=metrics)
     return {"out": str(out), "steps": run.state["step"], **metrics.extra,
