@@ -1,7 +1,7 @@
 """Encoders for the default index compared on the lay development slice only (the test set is never read).
 
     python -m bench.encoder_dev --encoder LABEL=ENCODER [--encoder ...] [--trained LABEL=COMMAND]
-        [--work work/encoder_dev] [--out eval/lay/encoders_dev] [--note TEXT]
+        [--work work/encoder_dev] [--out eval/lay/encoders_dev] [--note TEXT | --note-file PATH]
 
 For each encoder (a shipped name or a model folder): a dense index over the default dictionary less every held-out
 lay name, and its Acc@1 / Acc@5 on the development phrases (`linker.train.release.dev_accuracy`: the figure
@@ -17,7 +17,7 @@ import argparse
 import os
 from pathlib import Path
 
-from bench.report import Report, table
+from bench.report import Report, add_note_options, note_of, table
 from bench.rerank_lay import _pairs, dev_rerank_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,10 +86,11 @@ def main() -> None:
     parser.add_argument("--encoder", action="append", required=True, metavar="LABEL=ENCODER")
     parser.add_argument("--trained", action="append", metavar="LABEL=COMMAND", help="how LABEL was trained")
     parser.add_argument("--work", type=Path, default=ROOT / "work" / "encoder_dev")
-    parser.add_argument("--note", default="", help="a paragraph printed above the table")
+    add_note_options(parser, "a paragraph printed above the table")
     parser.add_argument("--out", type=Path, default=ROOT / "eval" / "lay" / "encoders_dev",
                         help="report path without its suffix (.md and .json are written)")
     args = parser.parse_args()
+    note = note_of(args)  # before any work: a missing file fails at once
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     encoders, trained = _pairs(args.encoder, "--encoder"), _pairs(args.trained, "--trained")
     report = Report(args.out.name, out=args.out.parent,
@@ -98,7 +99,7 @@ def main() -> None:
     rows = compare(encoders, args.work)
     for label, row in rows.items():
         row["trained"] = trained.get(label)
-    result = {"note": args.note, "encoders": rows}
+    result = {"note": note, "encoders": rows}
     report.write(result, markdown(result))
 
 

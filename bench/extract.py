@@ -1,6 +1,7 @@
 """The adverse-event extractor (linker-ae): eval/extract/report.md and report.json.
 
-    python -m bench.extract [--model linker-ae] [--out eval/extract] [--per-template 40]
+    python -m bench.extract [--model linker-ae] [--out eval/extract] [--per-template 40] [--compare-to FOLDER]
+    python -m bench.extract --record-throughput   # the last --compare-to timing into the release's card
 
 - TAC 2017 development split (the labels the release's manifest lists as held out): AdverseReaction mention F1,
   exact and relaxed; then end-to-end coding (`linker.extract.annotate_documents`) with a closed-world MedDRA-format
@@ -268,28 +269,40 @@ def examples(extractor, linker, index: Path) -> dict:
                                  for row in doc]} for text, doc in zip(EXAMPLES, rows)]}
 
 
-def speed_against(extractor, other_folder: Path, runs: int = 3, sentences: int = 400) -> dict:
-    """Sentences per second of `extractor` and of the release in `other_folder` (e.g. the previous linker-ae, from
-    `git archive`), in this process, alternating, on the first `sentences` of PHEE dev: the median of `runs` each."""
+def speed_against(extractor, other_folder: Path, dev_files: list[Path], runs: int = 3, sentences: int = 400) -> dict:
+    """Throughput of `extractor` and of the release in `other_folder` (e.g. the previous linker-ae, from `git
+    archive`), in this process, alternating, one thread each, the median of `runs`: PHEE sentences per second (the
+    first `sentences` of PHEE dev, PHEE's style) and drug labels per second (every section of the TAC dev labels
+    `dev_files`, one call a label, the default style; the tagging that `annotate` adds its linking to)."""
     import os
     import statistics
 
     from linker.extract import load_extractor
-    from linker.extract.data import read_phee
+    from linker.extract.data import read_phee, read_tac
 
     texts = [d.text for d in read_phee(data.get("phee").path("dev"))][:sentences]
+    labels = [[d.text for d in read_tac(file)] for file in dev_files]
     other = load_extractor(other_folder, threads=1)
-    times: dict[str, list[float]] = {"this": [], "other": []}
+    times: dict[tuple[str, str], list[float]] = {}
     load = os.getloadavg()
     for _ in range(runs):
         for name, model in (("other", other), ("this", extractor)):
             t0 = time.perf_counter()
             model.extract(texts, style="phrases")
-            times[name].append(time.perf_counter() - t0)
-    this, before = statistics.median(times["this"]), statistics.median(times["other"])
-    return {"other": other.revision, "sentences": len(texts), "runs": runs, "load_average_before": list(load),
-            "this_per_s": round(len(texts) / this, 1), "other_per_s": round(len(texts) / before, 1),
-            "ratio": round(before / this, 3)}
+            t1 = time.perf_counter()
+            for sections in labels:
+                model.extract(sections)
+            times.setdefault((name, "sentences"), []).append(t1 - t0)
+            times.setdefault((name, "labels"), []).append(time.perf_counter() - t1)
+    median = {key: statistics.median(values) for key, values in times.items()}
+    return {"other": other.revision, "sentences": len(texts), "labels": len(labels), "runs": runs,
+            "load_average_before": list(load), "load_average_after": list(os.getloadavg()),
+            "this_per_s": round(len(texts) / median["this", "sentences"], 1),
+            "other_per_s": round(len(texts) / median["other", "sentences"], 1),
+            "ratio": round(median["other", "sentences"] / median["this", "sentences"], 3),
+            "this_labels_per_s": round(len(labels) / median["this", "labels"], 3),
+            "other_labels_per_s": round(len(labels) / median["other", "labels"], 3),
+            "labels_ratio": round(median["other", "labels"] / median["this", "labels"], 3)}
 
 
 def phee_effects(extractor, split: str) -> dict:
@@ -433,6 +446,22 @@ def capabilities(extractor, per_template: int, seed: int, linker=None) -> tuple[
     return {"reports": [r.to_dict() for r in reports]}, lines
 
 
+def record(release: Path, report: Path) -> None:
+    """Write the --compare-to timing of `report` into the tagger release `release` (its manifest and card)."""
+    from linker.extract.train import record_throughput
+    from linker.models import read_release
+
+    previous = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else {}
+    revision = read_release(release).revision
+    measured = previous.get("speed_against")
+    if previous.get("model") != revision or not measured or "labels" not in measured:
+        raise SystemExit(f"bench.extract: {report} holds no --compare-to timing of {revision}: run "
+                         "`python -m bench.extract --compare-to FOLDER` first")
+    measured = {k: v for k, v in measured.items() if k != "earlier_run"}
+    record_throughput(release, {**measured, "command": previous["command"], "measured_on": previous["date"][:10]})
+    print(f"{release}: throughput against {measured['other']} written into its manifest and card")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="linker-ae")
@@ -445,10 +474,17 @@ def main() -> None:
                         help="Another tagger release folder (the previous linker-ae) to time against, alternating.")
     parser.add_argument("--index", type=Path, default=REPO / "indexes" / "default",
                         help="Index of the examples' codes (`make demo` builds it).")
+    parser.add_argument("--record-throughput", action="store_true",
+                        help="Only write the last report's --compare-to timing into the release's manifest and card "
+                             "(when the report is of the same release) and stop.")
     args = parser.parse_args()
     from linker.extract import load_extractor
     from linker.extract.extractor import release_path
     from linker.models import read_release
+
+    if args.record_throughput:
+        record(release_path(args.model), args.out / "report.json")
+        return
 
     report = Report("report", out=args.out, title="Adverse-event extraction (linker-ae): PHEE test, TAC 2017 "
                     "development split, capabilities")
@@ -466,7 +502,7 @@ def main() -> None:
     r["phee_dev"] = phee_effects(extractor, "dev")  # this run's code on dev, beside a test row scored earlier
     r["decision_phee_dev"] = decision_on_phee_dev(extractor)
     if args.compare_to is not None:
-        r["speed_against"] = speed_against(extractor, args.compare_to)
+        r["speed_against"] = speed_against(extractor, args.compare_to, dev_files)
     elif previous.get("model") == extractor.revision and previous.get("speed_against"):  # same tensors: still true
         r["speed_against"] = {**previous["speed_against"], "earlier_run": True}
     from linker.link import Linker
@@ -641,6 +677,9 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
         *([f"- against `{v['other']}`, in this process, alternating, median of {v['runs']} runs on {v['sentences']} "
            f"PHEE dev sentences, 1 thread, load average {[round(x, 2) for x in v['load_average_before']]}: "
            f"{v['this_per_s']} against {v['other_per_s']} sentences/s, **{v['ratio']}x** its speed"
+           + (f"; every section of the {v['labels']} TAC dev labels, one call a label, the default style: "
+              f"{v['this_labels_per_s']} against {v['other_labels_per_s']} labels/s, **{v['labels_ratio']}x**"
+              if "labels" in v else "")
            + (" (an earlier run of this report, on the same release)." if v.get("earlier_run") else ".")]
           if (v := r.get("speed_against")) else []), "",
         "## Assertion rules on gold spans (dev data, no tagger)", "",

@@ -42,6 +42,25 @@ def git_commit() -> str:
     return sha + ("-dirty" if dirty else "")
 
 
+def add_note_options(parser, help_text: str) -> None:
+    """--note TEXT or --note-file PATH: a paragraph a report prints above its table. A long one goes in a file, so
+    that the header's command line (`command`) stays short."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--note", default="", help=help_text)
+    group.add_argument("--note-file", type=Path, default=None, help="the same paragraph, read from a UTF-8 file")
+
+
+def note_of(args) -> str:
+    """The paragraph `add_note_options` took: --note's text, or --note-file's (a missing file: one line, exit 1)."""
+    if args.note_file is None:
+        return args.note
+    try:
+        return args.note_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"{args.note_file}: --note-file: expected a readable UTF-8 text file, found "
+                         f"{type(exc).__name__}") from None
+
+
 def command() -> str:
     """How this run was started, as a user would type it (`python -m bench.link --part ...`)."""
     main = sys.modules.get("__main__")

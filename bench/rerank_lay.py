@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.report import Report, table
+from bench.report import Report, add_note_options, note_of, table
 
 ROOT = Path(__file__).resolve().parents[1]
 # The columns shown of `linker calibrate`'s grid (`RETRIEVER_WEIGHTS`: each is on it); the choice reads the whole grid.
@@ -118,15 +118,16 @@ def main() -> None:
     parser.add_argument("--reranker", action="append", required=True, metavar="LABEL=FOLDER")
     parser.add_argument("--trained", action="append", metavar="LABEL=COMMAND", help="how LABEL was trained")
     parser.add_argument("--k", type=int, default=32)
-    parser.add_argument("--note", default="", help="how the folders the commands name were made (a paragraph)")
+    add_note_options(parser, "how the folders the commands name were made (a paragraph)")
     parser.add_argument("--out", type=Path, default=ROOT / "eval" / "rerank" / "lay_dev",
                         help="report path without its suffix (.md and .json are written)")
     args = parser.parse_args()
+    note = note_of(args)  # before any work: a missing file fails at once
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     rerankers, trained = _pairs(args.reranker, "--reranker"), _pairs(args.trained, "--trained")
     report = Report(args.out.name, out=args.out.parent,
                     title="Re-rankers behind the dense linker-en index: the lay development slice")
-    result = {"index": str(args.index), "note": args.note, "torch_threads": torch.get_num_threads(), "rerankers": {}}
+    result = {"index": str(args.index), "note": note, "torch_threads": torch.get_num_threads(), "rerankers": {}}
     for label, folder in rerankers.items():
         row = dev_rerank_accuracy(args.index, folder, args.k, ks=(4, 8, 16))
         result["phrases"] = row.pop("phrases")

@@ -746,3 +746,28 @@ def test_shipped_tagger_runs_in_numpy_as_in_torch(monkeypatch):
     monkeypatch.setattr(extractor_module, "TORCH_MIN_PIECES", 1)
     assert [[(s.start, s.end, s.label, s.status) for s in doc] for doc in fast.extract(texts)] == spans
     assert fast.torch_twin().runtime == "torch"
+
+
+def test_a_recorded_throughput_enters_the_card_and_keeps_the_release(tmp_path):
+    import shutil
+
+    from linker.extract import load_extractor
+    from linker.extract.train import record_throughput
+    from linker.models import read_release, release_folder
+
+    folder = tmp_path / "linker-ae"
+    shutil.copytree(release_folder("linker-ae"), folder)
+    before = read_release(folder)
+    measured = {"other": "linker-ae==1 sha256:abc", "sentences": 400, "labels": 20, "runs": 3,
+                "load_average_before": [1.0, 1.0, 1.0], "this_per_s": 48.0, "other_per_s": 47.0, "ratio": 1.021,
+                "this_labels_per_s": 0.33, "other_labels_per_s": 0.34, "labels_ratio": 0.971,
+                "command": "python -m bench.extract --compare-to old", "measured_on": "2026-12-01"}
+    record_throughput(folder, measured)
+    after = read_release(folder)
+    assert after.revision == before.revision  # the same tensors: indexes and reports that name it still hold
+    assert after.manifest["throughput"] == measured
+    assert {k: v for k, v in after.manifest.items() if k not in ("throughput", "files", "decoding_sha256")} == {
+        k: v for k, v in before.manifest.items() if k not in ("throughput", "files", "decoding_sha256")}
+    card = (folder / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "## Throughput" in card and "**1.021x**" in card and "**0.971x**" in card
+    assert load_extractor(folder, threads=1).revision == before.revision  # its decoding digest still checks

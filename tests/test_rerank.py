@@ -586,3 +586,22 @@ def test_encoder_comparison_report_lists_each_encoder_and_refuses_a_label_that_i
     # 3 phrases gained, 1 lost: p = 2 x (1 + 4) / 16 exactly; no discordant phrase: p 1
     assert "| hard | +3 / -1 (p 0.625) | +0 / -0 (p 1.000) |" in lines
     assert paired([0] * 10, [1] * 10) == {"gained": 10, "lost": 0, "p": round(2 / 1024, 4)}
+
+
+def test_a_reports_note_comes_from_the_option_or_a_file_and_a_missing_file_is_one_line(tmp_path):
+    import argparse
+
+    from bench.report import add_note_options, note_of
+
+    parser = argparse.ArgumentParser()
+    add_note_options(parser, "a paragraph")
+    note = tmp_path / "note.txt"
+    note.write_text("How the folders were made.\n", encoding="utf-8")
+    assert note_of(parser.parse_args(["--note", "inline"])) == "inline"
+    assert note_of(parser.parse_args(["--note-file", str(note)])) == "How the folders were made."
+    assert note_of(parser.parse_args([])) == ""
+    with pytest.raises(SystemExit) as exc:
+        note_of(parser.parse_args(["--note-file", str(tmp_path / "absent.txt")]))
+    assert str(exc.value).startswith(f"{tmp_path / 'absent.txt'}: --note-file: expected a readable UTF-8 text file")
+    with pytest.raises(SystemExit):  # both at once: argparse refuses
+        parser.parse_args(["--note", "a", "--note-file", str(note)])

@@ -588,6 +588,10 @@ def _write_release(run: _Run, data: _Data, out: Path, base_revision: str, *, com
             "wall_seconds": round(seconds), "cpu_seconds": round(cpu)}
 
 
+# The manifest fields `write_release` writes itself; the rest is the release's record (`info`)
+WRITTEN_FIELDS = {"format", "name", "version", "kind", "base", "base_revision", "tensors", "files", "decoding_sha256"}
+
+
 def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = "", threads: int | None = None,
                  report=lambda message: log.info("%s", message)) -> dict:
     """Choose the decoding (threshold, extend, split per head, the lexicon cut) of an existing release on the dev data
@@ -615,8 +619,7 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
     report(f"tuned: thresholds {scores['thresholds']} extend {scores['extend']} split {scores['split']} lexicon "
            f"{scores['lexicon']} PHEE dev EM_F1 {scores['phee_dev']['EM_F1']} TAC dev exact F1 "
            f"{scores['tac_dev']['exact']['f1']}")
-    fixed = {"format", "name", "version", "kind", "base", "base_revision", "tensors", "files", "decoding_sha256"}
-    info = {key: value for key, value in manifest.items() if key not in fixed}
+    info = {key: value for key, value in manifest.items() if key not in WRITTEN_FIELDS}
     info.update(threshold=scores["thresholds"], extend=scores["extend"], split=scores["split"],
                 lexicon=scores["lexicon"])
     metrics = info.get("metrics") if isinstance(info.get("metrics"), dict) else {}
@@ -709,6 +712,39 @@ def _use(info: dict) -> str:
             "English.")
 
 
+def _throughput(measured: dict | None) -> str:
+    """The card's throughput section: this release against an earlier one, as `record_throughput` stored it."""
+    import textwrap
+
+    if not measured:
+        return ""
+    v = measured
+    text = (f"Against `{v['other']}` (earlier releases: `git log -- linker/models`), per CPU thread, in one "
+            f"process, the two alternating, the median of {v['runs']} runs (`{v['command']}`, {v['measured_on']}, "
+            f"load average {[round(x, 2) for x in v['load_average_before']]}): {v['this_per_s']} against "
+            f"{v['other_per_s']} PHEE sentences/s (**{v['ratio']}x** its speed; {v['sentences']} PHEE dev sentences, "
+            "PHEE's style) and "
+            f"{v['this_labels_per_s']} against {v['other_labels_per_s']} drug labels/s (**{v['labels_ratio']}x**; "
+            f"every section of the {v['labels']} TAC dev labels, one call a label, the default style). Absolute "
+            "rates depend on the machine: compare the two of one run.")
+    return "\n## Throughput\n\n" + textwrap.fill(text, 118, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
+def record_throughput(folder: Path, measured: dict) -> dict:
+    """Store `measured` (`bench.extract`'s comparison of this release's speed with an earlier one's) in the release
+    in `folder` and write its card again: the same tensors, decoding and revision."""
+    from linker.models import check_release_out, load_tensors, read_release, write_release
+
+    check_release_out(folder, KIND)
+    release = read_release(folder)
+    info = {key: value for key, value in release.manifest.items() if key not in WRITTEN_FIELDS}
+    info["throughput"] = measured
+    base_revision = str(release.manifest.get("base_revision", ""))
+    return write_release(Path(folder), name=release.name, version=release.manifest["version"], kind=KIND,
+                         base=release.base, base_revision=base_revision, tensors=load_tensors(release),
+                         card=model_card(info, base_revision), info=info)
+
+
 def model_card(info: dict, base_revision: str) -> str:
     t, m = info["training"], info["metrics"]
     base = t["config"].get("base", "minilm")
@@ -763,7 +799,7 @@ The tagger alone, as training chose it. `linker annotate` adds the dictionary's 
 that share words, span edges: docs/extract.md); `eval/extract/report.md` scores the tagger with them.
 
 {_tests(info)}
-
+{_throughput(info.get('throughput'))}
 ## Intended use and limits
 
 Finding adverse-event and drug mentions in {_language(info)} case reports and drug labels, to be coded by `linker annotate`
@@ -774,4 +810,5 @@ examples (a few hundred) and is weaker than the spans.
 """
 
 
-__all__ = ["TAGGER_NAMES", "ExtractorTrainConfig", "evaluate_dev", "model_card", "train_extractor", "tune_release"]
+__all__ = ["TAGGER_NAMES", "ExtractorTrainConfig", "evaluate_dev", "model_card", "record_throughput", "train_extractor",
+           "tune_release"]
