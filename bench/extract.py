@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench import data
-from bench.report import REPO, Report, git_commit, table
+from bench.report import REPO, Report, command, git_commit, table
 from linker.eval.capabilities import capability_table
 
 RUNS = (("terms", "rules"), ("auto", "rules"), ("terms", "model"))  # (style, assertion) of the TAC dev runs
@@ -457,8 +457,14 @@ def record(release: Path, report: Path) -> None:
     if previous.get("model") != revision or not measured or "labels" not in measured:
         raise SystemExit(f"bench.extract: {report} holds no --compare-to timing of {revision}: run "
                          "`python -m bench.extract --compare-to FOLDER` first")
-    measured = {k: v for k, v in measured.items() if k != "earlier_run"}
-    record_throughput(release, {**measured, "command": previous["command"], "measured_on": previous["date"][:10]})
+    if measured.get("earlier_run") and "command" not in measured:  # carried from a run whose command is not known
+        raise SystemExit(f"bench.extract: {report}'s timing was carried from an earlier run: run `python -m "
+                         "bench.extract --compare-to FOLDER` again")
+    # the run that timed it: its own record, or (a report written before it kept one) the report's header
+    measured = {**{k: v for k, v in measured.items() if k not in ("earlier_run", "command", "measured_on")},
+                "command": measured.get("command", previous["command"]),
+                "measured_on": measured.get("measured_on", previous["date"][:10])}
+    record_throughput(release, measured)
     print(f"{release}: throughput against {measured['other']} written into its manifest and card")
 
 
@@ -502,7 +508,8 @@ def main() -> None:
     r["phee_dev"] = phee_effects(extractor, "dev")  # this run's code on dev, beside a test row scored earlier
     r["decision_phee_dev"] = decision_on_phee_dev(extractor)
     if args.compare_to is not None:
-        r["speed_against"] = speed_against(extractor, args.compare_to, dev_files)
+        r["speed_against"] = {**speed_against(extractor, args.compare_to, dev_files), "command": command(),
+                              "measured_on": time.strftime("%Y-%m-%d", time.gmtime())}
     elif previous.get("model") == extractor.revision and previous.get("speed_against"):  # same tensors: still true
         r["speed_against"] = {**previous["speed_against"], "earlier_run": True}
     from linker.link import Linker

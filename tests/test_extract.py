@@ -771,3 +771,36 @@ def test_a_recorded_throughput_enters_the_card_and_keeps_the_release(tmp_path):
     card = (folder / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert "## Throughput" in card and "**1.021x**" in card and "**0.971x**" in card
     assert load_extractor(folder, threads=1).revision == before.revision  # its decoding digest still checks
+
+
+def test_bench_records_only_a_timing_of_the_same_release_that_says_how_it_was_measured(tmp_path):
+    import json
+    import shutil
+
+    from bench.extract import record
+    from linker.models import read_release, release_folder
+
+    folder = tmp_path / "linker-ae"
+    shutil.copytree(release_folder("linker-ae"), folder)
+    revision = read_release(folder).revision
+    timing = {"other": "linker-ae==1 sha256:abc", "sentences": 400, "labels": 20, "runs": 3,
+              "load_average_before": [1.0, 1.0, 1.0], "this_per_s": 48.0, "other_per_s": 47.0, "ratio": 1.021,
+              "this_labels_per_s": 0.33, "other_labels_per_s": 0.34, "labels_ratio": 0.971}
+    report = tmp_path / "report.json"
+
+    def write(model, measured):
+        report.write_text(json.dumps({"model": model, "command": "python -m bench.extract", "date": "2026-12-01T00:00",
+                                      "speed_against": measured}), encoding="utf-8")
+
+    write("linker-ae==2 sha256:another", timing)
+    with pytest.raises(SystemExit, match="holds no --compare-to timing"):
+        record(folder, report)
+    write(revision, {**timing, "earlier_run": True})  # carried over by a later run: whose command timed it is lost
+    with pytest.raises(SystemExit, match="carried from an earlier run"):
+        record(folder, report)
+    write(revision, {**timing, "earlier_run": True, "command": "python -m bench.extract --compare-to old",
+                     "measured_on": "2026-11-30"})
+    record(folder, report)
+    kept = read_release(folder).manifest["throughput"]
+    assert kept["command"] == "python -m bench.extract --compare-to old" and kept["measured_on"] == "2026-11-30"
+    assert "earlier_run" not in kept and read_release(folder).revision == revision
