@@ -599,7 +599,7 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
     --tune-only`), as this version of linker writes it (its `VERSION`: the decoding it chose is this version's)."""
     from linker.errors import InputFormatError
     from linker.extract import extractor as extractor_module
-    from linker.models import MANIFEST, check_release_out, load_tensors, read_release, shown, write_release
+    from linker.models import MANIFEST, check_release_out, read_release, shown
 
     started, cpu0 = time.perf_counter(), _cpu_seconds()
     check_release_out(out, KIND)  # an encoder release has no decoding to tune (nor training record to read)
@@ -630,18 +630,7 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
     info["training"] = {**training, "tuned": {
         "command": command, "wall_seconds": round(time.perf_counter() - started),
         "cpu_seconds": round(_cpu_seconds() - cpu0), "load_average": [round(x, 2) for x in os.getloadavg()]}}
-    base_revision = str(manifest.get("base_revision", ""))
-    try:
-        card = model_card(info, base_revision)
-    except (KeyError, TypeError, ValueError) as exc:  # a record the card needs, missing or mistyped
-        raise InputFormatError(f"{Path(out) / MANIFEST}: fields 'training' and 'metrics'",
-                               "the training record `linker train extractor` writes",
-                               f"{type(exc).__name__} {str(exc)[:60]}") from None
-    tensors = load_tensors(release)
-    write_release(Path(out), name=release.name, version=VERSIONS.get(release.name, VERSION), kind=KIND, base=release.base,
-                  base_revision=base_revision, tensors=tensors, card=card, info=info)
-    with extractor_module._CACHE_LOCK:
-        extractor_module._CACHE.pop(str(Path(out).resolve()), None)
+    rewrite_release(release, info, version=VERSIONS.get(release.name, VERSION))
     return {"out": str(out), **info["metrics"]}
 
 
@@ -733,16 +722,34 @@ def _throughput(measured: dict | None) -> str:
 def record_throughput(folder: Path, measured: dict) -> dict:
     """Store `measured` (`bench.extract`'s comparison of this release's speed with an earlier one's) in the release
     in `folder` and write its card again: the same tensors, decoding and revision."""
-    from linker.models import check_release_out, load_tensors, read_release, write_release
+    from linker.models import check_release_out, read_release
 
     check_release_out(folder, KIND)
     release = read_release(folder)
     info = {key: value for key, value in release.manifest.items() if key not in WRITTEN_FIELDS}
-    info["throughput"] = measured
-    base_revision = str(release.manifest.get("base_revision", ""))
-    return write_release(Path(folder), name=release.name, version=release.manifest["version"], kind=KIND,
-                         base=release.base, base_revision=base_revision, tensors=load_tensors(release),
-                         card=model_card(info, base_revision), info=info)
+    return rewrite_release(release, {**info, "throughput": measured}, version=release.version)
+
+
+def rewrite_release(release, info: dict, *, version: str) -> dict:
+    """Write `release` again in its folder with the same tensors, the record `info` and the card made from it (a
+    record the card cannot be made from is refused in one line, the release left as it was); the in-process cache
+    of its tagger is dropped. Returns the manifest."""
+    from linker.errors import InputFormatError
+    from linker.extract import extractor as extractor_module
+    from linker.models import MANIFEST, load_tensors, write_release
+
+    folder, base_revision = Path(release.folder), str(release.manifest.get("base_revision", ""))
+    try:
+        card = model_card(info, base_revision)
+    except (KeyError, TypeError, ValueError) as exc:  # a record the card needs, missing or mistyped
+        raise InputFormatError(f"{folder / MANIFEST}: fields 'training' and 'metrics'",
+                               "the training record `linker train extractor` writes",
+                               f"{type(exc).__name__} {str(exc)[:60]}") from None
+    manifest = write_release(folder, name=release.name, version=version, kind=KIND, base=release.base,
+                             base_revision=base_revision, tensors=load_tensors(release), card=card, info=info)
+    with extractor_module._CACHE_LOCK:
+        extractor_module._CACHE.pop(str(folder.resolve()), None)
+    return manifest
 
 
 def model_card(info: dict, base_revision: str) -> str:
