@@ -230,3 +230,34 @@ def makefile_demo_commands() -> list[str]:
     from bench.lay import makefile_demo  # imported here: only the demo and docs tests need it
 
     return makefile_demo()
+
+
+def run_block(code: str, lang: str, work: Path, env: dict[str, str]) -> str:
+    """Run a page's `sh` (bash, strict) or `python` block in `work`; its stdout, or the test fails with its stderr."""
+    command = ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, f"exit {done.returncode}\n{code}\n--- stderr ---\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def demo_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A scratch repository root after `make demo`'s recipes ran in it as the Makefile spells them (shell commands,
+    `linker` on PATH being this checkout's code): examples/, tests/ and linker/ (the files the pages and the set-up
+    read), ../shared/data, and indexes/default. Built once a session: the default index (150,749 names through
+    linker-en, its re-ranker and calibration) is the slowest thing the suite makes, and the demo test and the pages'
+    blocks read the same one. Returns the root and the environment to run in it."""
+    work = tmp_path_factory.mktemp("demo") / "repo"
+    (work / "bin").mkdir(parents=True)
+    for name in ("examples", "tests", "linker"):  # linker/: the lay sets `make demo` reads (linker/data/lay)
+        (work / name).symlink_to(ROOT / name)
+    if SHARED_DATA.is_dir():
+        (work.parent / "shared").mkdir()
+        (work.parent / "shared" / "data").symlink_to(SHARED_DATA)
+    wrapper = work / "bin" / "linker"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m linker "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "PATH": f"{work / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    run_block("\n".join(makefile_demo_commands()[:-1]), "sh", work, env)  # the build; each test runs the last
+    return work, env

@@ -1,15 +1,14 @@
 """The README's main job (`make demo`), run end to end as the Makefile spells it: default dictionary -> the default
-index (tf-idf + linker-en, hybrid) -> its default calibration -> normalise."""
+index (dense linker-en, the re-ranker linker-rerank-en bound) -> its default calibration -> normalise."""
 
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
-import shlex
-
-from conftest import ROOT, makefile_demo_commands
+from conftest import makefile_demo_commands
 from linker.cli.main import main
 
 EXPECTED = {  # adverse-event span -> the concept a drug-safety reader expects
@@ -38,17 +37,16 @@ KNOWN_MISSES: dict[str, str] = {}
 
 
 @pytest.mark.slow
-def test_make_demo_commands(tmp_path, capsys, monkeypatch):
+def test_make_demo_commands(demo_root, capsys, monkeypatch):
+    """`demo_root` ran the recipes that build the default index; the demo's last one, `normalize`, runs here."""
     pytest.importorskip("sentence_transformers")
-    monkeypatch.chdir(ROOT)  # the Makefile's relative paths (examples/, linker/data/lay/)
-    *setup, demo = makefile_demo_commands()
-    for command in setup:
-        args = [a.replace("indexes/", f"{tmp_path}/") for a in shlex.split(command)[1:]]
-        assert main(["-q", *args]) in (0, None), command
-    manifest = json.loads((tmp_path / "default" / "manifest.json").read_text())
+    work, _ = demo_root
+    monkeypatch.chdir(work)  # the Makefile's relative paths (examples/, indexes/)
+    manifest = json.loads((work / "indexes" / "default" / "manifest.json").read_text())
     assert manifest["encoder"]["name"] == "linker-en" and manifest["calibration"]["origin"] == "default"
+    assert manifest["reranker"]["name"] == "linker-rerank-en"
     capsys.readouterr()
-    main(["-q", *[a.replace("indexes/", f"{tmp_path}/") for a in shlex.split(demo)[1:]]])
+    assert main(["-q", *shlex.split(makefile_demo_commands()[-1])[1:]]) in (0, None)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {line["id"]: line["candidates"][0]["concept_id"] for line in lines} == {**EXPECTED, **KNOWN_MISSES}
     assert all(line["decision"] != "auto" for line in lines if line["id"] in KNOWN_MISSES)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from conftest import ROOT, SHARED_DATA, makefile_demo_commands
+from conftest import ROOT, SHARED_DATA, makefile_demo_commands, run_block
 from linker.cli.main import app, main
 
 README = ROOT / "README.md"
@@ -207,33 +207,6 @@ def test_matching_rules():
     assert not _matches("version 1.2.3", "version 1.2.4")
 
 
-@pytest.fixture(scope="module")
-def docs_workdir(tmp_path_factory):
-    """A scratch repository root: `linker` on PATH (this checkout's code), examples/, tests/ and linker/ (the files the
-    pages and the set-up read), ../shared/data, and the set-up's indexes/default (the Makefile's demo recipes)."""
-    work = tmp_path_factory.mktemp("docs") / "repo"
-    (work / "bin").mkdir(parents=True)
-    for name in ("examples", "tests", "linker"):  # linker/: the lay sets `make demo` reads (linker/data/lay)
-        (work / name).symlink_to(ROOT / name)
-    if SHARED_DATA.is_dir():
-        (work.parent / "shared").mkdir()
-        (work.parent / "shared" / "data").symlink_to(SHARED_DATA)
-    wrapper = work / "bin" / "linker"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m linker "$@"\n')
-    wrapper.chmod(0o755)
-    env = {**os.environ, "PATH": f"{work / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    _run("\n".join(makefile_demo_commands()), "sh", work, env)
-    return work, env
-
-
-def _run(code: str, lang: str, work, env) -> str:
-    command = ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
-    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, f"exit {done.returncode}\n{code}\n--- stderr ---\n{done.stderr[-3000:]}"
-    return done.stdout
-
-
 def _skip_without_spark() -> None:
     """The Spark example needs pyspark and a Java runtime; neither is part of the project's install."""
     if importlib.util.find_spec("pyspark") is None:
@@ -246,23 +219,22 @@ def _skip_without_spark() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page, number", all_blocks())
-def test_block(page, number, docs_workdir):
+def test_block(page, number, demo_root):
     """Each block runs as written in the scratch root (the README's set-up block: the Makefile's demo recipes, without
     the install), prints what the page shows after it, writes nothing beside the repository's own folders, and runs
     again without failing when it is quick."""
     lang, code, expected = blocks(page)[number]
-    work, env = docs_workdir
+    work, env = demo_root
     if "../shared/data" in code and not SHARED_DATA.is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} is absent")
     if "pyspark" in code:
         _skip_without_spark()
     if page == README and number == 0:  # what the page shows is the output of the demo's last recipe, `normalize`
         assert "make demo" in code and "source .venv/bin/activate" in code
-        *build, code = makefile_demo_commands()
-        _run("\n".join(build), "sh", work, env)
+        code = makefile_demo_commands()[-1]  # `demo_root` ran the recipes before it, as written, in this root
     for attempt in (1, 2):
         start = time.monotonic()
-        stdout = _run(code, lang, work, env)
+        stdout = run_block(code, lang, work, env)
         if expected is not None:
             assert _matches(expected, stdout), f"{page_id(page)} shows\n{expected}\nthe block printed\n{stdout}"
         assert {p.name for p in work.iterdir()} <= TOP_LEVEL, sorted(p.name for p in work.iterdir())
