@@ -591,6 +591,22 @@ def test_decode_neither_ends_nor_begins_a_span_on_a_word_that_joins_it_to_what_i
         "ventricular tachycardia"]
 
 
+
+@pytest.mark.parametrize("text, found", [
+    ("severe hepatitis 5", "severe hepatitis"),  # a citation's number
+    ("(SIADH) 1.", "(SIADH)"),
+    ("diabetes mellitus (type 2)", "diabetes mellitus (type 2)"),  # a bracket closes it: it stays
+    ("a rise of 1.5", "a rise of 1.5"),  # a number with decimals is not a citation's
+])
+def test_decode_ends_no_span_on_a_number_standing_alone(text, found):
+    offsets = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    probs = np.zeros((len(offsets), len(LABELS), 3))
+    probs[:, :, O] = 1.0
+    probs[:, 0] = [0.0, 0.0, 1.0]
+    probs[0, 0] = [0.0, 1.0, 0.0]
+    marks = np.tile([1.0, 0.0, 0.0], (len(offsets), 1))
+    assert [s.text for s in decode(text, offsets, probs, marks, LABELS, 0.5)] == [found]
+
 def test_only_events_of_the_label_share_words():
     from linker.extract.lexicon import Lexicon, elliptic_events
 
