@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
-import sys
 import time
 import unicodedata
 from pathlib import Path
