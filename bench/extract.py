@@ -332,16 +332,16 @@ def phee_test(extractor, previous: dict, rescore: bool) -> tuple[dict, str, int,
     return phee_effects(extractor, "test"), extractor.revision, count + 1, git_commit()
 
 
-DECISION_CLASSES = ("adverse event", "negated or hypothetical", "beneficial", "indication")
+DECISION_CLASSES = ("adverse event", "negated or hypothetical", "beneficial", "indication", "medical history")
 PRESENT_BEFORE = "present before the drug"
 
 
 def _decision_class(label: str, status: str) -> str | None:
-    from linker.extract.data import AE, AR, BENEFIT, INDICATION
+    from linker.extract.data import AE, AR, BENEFIT, HISTORY, INDICATION
 
     if label in (AE, AR):
         return "adverse event" if status == "positive" else "negated or hypothetical"
-    return {BENEFIT: "beneficial", INDICATION: "indication"}.get(label)
+    return {BENEFIT: "beneficial", INDICATION: "indication", HISTORY: "medical history"}.get(label)
 
 
 def decision_on_phee_dev(extractor) -> dict:
@@ -349,9 +349,10 @@ def decision_on_phee_dev(extractor) -> dict:
     hypothetical; an Effect of a Potential_therapeutic_event: beneficial; a Treat-Disorder: indication) against the
     classes of the spans `annotate` returns (style auto, assertion rules), matched by overlap: per class, recall is
     the share of its gold spans that a span of that class overlaps, precision the share of its predicted spans that
-    overlap a gold span of that class. `PRESENT_BEFORE`: PHEE's Sub-Disorder spans (the subject's own disorder,
-    present before the drug) that no gold adverse event overlaps, and how many a positive adverse-event span
-    overlaps: coded as an event of the drug, wrongly. `extract` has no class of its own for them."""
+    overlap a gold span of that class. Medical history: PHEE's Sub-Disorder spans (the subject's own disorder,
+    present before the drug) that no gold adverse event overlaps, against the MedicalHistory spans of the decision
+    head (`linker.extract.decision`); `PRESENT_BEFORE`: how many of those a positive adverse-event span overlaps:
+    coded as an event of the drug, wrongly."""
     from linker.extract.data import read_phee
     from linker.extract.metrics import prf
 
@@ -361,6 +362,9 @@ def decision_on_phee_dev(extractor) -> dict:
     before = {"gold": 0, "coded": 0}
     for doc, spans in zip(docs, predicted, strict=True):
         gold = [(s, e, c) for s, e, label, status in doc.spans if (c := _decision_class(label, status))]
+        events = [(s, e) for s, e, c in gold if c == "adverse event"]
+        gold += [(s, e, "medical history") for s, e in doc.subject_disorders  # a disorder that is also an event is one
+                 if not any(a < e and s < b for a, b in events)]
         pred = [(s.start, s.end, c) for s in spans if (c := _decision_class(s.label, s.status))]
         for s, e, c in gold:
             counts[c]["gold"] += 1
@@ -369,8 +373,8 @@ def decision_on_phee_dev(extractor) -> dict:
             counts[k]["predicted"] += 1
             counts[k]["right"] += any(a < e and s < b and c == k for s, e, c in gold)
         coded = [(a, b) for a, b, k in pred if k == "adverse event"]
-        for s, e in doc.subject_disorders:  # a disorder that is also a gold adverse event is no pre-existing one
-            if not any(a < e and s < b for a, b, c in gold if c == "adverse event"):
+        for s, e, c in gold:
+            if c == "medical history":
                 before["gold"] += 1
                 before["coded"] += any(a < e and s < b for a, b in coded)
     scores = {c: {**n, **prf(n["right"], n["predicted"], n["found"], n["gold"])} for c, n in counts.items()}
@@ -507,6 +511,8 @@ def main() -> None:
         extractor, previous, args.rescore_test)
     r["phee_dev"] = phee_effects(extractor, "dev")  # this run's code on dev, beside a test row scored earlier
     r["decision_phee_dev"] = decision_on_phee_dev(extractor)
+    if isinstance(manifest.get("decision"), dict):  # the decision head's own choice, from its training record
+        r["decision_phee_dev"]["head"] = {k: manifest["decision"].get(k) for k in ("cut", "dev", "seeds", "examples")}
     if args.compare_to is not None:
         r["speed_against"] = {**speed_against(extractor, args.compare_to, dev_files), "command": command(),
                               "measured_on": time.strftime("%Y-%m-%d", time.gmtime())}
@@ -553,10 +559,22 @@ def _decision(scores: dict | None) -> list[str]:
     return ["## Adverse event, or not? (PHEE dev)", "",
             "Each gold span's class against the class of the spans `extract` returns (style auto, assertion rules), "
             "matched by overlap (`decision_on_phee_dev`). PHEE marks an event negated or speculated per event; the "
-            "reader carries the mark to the effects of one-event sentences only, so that class is small.",
+            "reader carries the mark to the effects of one-event sentences only, so that class is small. Medical "
+            "history: PHEE's Sub-Disorder spans that no gold adverse event overlaps, against the MedicalHistory "
+            "spans of the decision head.",
             "", *table(["class", "gold spans", "predicted spans", "P", "R", "F1"],
                        [(c, f"{v['gold']:,}", f"{v['predicted']:,}", v["precision"], v["recall"], v["f1"])
-                        for c, v in scores.items() if c in DECISION_CLASSES]), "", *_present_before(scores)]
+                        for c, v in scores.items() if c in DECISION_CLASSES]), "", *_head_choice(scores.get("head")),
+            *_present_before(scores)]
+
+
+def _head_choice(head: dict | None) -> list[str]:
+    if not head:
+        return []
+    return ["The decision head (`linker.extract.decision`, from the release's training record): learnt on the gold "
+            f"spans of PHEE train and the TAC training split {head['examples']['train']}; on those of PHEE dev and "
+            f"the TAC development split {head['examples']['dev']}, F1 by class at its cut {head['cut']} (chosen "
+            f"there): {head['dev']}; the classes' mean F1 by seed (the first ships): {head['seeds']}.", ""]
 
 
 def _present_before(scores: dict) -> list[str]:
@@ -564,11 +582,11 @@ def _present_before(scores: dict) -> list[str]:
         return []
     return [f"**{PRESENT_BEFORE.capitalize()}**, on real text: PHEE annotates the subject's own disorder "
             "(`Sub-Disorder`: \"a patient with sarcoidosis\", \"a history of NMS\", \"protamine allergy\"), "
-            "which the tagger learns only as text outside every span. Of the "
-            f"{n['gold']:,} such spans of PHEE dev that no gold adverse event overlaps, a positive adverse-event "
-            f"span overlaps **{n['coded']:,} ({n['coded_pct']}%)**: coded as an event of the drug, wrongly. "
-            "The capability suite's `temporal` row (below) asks the same in first-person narrative (\"my rash "
-            "started before I began taking X\"), a wording neither PHEE nor TAC holds.", ""]
+            "which no tagger head learns and the decision head (`linker.extract.decision`) does, as medical history. "
+            f"Of the {n['gold']:,} such spans of PHEE dev that no gold adverse event overlaps, a positive "
+            f"adverse-event span overlaps **{n['coded']:,} ({n['coded_pct']}%)**: coded as an event of the drug, "
+            "wrongly. The capability suite's `temporal` row (below) asks the same in first-person narrative (\"my "
+            "rash started before I began taking X\"), a wording neither PHEE nor TAC holds.", ""]
 
 
 def _min_score_lines(tac: dict) -> list[str]:
@@ -616,8 +634,9 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
         f"Model `{r['model']}`, span thresholds per head {r['threshold']} (chosen on PHEE dev and TAC dev). "
         f"PHEE test evaluations so far: **{r['phee_test_evaluations']}**. Wall time {r['wall_seconds']:,} s.", "",
         "## PHEE test: Effect spans", "",
-        f"Scored once, with `{r['phee_test_model']}`" + ("" if same else " (the same tensors: the release was since "
-                                                         "rewritten with a new card and manifest, its fp16 weights re-saved unchanged in value)")
+        f"Scored once, with `{r['phee_test_model']}`" + ("" if same else " (the same tagger tensors: the release "
+                                                         "was since rewritten with a new card and manifest, then with "
+                                                         "the decision head beside them, which this row has not)")
         + (f", at commit {r['phee_test_commit']}." if r.get("phee_test_commit") else ", at a commit not recorded.")
         + " The test row keeps the code of that commit; the PHEE dev row is this run's code, on the development "
         "split.", "",

@@ -294,6 +294,10 @@ def test_train_extractor_cli_writes_a_release_that_loads(tmp_path, capsys):
     assert set(manifest["threshold"]) == set(LABELS)
     assert "linker train extractor" in (out / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert isinstance(extract(["Rash after amoxicillin."], model=load_extractor(out))[0], list)
+    # the decision head is learnt with the tagger and ships with it (its tensors, its cut, its record)
+    assert 0 < manifest["decision_cut"] < 1 and manifest["decision"]["examples"]["train"]["adverse"] > 6  # PHEE, TAC
+    assert {"decision.weight", "decision.bias"} <= set(manifest["tensors"]["shapes"])
+    assert load_extractor(out).decision[0].shape == (4, 384)
     code, err = cli(args, capsys)  # a release is there: only with --overwrite
     assert_one_line_error(code, err, "--overwrite")
     code, err = cli([*args, "--overwrite"], capsys)
@@ -303,11 +307,41 @@ def test_train_extractor_cli_writes_a_release_that_loads(tmp_path, capsys):
     tuned = read_release(out).manifest
     assert tuned["training"]["tuned"]["command"].endswith("--tune-only --threads 1")
     assert tuned["tensors"] == manifest["tensors"] and set(tuned["extend"]) == set(LABELS)
+    code, err = cli([*args, "--decision-only"], capsys)  # the decision head learnt again, the rest kept
+    assert code == 0, err
+    relearnt = read_release(out).manifest
+    assert relearnt["decision"]["command"].endswith("--decision-only --threads 1")
+    assert relearnt["threshold"] == tuned["threshold"] and relearnt["tensors"]["shapes"] == tuned["tensors"]["shapes"]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "keep.txt").write_text("x")
     code, err = cli([*args[:-5], tmp_path / "other", "--epochs", "1"], capsys)
     assert_one_line_error(code, err, "not a release")
     assert json.loads((out / "manifest.json").read_text())["name"] == "linker-ae"
+
+
+def test_decision_head_relabels_a_positive_event_it_reads_as_something_else():
+    from linker.extract.data import HISTORY, INDICATION, Doc
+    from linker.extract.decision import decide, decision_examples, span_probabilities
+    from linker.extract.model import ExtractedSpan
+
+    offsets = np.array([(0, 4), (5, 9), (10, 15)])
+    # per piece logits over (adverse, indication, beneficial, history)
+    logits = np.array([[4.0, 0, 0, 0], [0, 0, 0, 3.0], [0, 3.0, 0, 0]])
+    assert span_probabilities(logits, offsets, 5, 9).argmax() == 3
+    assert span_probabilities(logits, offsets, 16, 20) is None  # no piece under it
+    spans = [ExtractedSpan(0, 4, "rash", AE, "positive", 0.9), ExtractedSpan(5, 9, "gout", AE, "positive", 0.9),
+             ExtractedSpan(10, 15, "fever", AE, "negated", 0.9), ExtractedSpan(10, 15, "fever", DRUG, "positive", 0.9)]
+    out = decide(spans, offsets, logits, cut=0.4)
+    # an adverse event stays; a history one becomes MedicalHistory; a negated event stays an event, not coded;
+    # other labels are not read
+    assert [(s.label, s.status) for s in out] == [(AE, "positive"), (HISTORY, "positive"), (AE, "negated"),
+                                                  (DRUG, "positive")]
+    assert [s.label for s in decide(spans[:2], offsets, logits, cut=0.0)] == [AE, AE]  # a cut of 0 changes nothing
+    # the examples: positive events, indications, beneficial effects, Sub-Disorders no event overlaps
+    doc = Doc("d", "Rash and gout on it for acne.", [(0, 4, AE, "positive"), (9, 13, AE, "negated"),
+                                                    (24, 28, INDICATION, "positive")],
+              subject_disorders=[(9, 13), (17, 19)])
+    assert decision_examples([doc]) == [(0, 0, 4, 0), (0, 17, 19, 3), (0, 24, 28, 1)]
 
 
 def test_lexicon_finds_whole_names_longest_first_at_exact_offsets():

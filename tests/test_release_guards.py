@@ -18,7 +18,7 @@ import linker.folders
 from linker.models import DECODING_DIGEST, MANIFEST, decoding_digest, read_release, release_folder
 
 pytest.importorskip("torch")
-SHIPPED_AE_WEIGHTS = "ef65291aaaff855de2520b9a8f640573ff3e58fd6e4c7c79fde6929b9b605956"
+SHIPPED_AE_WEIGHTS = "44eed8d4eac9deab97e7188b5d2cc8a83076b6dfa083fcfb0d8410de513f05db"
 
 
 def digests(folder: Path) -> dict[str, str]:
@@ -138,6 +138,7 @@ def _deep(depth: int) -> str:
     ({"labels": ["Drug", "Drug"]}, ["field 'labels'", "distinct"]),
     ({"frozen_layers": None}, ["field 'frozen_layers'", "found null"]),
     ({"split": {"Drug": 1}}, ["field 'split.Drug'", "true or false", "found 1"]),
+    ({"decision_cut": 1.5}, ["field 'decision_cut'", "from 0 to 1", "found 1.5"]),
     ({"threshold": {"AdverseEvent": 0.5}}, ["field 'decoding_sha256'", "changed after the release was written"]),
     ({DECODING_DIGEST: None}, ["field 'decoding_sha256'", "found null"]),
     ({"history": "DEEP:100000"}, ["manifest.json: expected a release manifest (JSON)", "RecursionError"]),

@@ -180,6 +180,29 @@ def rerank_cli(
     echo_json(summary)
 
 
+
+def _rework_release(out: Path, phee_train: Path, phee_dev: Path, tac: Path, threads: int | None, flag: str) -> None:
+    """`linker train extractor --tune-only` (the decoding chosen again, then the decision head) or `--decision-only`
+    (the decision head alone) on the release in `out`, its tensors kept."""
+    import shlex
+
+    from linker.errors import ConfigError
+    from linker.extract.train import learn_decision, tune_release
+
+    if not (out / "manifest.json").is_file():
+        raise ConfigError(f"{flag}: {out} holds no release (no manifest.json)")
+    command = (f"linker train extractor --phee-train {shlex.quote(str(phee_train))} --phee-dev "
+               f"{shlex.quote(str(phee_dev))} --tac {shlex.quote(str(tac))} --out {shlex.quote(str(out))} {flag}"
+               + (f" --threads {threads}" if threads else ""))
+    def report(message: str) -> None:
+        typer.echo(message, err=True)
+
+    if flag == "--decision-only":
+        echo_json(learn_decision(out, phee_train, phee_dev, tac, threads=threads, command=command, report=report))
+    else:
+        echo_json(tune_release(out, phee_dev, tac, command=command, threads=threads, phee_train=phee_train,
+                               report=report))
+
 @train_app.command("extractor")
 def extractor_cli(
     phee_train: Path = typer.Option(..., "--phee-train", help="PHEE train (brat zip or folder), e.g. ../shared/data/phee/train.zip."),
@@ -201,6 +224,7 @@ def extractor_cli(
     device: str = typer.Option("auto", "--device", help=_DEVICE_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out when it is a release folder."),
     tune_only: bool = typer.Option(False, "--tune-only", help="Do not train: choose the decoding of the release in --out again on the dev data and rewrite it."),
+    decision_only: bool = typer.Option(False, "--decision-only", help="Do not train the tagger: learn the decision head of the release in --out again (adverse event, indication, beneficial, medical history) and rewrite it."),
 ) -> None:
     """Train the adverse-event span tagger (linker-ae, or linker-ae-multi with --base e5-small) on PHEE and TAC 2017
     and write it as a release folder."""
@@ -222,16 +246,8 @@ def extractor_cli(
     inputs = [Input(phee_train, "--phee-train"), Input(phee_dev, "--phee-dev"), Input(tac, "--tac")]
     check_output(out / "manifest.json", inputs=inputs, overwrite=True, option="--out", release=out)
     check_release_out(out, KIND)
-    if tune_only:
-        from linker.extract.train import tune_release
-
-        if not (out / "manifest.json").is_file():
-            raise ConfigError(f"--tune-only: {out} holds no release (no manifest.json)")
-        command = (f"linker train extractor --phee-train {shlex.quote(str(phee_train))} --phee-dev "
-                   f"{shlex.quote(str(phee_dev))} --tac {shlex.quote(str(tac))} --out {shlex.quote(str(out))} --tune-only"
-                   + (f" --threads {threads}" if threads else ""))
-        echo_json(tune_release(out, phee_dev, tac, command=command, threads=threads,
-                               report=lambda message: typer.echo(message, err=True)))
+    if decision_only or tune_only:
+        _rework_release(out, phee_train, phee_dev, tac, threads, "--decision-only" if decision_only else "--tune-only")
         return
     from linker.extract.train import STATE
 

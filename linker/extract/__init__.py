@@ -1,7 +1,9 @@
 """Adverse-event extraction: from text to spans (`extract`), and from text to MedDRA codes (`annotate`).
 
-The tagger (`linker.extract.model`) finds AdverseEvent, Drug and TherapeuticEffect spans, each with a status
-(positive, negated, hypothetical) and a confidence; it ships as two release folders, ``linker/models/linker-ae``
+The tagger (`linker.extract.model`) finds AdverseEvent, Drug, TherapeuticEffect and Indication spans, each with a
+status (positive, negated, hypothetical) and a confidence, and its decision head (`linker.extract.decision`) turns a
+positive AdverseEvent span it reads as no event of the drug into an Indication, a TherapeuticEffect or a
+MedicalHistory (present before the drug) span; it ships as two release folders, ``linker/models/linker-ae``
 (English, on all-MiniLM-L6-v2) and ``linker/models/linker-ae-multi`` (es, fr, de, nl, ja, on multilingual-e5-small),
 trained by `linker train extractor` (`linker.extract.train`) on PHEE and the TAC 2017 training labels; by default
 each text is tagged by the one of its language (`load_extractor`'s "auto": `ByLanguage`). `annotate` links every
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from linker.confidence import AUTO, NO_LINK, REVIEW
 from linker.errors import ConfigError, InputFormatError, shorten
-from linker.extract.data import AE, BENEFIT, DRUG, INDICATION, LABELS, STATUSES
+from linker.extract.data import AE, BENEFIT, DRUG, HISTORY, INDICATION, LABELS, STATUSES
 from linker.extract.extractor import BY_LANGUAGE, MULTI, NAME, ByLanguage, Extractor, load_extractor, text_languages
 from linker.extract.lexicon import Lexicon, non_event_ids
 from linker.extract.model import ExtractedSpan
@@ -59,11 +61,11 @@ def extract(texts: Sequence[str], *, model: str | Extractor = BY_LANGUAGE, thres
     """The spans of each text: character offsets into it, label, status, confidence; sorted by position.
 
     model: "auto" (the default: each text's tagger by its detected language, `ByLanguage`), a release name or
-    folder (`linker-ae`, `linker-ae-multi`) or a loaded `Extractor`; threshold: the
-    in-span probability a word piece needs (default: the release's, chosen on dev); labels: keep only these
-    (AdverseEvent, Drug, TherapeuticEffect, Indication); style: AdverseEvent spans as ``terms`` (TAC 2017's convention, learnt
-    from drug labels), ``phrases`` (PHEE's, from case reports) or ``auto`` (the default: terms, and phrases where no
-    term was found; `linker.extract.extractor.STYLES`); assertion: ``rules`` (the default: the tagger's status, then
+    folder (`linker-ae`, `linker-ae-multi`) or a loaded `Extractor`; threshold: the in-span probability a word piece
+    needs (default: the release's, chosen on dev); labels: keep only these (AdverseEvent, Drug, TherapeuticEffect,
+    Indication, MedicalHistory); style: AdverseEvent spans as ``terms`` (TAC 2017's convention, learnt from drug
+    labels), ``phrases`` (PHEE's, from case reports) or ``auto`` (the default: terms, and phrases where no term was
+    found; `linker.extract.extractor.STYLES`); assertion: ``rules`` (the default: the tagger's status, then
     the NegEx-style cues of `linker.extract.assertion` for the spans it calls positive) or ``model`` (its status only).
     """
     texts = check_texts(texts)
@@ -76,9 +78,9 @@ def _check_options(threshold: float | None, labels: Sequence[str] | None) -> Non
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise ConfigError(f"threshold: expected a probability between 0 and 1, found {threshold}")
     if labels is not None:
-        unknown = [label for label in labels if label not in (AE, DRUG, BENEFIT, INDICATION)]
+        unknown = [label for label in labels if label not in (AE, DRUG, BENEFIT, INDICATION, HISTORY)]
         if unknown:
-            raise ConfigError(f"labels: expected some of {AE}, {DRUG}, {BENEFIT}, {INDICATION}, found "
+            raise ConfigError(f"labels: expected some of {AE}, {DRUG}, {BENEFIT}, {INDICATION}, {HISTORY}, found "
                               f"{', '.join(map(str, unknown))}")
 
 
@@ -265,7 +267,7 @@ def public(row: dict) -> dict:
     return {key: value for key, value in row.items() if not key.startswith("_")}
 
 
-__all__ = ["AE", "BENEFIT", "BY_LANGUAGE", "DECISIONS", "DRUG", "INDICATION", "LABELS", "MULTI", "NAME", "REVIEW_BELOW",
-           "STATUSES", "ByLanguage", "EventLinks", "ExtractedSpan", "Extractor", "Lexicon", "annotate",
-           "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "lexicon_of", "link_text",
-           "load_extractor", "public", "tag"]
+__all__ = ["AE", "BENEFIT", "BY_LANGUAGE", "DECISIONS", "DRUG", "HISTORY", "INDICATION", "LABELS", "MULTI", "NAME",
+           "REVIEW_BELOW", "STATUSES", "ByLanguage", "EventLinks", "ExtractedSpan", "Extractor", "Lexicon",
+           "annotate", "annotate_documents", "annotate_spans", "decide", "events_to_link", "extract", "lexicon_of",
+           "link_text", "load_extractor", "public", "tag"]

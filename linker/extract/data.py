@@ -38,6 +38,9 @@ BENEFIT = "TherapeuticEffect"
 AR = "AdverseReaction"  # adverse events as TAC 2017 marks them (terms); AE: as PHEE marks them (phrases)
 INDICATION = "Indication"  # the disorder a drug is given for (PHEE's Treat-Disorder): no adverse event of it
 LABELS = (AE, DRUG, BENEFIT, AR, INDICATION)
+# The subject's own disorder, present before the drug (PHEE's Sub-Disorder; an ICH E2B report's medical history): no
+# head tags it; the decision head (`linker.extract.decision`) gives it to an adverse-event span it reads so
+HISTORY = "MedicalHistory"
 EVENT_LABELS = (AE, BENEFIT, AR)  # labels with a status
 STATUSES = ("positive", "negated", "hypothetical")
 
@@ -162,6 +165,7 @@ __all__ = [
     "BENEFIT",
     "DRUG",
     "EVENT_LABELS",
+    "HISTORY",
     "LABELS",
     "STATUSES",
     "Doc",

@@ -20,6 +20,8 @@ from linker.language import primary
 from linker.registry import Registry
 from linker.extract.assertion import assert_spans, negated_names
 from linker.extract.data import AE, AR, BENEFIT, DRUG, INDICATION
+from linker.extract.decision import CLASSES as DECISION_CLASSES
+from linker.extract.decision import decide
 from linker.extract.lexicon import (
     FILLERS,
     Lexicon,
@@ -43,7 +45,7 @@ from linker.extract.model import (
     overlap_test,
     split_logits,
     tokenize_arrays,
-    top,
+    top_hidden,
     windows,
 )
 
@@ -89,11 +91,14 @@ class Extractor:
 
     `bert` and `head` are torch modules (training, a GPU, bf16), or `bert` is a `linker.runtime.BertRuntime` and
     `head` a (weight, bias) pair of arrays: the same forward pass in numpy, which a shipped tagger runs on the CPU
-    (`_load_tagger`) so that `annotate` needs no torch, whose import took ~3 s of its first answer."""
+    (`_load_tagger`) so that `annotate` needs no torch, whose import took ~3 s of its first answer. `decision`: the
+    decision head's (weight, bias) arrays over the same hidden states (`linker.extract.decision`), or None."""
 
     def __init__(self, bert, tokenizer, head, config: TaggerConfig, *, name: str = "", revision: str = "",
-                 threads: int | None = None, torch_loader: Callable[[], Extractor] | None = None) -> None:
+                 threads: int | None = None, torch_loader: Callable[[], Extractor] | None = None,
+                 decision: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.bert, self.tokenizer, self.head, self.config = bert, tokenizer, head, config
+        self.decision = decision
         self.name, self.revision, self.threads = name, revision, threads
         self.runtime = "numpy" if isinstance(head, tuple) else "torch"
         self._torch_loader, self._torch = torch_loader, None  # the torch twin of a numpy tagger, for bulk calls
@@ -112,13 +117,23 @@ class Extractor:
     def _probabilities(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """`probabilities` of each text, its offsets an array (tokens, 2): ids, offsets and sums of probabilities
         take 84 bytes a token (lists of tuples would add ~150), so a 5 MB text (~1.15M tokens) holds ~100 MB."""
-        cfg, n_labels = self.config, len(self.config.labels)
+        return [out[:3] for out in self._per_token(texts)]
+
+    def hidden_many(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(token offsets (tokens, 2), the last hidden states (tokens, hidden) float32) of each text, averaged over
+        the windows that hold each token: what the heads read (the decision head learns from them)."""
+        return self._per_token(texts, hidden=True)
+
+    def _per_token(self, texts: list[str], *, hidden: bool = False) -> list[tuple]:
+        """Per text, its offsets (tokens, 2) and each of `_forward`'s outputs averaged over the windows that hold each
+        token: tag and status probabilities and, with a decision head, its logits (else None); with `hidden`, the
+        last hidden states alone."""
+        cfg = self.config
         cls, sep, pad = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id, self.tokenizer.pad_token_id or 0
         tokenized = [tokenize_arrays(self.tokenizer, text) for text in texts]
         jobs = [(t, a, b) for t, (ids, _) in enumerate(tokenized)
                 for a, b in (windows(len(ids), cfg.max_length, cfg.stride) if len(ids) else [])]
-        sums = [np.zeros((len(ids), n_labels, 3), np.float32) for ids, _ in tokenized]
-        status = [np.zeros((len(ids), 3), np.float32) for ids, _ in tokenized]
+        sums: list[list[np.ndarray]] | None = None  # per output, per text: allocated at the first batch's shapes
         counts = [np.zeros(len(ids), np.float32) for ids, _ in tokenized]
         jobs.sort(key=lambda job: job[2] - job[1])  # similar lengths together: less padding
         forward = self._forward
@@ -134,18 +149,32 @@ class Extractor:
                     ids[row, 0], ids[row, 1 + b - a] = cls, sep
                     ids[row, 1: 1 + b - a] = tokenized[t][0][a:b]
                     mask[row, : 2 + b - a] = 1
-                tags, marks = forward(ids, mask)
+                outputs = forward(ids, mask, hidden=hidden)
+                if sums is None:
+                    sums = [[np.zeros((len(ids_), *out.shape[2:]), np.float32) for ids_, _ in tokenized]
+                            for out in outputs]
                 for row, (t, a, b) in enumerate(batch):
-                    sums[t][a:b] += tags[row, 1: 1 + b - a]
-                    status[t][a:b] += marks[row, 1: 1 + b - a]
+                    for total, out in zip(sums, outputs, strict=True):
+                        total[t][a:b] += out[row, 1: 1 + b - a]
                     counts[t][a:b] += 1
+        if sums is None:  # no text has a word piece: the outputs' shapes without a forward pass
+            n_labels, width = len(cfg.labels), self._hidden_size()
+            shapes = [(width,)] if hidden else [(n_labels, 3), (3,)] + ([(len(DECISION_CLASSES),)] if self.decision
+                                                                         else [])
+            sums = [[np.zeros((len(ids_), *shape), np.float32) for ids_, _ in tokenized] for shape in shapes]
         out = []
-        for (_, offsets), s, m, c in zip(tokenized, sums, status, counts, strict=True):
-            c = np.maximum(c, 1)[:, None]
-            s /= c[:, :, None]  # in place: no second copy of a long text's probabilities
-            m /= c
-            out.append((offsets, s, m))
+        for t, (_, offsets) in enumerate(tokenized):
+            c = np.maximum(counts[t], 1)
+            for total in sums:  # in place: no second copy of a long text's outputs
+                total[t] /= c.reshape(-1, *([1] * (total[t].ndim - 1)))
+            averaged = [total[t] for total in sums]
+            if not hidden and len(averaged) == 2:
+                averaged.append(None)
+            out.append((offsets, *averaged))
         return out
+
+    def _hidden_size(self) -> int:
+        return self.head[0].shape[1] if self.runtime == "numpy" else self.head.in_features
 
     def torch_twin(self) -> Extractor:
         """This numpy tagger's torch twin, loaded on first need (the same tensors; the probabilities agree within
@@ -156,9 +185,10 @@ class Extractor:
             self._torch = self._torch_loader()
         return self._torch
 
-    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, *, hidden: bool = False) -> tuple[np.ndarray, ...]:
         """Tag and status probabilities, (batch, width, labels, 3) and (batch, width, 3) float32, of token `ids`
-        (batch, width) int64 with `mask` 0/1."""
+        (batch, width) int64 with `mask` 0/1, and the decision head's logits (batch, width, classes) where there is
+        one; with `hidden`, the last hidden states (batch, width, hidden) alone."""
         n_labels = len(self.config.labels)
         if self.runtime == "numpy":
             from linker.precision import available_cpus
@@ -166,17 +196,27 @@ class Extractor:
 
             weight, bias = self.head
             with _blas_threads(self.threads or available_cpus()):
-                logits = self.bert.hidden(ids, mask) @ weight.T + bias
-            return tuple(_softmax(part) for part in split_logits(logits, n_labels))
+                states = self.bert.hidden(ids, mask)
+                if hidden:
+                    return (states,)
+                logits = states @ weight.T + bias
+                decisions = () if self.decision is None else (states @ self.decision[0].T + self.decision[1],)
+            return (*(_softmax(part) for part in split_logits(logits, n_labels)), *decisions)
         import torch
 
         device = device_of(self.bert)
         with torch.inference_mode():
             self.bert.eval()
             ids, mask = torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
-            hidden = bottom(self.bert, ids, mask, self.config.frozen_layers)
-            tags, marks = split_logits(top(self.bert, self.head, hidden, mask, self.config.frozen_layers), n_labels)
-            return tags.softmax(-1).float().cpu().numpy(), marks.softmax(-1).float().cpu().numpy()
+            states = top_hidden(self.bert, bottom(self.bert, ids, mask, self.config.frozen_layers), mask,
+                                self.config.frozen_layers)
+            if hidden:
+                return (states.float().cpu().numpy(),)
+            tags, marks = split_logits(self.head(states), n_labels)
+            decisions = ()
+            if self.decision is not None:
+                decisions = (states.float().cpu().numpy() @ self.decision[0].T + self.decision[1],)
+            return tags.softmax(-1).float().cpu().numpy(), marks.softmax(-1).float().cpu().numpy(), *decisions
 
     def thresholds(self, threshold: float | None = None) -> dict:
         labels = self.config.labels
@@ -201,8 +241,8 @@ class Extractor:
             raise ConfigError(f"langs: expected one language per text ({len(texts)}), found {len(langs)}")
         cuts = self.thresholds(threshold)
         result = []
-        for text, lang, (offsets, probs, marks) in zip(texts, langs or [None] * len(texts),
-                                                       self._probabilities(list(texts)), strict=True):
+        for text, lang, (offsets, probs, marks, decisions) in zip(texts, langs or [None] * len(texts),
+                                                                  self._per_token(list(texts)), strict=True):
             spans = decode(text, offsets, probs, marks, self.config.labels, cuts,
                            **self.config.decoding()) if len(offsets) else []
             if lexicon is not None:
@@ -221,6 +261,8 @@ class Extractor:
                 spans = assert_spans(text, spans, (AE, BENEFIT), lang=lang)
                 if lexicon is not None:  # a negated name the tagger saw nothing of is still returned, not coded
                     spans = negated_names(text, spans, found, Evidence(offsets, probs, self.config.labels), lang=lang)
+            if decisions is not None and self.config.decision_cut is not None:  # after the statuses: a negated event
+                spans = decide(spans, offsets, decisions, self.config.decision_cut)  # stays one, not coded
             result.append([s for s in spans if labels is None or s.label in labels])
         return result
 
@@ -464,6 +506,9 @@ def tagger_config(folder: Path, manifest: dict, *, digest: bool = True) -> Tagge
     extend = per_label("extend", _probability, "a finite number from 0 to 1", required=False)
     split = per_label("split", lambda item: type(item) is bool, "true or false", required=False)
     lexicon = per_label("lexicon", _probability, "a finite number from 0 to 1", required=False)
+    decision_cut = manifest.get("decision_cut")
+    if decision_cut is not None and not _probability(decision_cut):
+        refuse("decision_cut", "a finite number from 0 to 1", decision_cut)
     recorded = manifest.get(DECODING_DIGEST, MISSING)
     if digest and recorded != decoding_digest(manifest):
         found = f"{recorded[:16]}…: the decoding fields or the weights changed after the release was written" \
@@ -473,7 +518,29 @@ def tagger_config(folder: Path, manifest: dict, *, digest: bool = True) -> Tagge
     return TaggerConfig(labels=tuple(labels), max_length=max_length, stride=stride, frozen_layers=frozen,
                         threshold=0.5, thresholds=tuple((k, float(v)) for k, v in thresholds), extend=tuple(
                             (k, float(v)) for k, v in extend), split=split,
-                        lexicon=tuple((k, float(v)) for k, v in lexicon))
+                        lexicon=tuple((k, float(v)) for k, v in lexicon),
+                        decision_cut=None if decision_cut is None else float(decision_cut))
+
+
+DECISION_TENSORS = ("decision.weight", "decision.bias")
+
+
+def _decision_head(folder: Path, tensors: dict, config: TaggerConfig, hidden: int
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The decision head's (weight, bias) as float32 arrays, popped from a release's `tensors`: both tensors with a
+    ``decision_cut`` in the manifest, or neither (a release without the head)."""
+    from linker.models import WEIGHTS
+
+    found = [tensors.pop(name, None) for name in DECISION_TENSORS]
+    if config.decision_cut is None and all(t is None for t in found):
+        return None
+    arrays = [None if t is None else np.asarray(t.float().numpy() if hasattr(t, "float") else t, np.float32)
+              for t in found]
+    wanted = ((len(DECISION_CLASSES), hidden), (len(DECISION_CLASSES),))
+    if config.decision_cut is None or any(a is None or a.shape != shape for a, shape in zip(arrays, wanted)):
+        raise InputFormatError(folder / WEIGHTS, f"decision tensors of shapes {wanted} with a manifest "
+                               "'decision_cut', or neither", str([None if a is None else a.shape for a in arrays]))
+    return arrays[0], arrays[1]
 
 
 # Extractor loaders by a release's manifest ``kind``: each takes the folder, its checked `linker.models.Release`,
@@ -546,7 +613,8 @@ def _runtime_tagger(folder: Path, release, spec, config: TaggerConfig, threads: 
     shape = settings["shape"]
     _check_fits_base(folder, release.base, config, shape.layers, shape.max_positions)
     base = read_safetensors(Path(spec.path) / WEIGHTS)
-    trained = release_tensors(folder, base, new=("head.",))
+    trained = release_tensors(folder, base, new=("head.", "decision."))
+    decision = _decision_head(folder, trained, config, shape.hidden)
     head = trained.pop("head.weight", None), trained.pop("head.bias", None)
     if head[0] is None or head[1] is None or head[0].shape != (head_size(config), shape.hidden):
         found = str(None if head[0] is None else head[0].shape)
@@ -554,7 +622,7 @@ def _runtime_tagger(folder: Path, release, spec, config: TaggerConfig, threads: 
                                f"{shape.hidden}) for {len(config.labels)} labels (its manifest)", found)
     bert = BertRuntime({**base, **trained}, shape, settings["pooling"])
     return Extractor(bert, RuntimeTokenizer(Path(spec.path) / TOKENIZER), head, config, name=release.name,
-                     revision=release.revision, threads=threads, torch_loader=torch_loader)
+                     revision=release.revision, threads=threads, torch_loader=torch_loader, decision=decision)
 
 
 @EXTRACTORS.register(KIND)
@@ -584,6 +652,7 @@ def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = T
     tokenizer = encoder.model.tokenizer
     _check_fits_base(folder, release.base, config, bert.config.num_hidden_layers, bert.config.max_position_embeddings)
     tensors = load_tensors(release)
+    decision = _decision_head(folder, tensors, config, bert.config.hidden_size)
     head = build_head(bert.config.hidden_size, config)
     head_state = {k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")}
     body = {k: v for k, v in tensors.items() if not k.startswith("head.")}
@@ -603,7 +672,7 @@ def _load_tagger(folder: Path, release, threads: int | None, *, digest: bool = T
         head.load_state_dict(head_state)
     bert.eval()
     head.eval()
-    return Extractor(bert, tokenizer, head, config, name=release.name, revision=release.revision)
+    return Extractor(bert, tokenizer, head, config, name=release.name, revision=release.revision, decision=decision)
 
 
 __all__ = ["ASSERTIONS", "BY_LANGUAGE", "COORDINATORS", "EXTRACTORS", "MODULES", "MULTI", "NAME", "STYLES",

@@ -65,6 +65,9 @@ class TaggerConfig:
     # per label: a dictionary name found in the text (`linker.extract.lexicon`) becomes a span of that label when
     # the tagger's in-span probability over it reaches this (chosen on dev); a label absent here takes none
     lexicon: tuple[tuple[str, float], ...] = ()
+    # a positive adverse-event span becomes another class where its decision head gives it a lower probability of
+    # being an adverse event than this (chosen on dev); None: a release without that head (`linker.extract.decision`)
+    decision_cut: float | None = None
 
     def cut(self, label: str) -> float:
         return dict(self.thresholds).get(label, self.threshold)
@@ -138,11 +141,16 @@ def bottom(bert, ids, mask, frozen_layers: int):
 
 def top(bert, head, hidden, mask, frozen_layers: int):
     """The trained layers and the head: logits (batch, tokens, head size)."""
+    return head(top_hidden(bert, hidden, mask, frozen_layers))
+
+
+def top_hidden(bert, hidden, mask, frozen_layers: int):
+    """The trained layers: the last hidden states (batch, tokens, hidden) the heads read."""
     extended = additive_mask(mask, hidden.dtype)
     for layer in bert.encoder.layer[frozen_layers:]:
         hidden = layer(hidden, attention_mask=extended)
         hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-    return head(hidden)
+    return hidden
 
 
 # The most characters the tokenizer sees at once. A fast tokenizer's encoding holds a dozen vectors per piece (ids,

@@ -282,6 +282,8 @@ def train_extractor(phee_train: Path, phee_dev: Path, tac_folder: Path, out: Pat
         state.save(run, rng, epoch)
     summary = _write_release(run, data, out, encoder.spec.revision, command=command, stopped=stopped,
                              cpu=_cpu_seconds() - cpu0)
+    summary["decision"] = learn_decision(Path(out), phee_train, phee_dev, tac_folder, threads=config.threads,
+                                         report=report)
     state.remove()
     return summary
 
@@ -593,7 +595,7 @@ WRITTEN_FIELDS = {"format", "name", "version", "kind", "base", "base_revision", 
 
 
 def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = "", threads: int | None = None,
-                 report=lambda message: log.info("%s", message)) -> dict:
+                 report=lambda message: log.info("%s", message), phee_train: Path | None = None) -> dict:
     """Choose the decoding (threshold, extend, split per head, the lexicon cut) of an existing release on the dev data
     again, as training does after each epoch, and rewrite the release with the same tensors (`linker train extractor
     --tune-only`), as this version of linker writes it (its `VERSION`: the decoding it chose is this version's)."""
@@ -606,13 +608,7 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
     release = read_release(out)
     manifest = release.manifest
     training = manifest.get("training")
-    stems = training.get("tac_dev_labels") if isinstance(training, dict) else None
-    if not isinstance(stems, list) or not all(isinstance(s, str) and s not in ("", ".", "..") and Path(s).name == s
-                                              and "\\" not in s for s in stems):
-        raise InputFormatError(f"{Path(out) / MANIFEST}: field 'training.tac_dev_labels'",
-                               "a list of TAC label file names (no folders)", shown(stems))
-    dev_files = [Path(tac_folder) / f"{stem}.xml" for stem in stems]
-    train_files = [f for f in sorted(Path(tac_folder).glob("*.xml")) if f.stem not in set(stems)]
+    train_files, dev_files = _tac_files(release, Path(out), tac_folder)
     extractor = extractor_module._load(Path(out), threads, digest=False)  # the decoding is chosen again here
     lexicon = Lexicon(tac_names(train_files), source="TAC 2017 training split: Normalization names")
     scores = evaluate_dev(extractor, read_phee(phee_dev), read_tac_files(dev_files), lexicon=lexicon)
@@ -631,7 +627,57 @@ def tune_release(out: Path, phee_dev: Path, tac_folder: Path, *, command: str = 
         "command": command, "wall_seconds": round(time.perf_counter() - started),
         "cpu_seconds": round(_cpu_seconds() - cpu0), "load_average": [round(x, 2) for x in os.getloadavg()]}}
     rewrite_release(release, info, version=VERSIONS.get(release.name, VERSION))
-    return {"out": str(out), **info["metrics"]}
+    if phee_train is not None:  # the decision head reads the same frozen tagger: learnt again with the decoding
+        info["decision"] = learn_decision(Path(out), phee_train, phee_dev, tac_folder, threads=threads, report=report)
+    return {"out": str(out), **info["metrics"], **({"decision": info["decision"]} if phee_train is not None else {})}
+
+
+def _tac_files(release, out: Path, tac_folder: Path) -> tuple[list[Path], list[Path]]:
+    """(training, development) TAC label files of `tac_folder` by the release's record of its development split."""
+    from linker.errors import InputFormatError
+    from linker.models import MANIFEST, shown
+
+    training = release.manifest.get("training")
+    stems = training.get("tac_dev_labels") if isinstance(training, dict) else None
+    if not isinstance(stems, list) or not all(isinstance(s, str) and s not in ("", ".", "..") and Path(s).name == s
+                                              and "\\" not in s for s in stems):
+        raise InputFormatError(f"{out / MANIFEST}: field 'training.tac_dev_labels'",
+                               "a list of TAC label file names (no folders)", shown(stems))
+    return ([f for f in sorted(Path(tac_folder).glob("*.xml")) if f.stem not in set(stems)],
+            [Path(tac_folder) / f"{stem}.xml" for stem in stems])
+
+
+def learn_decision(out: Path, phee_train: Path, phee_dev: Path, tac_folder: Path, *, threads: int | None = None,
+                   command: str = "", report=lambda message: log.info("%s", message)) -> dict:
+    """Learn the decision head (`linker.extract.decision`: adverse event, indication, beneficial or medical history)
+    of the tagger release `out` over its frozen hidden states, on the gold spans of PHEE train and the TAC training
+    split, its cut chosen on those of PHEE dev and the TAC development split (the release's), and write it into the
+    release (the tensors ``decision.*``, ``decision_cut``, the record ``decision``): `train_extractor` and
+    `tune_release` end with it, ``--decision-only`` runs it alone. Returns the record."""
+    import torch
+
+    from linker.extract import extractor as extractor_module
+    from linker.extract.decision import CLASSES, train_decision_head
+    from linker.models import load_tensors, read_release
+
+    started, cpu0 = time.perf_counter(), _cpu_seconds()
+    release = read_release(out)
+    train_files, dev_files = _tac_files(release, Path(out), tac_folder)
+    extractor = extractor_module._load(Path(out), threads, digest=False)
+    learnt = train_decision_head(extractor.hidden_many, read_phee(phee_train) + read_tac_files(train_files),
+                                 read_phee(phee_dev) + read_tac_files(dev_files))
+    record = {"classes": list(CLASSES), **{k: v for k, v in learnt.items() if k not in ("weight", "bias")},
+              "wall_seconds": round(time.perf_counter() - started), "cpu_seconds": round(_cpu_seconds() - cpu0),
+              **({"command": command} if command else {})}
+    report(f"decision head: cut {record['cut']}, dev gold spans F1 {record['dev']}, mean F1 by seed "
+           f"{record['seeds']}")
+    tensors = {key: value for key, value in load_tensors(release).items() if not key.startswith("decision.")}
+    tensors.update({"decision.weight": torch.from_numpy(learnt["weight"]),
+                    "decision.bias": torch.from_numpy(learnt["bias"])})
+    info = {key: value for key, value in release.manifest.items() if key not in WRITTEN_FIELDS}
+    info.update(decision_cut=learnt["cut"], decision=record)
+    rewrite_release(release, info, version=release.version, tensors=tensors)
+    return record
 
 
 def _device_name(device: str) -> str:
@@ -670,6 +716,19 @@ BASES = {
     "minilm": ("all-MiniLM-L6-v2", 6, "23 MB"),
     "e5-small": ("multilingual-e5-small", 12, "192 MB: a vocabulary of 250,002 pieces"),
 }
+
+
+def _decision_line(record: dict | None) -> str:
+    """The card's words on the decision head (`learn_decision`), or none for a release without it."""
+    if not record:
+        return ""
+    return (f"A decision head (`linker.extract.decision`, one linear map of the same hidden states) relabels a "
+            f"positive AdverseEvent span Indication, TherapeuticEffect or MedicalHistory where its probability of "
+            f"being an adverse event is below {record['cut']}; learnt on the gold spans of PHEE train and the TAC "
+            f"training split ({record['examples']['train']}), {record['epochs']} epochs, the cut chosen on those of "
+            "PHEE dev and the TAC development split "
+            f"(F1 by class {record['dev']}; mean F1 by seed, the first shipped: {record['seeds']}); "
+            f"{record['wall_seconds']} s wall" + (f": `{record['command']}`" if record.get("command") else "") + ".\n")
 
 
 def _english(info: dict) -> bool:
@@ -730,10 +789,10 @@ def record_throughput(folder: Path, measured: dict) -> dict:
     return rewrite_release(release, {**info, "throughput": measured}, version=release.version)
 
 
-def rewrite_release(release, info: dict, *, version: str) -> dict:
-    """Write `release` again in its folder with the same tensors, the record `info` and the card made from it (a
-    record the card cannot be made from is refused in one line, the release left as it was); the in-process cache
-    of its tagger is dropped. Returns the manifest."""
+def rewrite_release(release, info: dict, *, version: str, tensors: dict | None = None) -> dict:
+    """Write `release` again in its folder with the same tensors (or `tensors`), the record `info` and the card made
+    from it (a record the card cannot be made from is refused in one line, the release left as it was); the
+    in-process cache of its tagger is dropped. Returns the manifest."""
     from linker.errors import InputFormatError
     from linker.extract import extractor as extractor_module
     from linker.models import MANIFEST, load_tensors, write_release
@@ -746,7 +805,8 @@ def rewrite_release(release, info: dict, *, version: str) -> dict:
                                "the training record `linker train extractor` writes",
                                f"{type(exc).__name__} {str(exc)[:60]}") from None
     manifest = write_release(folder, name=release.name, version=version, kind=KIND, base=release.base,
-                             base_revision=base_revision, tensors=load_tensors(release), card=card, info=info)
+                             base_revision=base_revision, tensors=load_tensors(release) if tensors is None else tensors,
+                             card=card, info=info)
     with extractor_module._CACHE_LOCK:
         extractor_module._CACHE.pop(str(folder.resolve()), None)
     return manifest
@@ -771,6 +831,7 @@ from drug labels only: it finds next to nothing in narrative text), "phrases" th
 terms and the phrases where no term overlaps them. Windows of {info['max_length']} word pieces, step {info['stride']}; span thresholds
 per head {info['threshold']}, hysteresis {info.get('extend', {})}, split on B {info.get('split', {})}
 (all chosen on dev). {_lexicon_line(info.get('lexicon'))}
+{_decision_line(info.get('decision'))}
 
 ## Training data and licences
 
@@ -817,5 +878,5 @@ examples (a few hundred) and is weaker than the spans.
 """
 
 
-__all__ = ["TAGGER_NAMES", "ExtractorTrainConfig", "evaluate_dev", "model_card", "record_throughput", "train_extractor",
-           "tune_release"]
+__all__ = ["TAGGER_NAMES", "ExtractorTrainConfig", "evaluate_dev", "learn_decision", "model_card", "record_throughput",
+           "train_extractor", "tune_release"]

@@ -53,8 +53,10 @@ def shipped_reranker(name_or_path: str | Path) -> str | None:
     return name if (path / MANIFEST).is_file() and not (path / "config.json").exists() else None
 # A tagger's fields that decide what it finds (`linker.extract`). `decoding_sha256` covers them and the weights they
 # were chosen for: an edited threshold (NaN silently finds nothing) is refused as an edited weights file is.
-DECODING_FIELDS = ("labels", "max_length", "stride", "frozen_layers", "threshold", "extend", "split", "lexicon")
-OPTIONAL_DECODING = ("lexicon",)  # in the digest only when present: releases written before it keep their digest
+DECODING_FIELDS = ("labels", "max_length", "stride", "frozen_layers", "threshold", "extend", "split", "lexicon",
+                   "decision_cut")
+# in the digest only when present: releases written before them keep their digest
+OPTIONAL_DECODING = ("lexicon", "decision_cut")
 DECODING_DIGEST = "decoding_sha256"
 FIX = "reinstall linker, or `git checkout -- linker/models`, or retrain it with `make models`"
 

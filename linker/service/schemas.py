@@ -109,7 +109,8 @@ class SpanOut(BaseModel):
     start: int
     end: int
     text: str
-    label: str = Field(description="AdverseEvent, Drug, TherapeuticEffect or Indication (what the drug is given for).")
+    label: str = Field(description="AdverseEvent, Drug, TherapeuticEffect, Indication (what the drug is given for) or "
+                       "MedicalHistory (the subject's disorder, present before the drug).")
     status: str = Field(description="positive, negated or hypothetical.")
     confidence: float = Field(description="The tagger's: mean in-span probability of the span's word pieces.")
     code: str | None = None
