@@ -609,7 +609,8 @@ def _examples(found: dict) -> list[str]:
         return []
     lines = ["## Examples: the docs' texts, annotated", "",
              f"`linker annotate --index {found['index']}` (style auto, assertion rules); every span the tagger "
-             "returns, with its decision (`null`: not an adverse event: a drug, a therapeutic effect, an indication).",
+             "returns, with its decision (`null`: not an adverse event: a drug, a therapeutic effect, an indication, "
+             "medical history).",
              ""]
     for item in found["texts"]:
         lines += [f"> {item['text']}", "", *table(

@@ -312,6 +312,17 @@ def test_train_extractor_cli_writes_a_release_that_loads(tmp_path, capsys):
     relearnt = read_release(out).manifest
     assert relearnt["decision"]["command"].endswith("--decision-only --threads 1")
     assert relearnt["threshold"] == tuned["threshold"] and relearnt["tensors"]["shapes"] == tuned["tensors"]["shapes"]
+    # a release whose manifest has a decision cut but whose weights lack the head is refused in one line, not run
+    from linker.errors import InputFormatError
+    from linker.extract.train import WRITTEN_FIELDS, rewrite_release
+    from linker.models import load_tensors
+
+    release = read_release(out)
+    headless = {k: v for k, v in load_tensors(release).items() if not k.startswith("decision.")}
+    rewrite_release(release, {k: v for k, v in relearnt.items() if k not in WRITTEN_FIELDS}, version=release.version,
+                    tensors=headless)
+    with pytest.raises(InputFormatError, match="decision tensors of shapes"):
+        load_extractor(out)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "keep.txt").write_text("x")
     code, err = cli([*args[:-5], tmp_path / "other", "--epochs", "1"], capsys)
