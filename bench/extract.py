@@ -354,6 +354,7 @@ def decision_on_phee_dev(extractor) -> dict:
     head (`linker.extract.decision`); `PRESENT_BEFORE`: how many of those a positive adverse-event span overlaps:
     coded as an event of the drug, wrongly."""
     from linker.extract.data import read_phee
+    from linker.extract.decision import history_spans
     from linker.extract.metrics import prf
 
     docs = read_phee(data.get("phee").path("dev"))
@@ -362,9 +363,7 @@ def decision_on_phee_dev(extractor) -> dict:
     before = {"gold": 0, "coded": 0}
     for doc, spans in zip(docs, predicted, strict=True):
         gold = [(s, e, c) for s, e, label, status in doc.spans if (c := _decision_class(label, status))]
-        events = [(s, e) for s, e, c in gold if c == "adverse event"]
-        gold += [(s, e, "medical history") for s, e in doc.subject_disorders  # a disorder that is also an event is one
-                 if not any(a < e and s < b for a, b in events)]
+        gold += [(s, e, "medical history") for s, e in history_spans(doc)]
         pred = [(s.start, s.end, c) for s in spans if (c := _decision_class(s.label, s.status))]
         for s, e, c in gold:
             counts[c]["gold"] += 1

@@ -473,6 +473,44 @@ def test_lay_development_figures_of_a_reranker(indexes, reranker):
     assert "| 2 |" in lines and "| 4 |" in lines and "calibrate's w" in lines
 
 
+def test_lay_development_errors_are_sorted_by_kind_and_confidence_inputs_are_scored_out_of_fold():
+    # bench.lay_dev_errors: a wrong answer is the retriever's miss, an HPO ancestor / descendant, a sibling, an
+    # ICD-10-CM code or another HPO concept, in that order; right answers and dictionary names are not counted.
+    import numpy as np
+
+    from bench.lay_dev_errors import KINDS, cross_fitted_regression, error_kinds, markdown
+    from linker.datasets import Mention
+    from linker.eval.report import Ranked
+
+    parents = {"HP:2": ("HP:1",), "HP:3": ("HP:2",), "HP:4": ("HP:1",), "HP:9": ("HP:8",)}
+
+    def case(text, gold, ids):
+        return Mention(text, ((gold,),), "en", "lay", 0, 0), Ranked(tuple(ids), tuple(ids), 1.0, 1.0,
+                                                                   names=tuple(f"name of {i}" for i in ids))
+
+    cases = [case("missed", "HP:3", ["HP:9", "HP:8", "HP:7", "HP:6", "HP:3"]),  # gold 5th: outside the top 4
+             case("grandchild", "HP:3", ["HP:1", "HP:3"]), case("ancestor", "HP:1", ["HP:3", "HP:1"]),
+             case("sibling", "HP:2", ["HP:4", "HP:2"]), case("icd", "HP:2", ["R11.0", "HP:2"]),
+             case("other", "HP:2", ["HP:9", "HP:2"]), case("right", "HP:2", ["HP:2"]), case("name", "HP:5", ["HP:9"])]
+    h = {"mentions": [m for m, _ in cases], "ranked": [r for _, r in cases], "rerank_k": 4,
+         "correct": np.array([0, 0, 0, 0, 0, 0, 1, 0], float), "dictionary": np.array([0] * 7 + [1], bool)}
+    errors = error_kinds(h, parents)
+    assert errors["phrases"] == 7 and errors["wrong"] == 6
+    assert errors["by_kind"] == dict(zip(KINDS, (1, 2, 1, 1, 1)))
+    assert errors["examples"][KINDS[3]] == [{"phrase": "icd", "gold": ["HP:2"], "answer": "R11.0",
+                                             "answer_name": "name of R11.0"}]
+    # a signal that separates right from wrong gives confident out-of-fold answers on both sides
+    rng = np.random.default_rng(0)
+    right = rng.random(400) < 0.5
+    confidence = cross_fitted_regression(np.c_[right + rng.normal(0, 0.1, 400), rng.normal(size=400)], right * 1.0, 5)
+    assert confidence.shape == (400,) and confidence[right].mean() > 0.9 and confidence[~right].mean() < 0.1
+    band = {"auto_pct": 50.0, "auto_precision": 100.0}
+    lines = "\n".join(markdown({"index": "i", "rerank_k": 4, "mentions": 8, "hpo": "hp.obo", "errors": errors,
+                                "inputs": {"shipped": {"brier": 0.1, "all": band, "lay": band}}}))
+    assert "| shipped | 0.10000 | 50.0 | 100.0 | 50.0 | 100.0 |" in lines
+    assert "| HPO ancestor or descendant | 2 | 33.3 |" in lines and "6 wrong (85.7%)" in lines
+
+
 def test_the_shipped_rerankers_recipe_splits_lay_queries_from_the_names_they_meet():
     from linker.train.rerank_release import split_queries
 

@@ -194,6 +194,7 @@ def _rework_release(out: Path, phee_train: Path, phee_dev: Path, tac: Path, thre
     command = (f"linker train extractor --phee-train {shlex.quote(str(phee_train))} --phee-dev "
                f"{shlex.quote(str(phee_dev))} --tac {shlex.quote(str(tac))} --out {shlex.quote(str(out))} {flag}"
                + (f" --threads {threads}" if threads else ""))
+
     def report(message: str) -> None:
         typer.echo(message, err=True)
 

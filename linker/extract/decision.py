@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from linker.extract.data import AE, AR, BENEFIT, HISTORY, INDICATION, Doc
-from linker.extract.model import ExtractedSpan
+from linker.extract.model import ExtractedSpan, softmax, token_range
 
 CLASSES = ("adverse", "indication", "beneficial", "history")
 AS_LABEL = {"indication": INDICATION, "beneficial": BENEFIT, "history": HISTORY}  # what a span becomes
@@ -46,21 +46,20 @@ def decision_examples(docs: Sequence[Doc]) -> list[tuple[int, int, int, int]]:
     mentions (adverse: a drug label's wording, which PHEE's case reports do not hold)."""
     out = []
     for i, doc in enumerate(docs):
-        events = [(s, e) for s, e, label, _ in doc.spans if label == AE]
         for start, end, label, status in doc.spans:
             if label == INDICATION:
                 out.append((i, start, end, CLASSES.index("indication")))
             elif status == "positive" and label in (AE, AR, BENEFIT):
                 out.append((i, start, end, CLASSES.index("beneficial" if label == BENEFIT else "adverse")))
-        out.extend((i, s, e, CLASSES.index("history")) for s, e in doc.subject_disorders
-                   if not any(a < e and s < b for a, b in events))
+        out.extend((i, s, e, CLASSES.index("history")) for s, e in history_spans(doc))
     return sorted(out)
 
 
-def token_range(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
-    """The word pieces [a, b) whose characters overlap [start, end) (`offsets` (tokens, 2), in text order)."""
-    return (int(np.searchsorted(offsets[:, 1], start, side="right")),
-            int(np.searchsorted(offsets[:, 0], end, side="left")))
+def history_spans(doc: Doc) -> list[tuple[int, int]]:
+    """The subject's own disorders, present before the drug: PHEE's Sub-Disorders that no adverse-event Effect (of
+    any status) overlaps; a disorder that is also an event of the drug is the event."""
+    events = [(s, e) for s, e, label, _ in doc.spans if label == AE]
+    return [(s, e) for s, e in doc.subject_disorders if not any(a < e and s < b for a, b in events)]
 
 
 def span_probabilities(logits: np.ndarray, offsets: np.ndarray, start: int, end: int) -> np.ndarray | None:
@@ -69,9 +68,7 @@ def span_probabilities(logits: np.ndarray, offsets: np.ndarray, start: int, end:
     a, b = token_range(offsets, start, end)
     if b <= a:
         return None
-    mean = logits[a:b].mean(axis=0)
-    exp = np.exp(mean - mean.max())
-    return exp / exp.sum()
+    return softmax(logits[a:b].mean(axis=0))
 
 
 def decide(spans: list[ExtractedSpan], offsets: np.ndarray, logits: np.ndarray, cut: float) -> list[ExtractedSpan]:

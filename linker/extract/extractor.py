@@ -43,6 +43,7 @@ from linker.extract.model import (
     head_size,
     lexicon_spans,
     overlap_test,
+    softmax,
     split_logits,
     tokenize_arrays,
     top_hidden,
@@ -78,12 +79,6 @@ MODULES = ("torch", "transformers", "sentence_transformers", "safetensors")
 MAX_LENGTH = 512
 MAX_LABELS = 64
 MAX_FROZEN = 64
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis, float32."""
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
 class Extractor:
@@ -201,7 +196,7 @@ class Extractor:
                     return (states,)
                 logits = states @ weight.T + bias
                 decisions = () if self.decision is None else (states @ self.decision[0].T + self.decision[1],)
-            return (*(_softmax(part) for part in split_logits(logits, n_labels)), *decisions)
+            return (*(softmax(part) for part in split_logits(logits, n_labels)), *decisions)
         import torch
 
         device = device_of(self.bert)

@@ -52,6 +52,18 @@ TRAILING = re.compile(rf"(?:\s+(?:{'|'.join(sorted(JOINING_WORDS))}|\d+(?![\d)\]
 LEADING = re.compile(rf"\W*(?:(?:{'|'.join(sorted(JOINING_WORDS | POSSESSIVES))})\s+)+", re.IGNORECASE)
 
 
+def token_range(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
+    """The word pieces [a, b) whose characters overlap [start, end) (`offsets` (tokens, 2), in text order)."""
+    return (int(np.searchsorted(offsets[:, 1], start, side="right")),
+            int(np.searchsorted(offsets[:, 0], end, side="left")))
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, float32."""
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class TaggerConfig:
     labels: tuple[str, ...] = LABELS
@@ -378,8 +390,7 @@ class Evidence:
         self.inside = (1.0 - probs[:, heads, O]).max(axis=1) if len(self.offsets) else np.zeros(0)
 
     def pieces(self, start: int, end: int) -> np.ndarray:
-        return np.arange(np.searchsorted(self.offsets[:, 1], start, "right"),
-                         np.searchsorted(self.offsets[:, 0], end, "left"))
+        return np.arange(*token_range(self.offsets, start, end))
 
     def mean(self, pieces: np.ndarray) -> float:
         return float(self.inside[pieces].mean()) if len(pieces) else 0.0
