@@ -834,6 +834,32 @@ def test_a_recorded_throughput_enters_the_card_and_keeps_the_release(tmp_path):
     assert load_extractor(folder, threads=1).revision == before.revision  # its decoding digest still checks
 
 
+def test_bench_tags_sentences_joined_as_one_text_and_gives_each_its_own_spans():
+    # bench.extract's "4 sentences as one text" row: each sentence gets back the spans inside it, at its own offsets;
+    # a span across two sentences belongs to neither
+    from bench.extract import tag_joined
+    from linker.extract.model import ExtractedSpan
+
+    class Words:  # a stand-in tagger: every word of 4+ letters is a span, and one span runs across "a. Bb"
+        def extract(self, texts, **options):
+            assert options == {"style": "phrases"}
+            out = []
+            for text in texts:
+                spans = [ExtractedSpan(m.start(), m.end(), m.group(), "AdverseEvent", "positive", 1.0)
+                         for m in re.finditer(r"\w{4,}", text)]
+                out.append(spans + [ExtractedSpan(m.start(), m.end(), m.group(), "AdverseEvent", "positive", 1.0)
+                                    for m in re.finditer(r"a\. Bb", text)])
+            return out
+
+    texts = ["Nausea a.", "Bb rash.", "Severe headache.", "Fever."]
+    alone = tag_joined(Words(), texts, 1, style="phrases")
+    joined = tag_joined(Words(), texts, 3, style="phrases")
+    assert [[t[s.start:s.end] for s in spans] for t, spans in zip(texts, joined)] == [
+        ["Nausea"], ["rash"], ["Severe", "headache"], ["Fever"]]
+    assert [[(s.start, s.end) for s in spans] for spans in joined] == [[(s.start, s.end) for s in spans]
+                                                                       for spans in alone]
+
+
 def test_bench_records_only_a_timing_of_the_same_release_that_says_how_it_was_measured(tmp_path):
     import json
     import shutil
