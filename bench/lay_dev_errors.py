@@ -45,12 +45,11 @@ def held_in(index: Path) -> dict:
     from linker.eval.metrics import mention_hits
     from linker.eval.report import gold_matcher, predict, top_of
     from linker.link import Linker
-    from linker.sources.default import LAY_DEV
+    from linker.sources.default import LAY_DEV, LAY_DEV_HELDOUT
 
     linker_ = Linker.load(index, rerank_precision="fp32")
     shipped, linker_.calibration = linker_.calibration, None
-    dev_names = Path(LAY_DEV).with_name("dev_names.tsv")
-    mentions, from_sample, exclude, _ = cal._held_in(linker_, f"lay:{LAY_DEV}", [dev_names], DICTIONARY_NAMES)
+    mentions, from_sample, exclude, _ = cal._held_in(linker_, f"lay:{LAY_DEV}", [LAY_DEV_HELDOUT], DICTIONARY_NAMES)
     ranked = predict(linker_, mentions, MARGIN_FETCH, query_lang=False, progress=False, exclude=exclude)
     ranked = [tuple(cal.mix(r, shipped.retriever_weight) for r in q) for q in ranked]
     expand, _known = gold_matcher(linker_)
@@ -76,13 +75,15 @@ def _band(confidence: np.ndarray, correct: np.ndarray, mask: np.ndarray, auto: f
 
 def cross_fitted_regression(x: np.ndarray, correct: np.ndarray, folds: int, seed: int = 0) -> np.ndarray:
     """Each mention's confidence from a logistic regression over `x` (standardised) and an isotonic map of its
-    output, both fitted on the other folds (the fold split of `linker.confidence.out_of_fold`)."""
+    output, both fitted on the other folds (`linker.confidence.fold_of`, as `out_of_fold` splits them)."""
     from sklearn.isotonic import IsotonicRegression
     from sklearn.linear_model import LogisticRegression
 
-    fold = np.random.default_rng(seed).permutation(len(x)) % folds
+    from linker.confidence import fold_of
+
+    fold = fold_of(len(x), folds, seed)
     out = np.empty(len(x))
-    for f in range(folds):
+    for f in np.unique(fold):
         train = fold != f
         mean, std = x[train].mean(axis=0), x[train].std(axis=0) + 1e-9
         model = LogisticRegression(max_iter=1000).fit((x[train] - mean) / std, correct[train])

@@ -206,6 +206,12 @@ def fit_isotonic(scores: Sequence[float], correct: Sequence[bool], *, scorer: st
     )
 
 
+def fold_of(n: int, folds: int = MARGIN_FOLDS, seed: int = 0) -> np.ndarray:
+    """Each of `n` held-in mentions' fold (seeded; at least 2 folds, at most one a mention): the one split every
+    out-of-fold figure uses."""
+    return np.random.default_rng(seed).permutation(n) % max(2, min(folds, n))
+
+
 def out_of_fold(features: np.ndarray, correct: np.ndarray, *, folds: int = MARGIN_FOLDS, seed: int = 0) -> np.ndarray:
     """Each held-in mention's confidence from an isotonic map fitted on the other folds (seeded split): what the map
     says of mentions it has not seen, for choosing `margin_weight` and reporting the decisions without an in-sample
@@ -213,7 +219,7 @@ def out_of_fold(features: np.ndarray, correct: np.ndarray, *, folds: int = MARGI
     from sklearn.isotonic import IsotonicRegression
 
     features, correct = np.asarray(features, dtype=np.float64), np.asarray(correct, dtype=np.float64)
-    fold = np.random.default_rng(seed).permutation(len(features)) % max(2, min(folds, len(features)))
+    fold = fold_of(len(features), folds, seed)
     out = np.empty(len(features))
     for f in np.unique(fold):
         train = fold != f
