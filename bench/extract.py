@@ -673,10 +673,8 @@ def render(r: dict, manifest: dict, cap_lines: list[str]) -> list[str]:
         *([f"*{JOINED} sentences as one text*: PHEE dev's sentences tagged {JOINED} at a time, in their order, "
            "joined by a space, as the sentences of a case narrative reach the tagger, each scored on its own "
            "spans. The tagger learnt from single PHEE sentences and whole drug-label sections: it reads a run of "
-           "narrative sentences worse than each alone. Cutting its windows at sentence ends would mend that, and "
-           "cost the drug labels (TAC dev exact F1 85.16 to 79.03; averaging both contexts, 80.40: scratch studies on "
-           "the development splits): "
-           "training on runs of PHEE sentences is the fix.", ""] if r.get("phee_dev_joined") else []),
+           "narrative sentences worse than each alone. Training on runs of PHEE sentences is the fix.", ""]
+          if r.get("phee_dev_joined") else []),
         f"{phee['sentences']:,} sentences, {phee['gold_spans']:,} gold Effect spans, {phee['predicted_spans']:,} predicted "
         f"(EM P/R {phee['EM_precision']}/{phee['EM_recall']}, token P/R {phee['Token_precision']}/{phee['Token_recall']}); "
         f"{phee['skipped_annotations']} annotation(s) skipped as their text does not match the .txt. `style=\"phrases\"` "
